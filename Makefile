@@ -1,0 +1,43 @@
+# Two entry points: `make run` (default CPU campaign + report) and `make test`.
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROFILE ?= ci
+RUN_ARGS ?= --budget 240 --out reports/latest --overwrite
+
+.PHONY: run test bench venv clean-venv browser
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml tools/find-python.sh
+	@set -e; \
+	if [ -x "$(PY)" ] && ! "$(PY)" -c 'import sys; sys.exit(0 if sys.version_info >= (3,12) else 1)' 2>/dev/null; then \
+	  echo "== $(VENV) is broken or too old: recreating"; rm -rf "$(VENV)"; fi; \
+	if [ ! -x "$(PY)" ]; then \
+	  interp=$$(PYTHON="$(PYTHON)" tools/find-python.sh) || exit 1; \
+	  echo "== creating $(VENV) with $$interp"; "$$interp" -m venv "$(VENV)"; fi; \
+	"$(PY)" -m pip install -q --upgrade pip >/dev/null; \
+	"$(PY)" -m pip install -q -r requirements.lock; \
+	"$(PY)" -m pip install -q --no-deps -e .; \
+	touch "$(STAMP)"
+
+run: $(STAMP)
+	$(VENV)/bin/remat-conformance run $(RUN_ARGS)
+	$(VENV)/bin/remat-conformance report reports/latest --out reports/latest/report
+
+test: $(STAMP) browser
+	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m conformance.bench
+
+# Debian's chromium for the report's headless-browser test.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "== installing Debian chromium for the browser test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	  || echo "warning: could not install chromium; browser tests will fail"; }
+
+clean-venv:
+	rm -rf $(VENV)

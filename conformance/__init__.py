@@ -1,0 +1,2 @@
+"""remat-conformance: differential testing of rematerialization in JAX and PyTorch."""
+__version__ = "0.1.0"

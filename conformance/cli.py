@@ -1,0 +1,366 @@
+"""Command line: remat-conformance run | replay | pipelines | report | repro.
+
+Exit codes: 0 the harness worked (whatever it found); 1 with --strict when there are
+unexpected findings; 2 usage or input errors, printed as `error: FILE: FIELD: reason`
+(or naming the option), never with a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from conformance import __version__
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        sys.stderr.write(f"error: {message}\n(see `{self.prog} --help`)\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _positive(kind, name):
+    def conv(s):
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a {kind.__name__}, got {s!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {s!r}")
+        return v
+    return conv
+
+
+def _nonneg_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {s!r}")
+    return v
+
+
+def _add_limits(p):
+    g = p.add_argument_group("input limits (checked before anything runs)")
+    g.add_argument("--max-rank", type=_positive(int, "--max-rank"), default=3)
+    g.add_argument("--max-dim", type=_positive(int, "--max-dim"), default=64)
+    g.add_argument("--max-elements", type=_positive(int, "--max-elements"), default=4096)
+    g.add_argument("--max-depth", type=_positive(int, "--max-depth"), default=6)
+    g.add_argument("--max-statements", type=_positive(int, "--max-statements"), default=400)
+    g.add_argument("--max-name-length", type=_positive(int, "--max-name-length"), default=64)
+
+
+def _limits(args):
+    from conformance.ir import Limits
+    return Limits(max_rank=args.max_rank, max_dim=args.max_dim, max_elements=args.max_elements,
+                  max_depth=args.max_depth, max_statements=args.max_statements,
+                  max_name_length=args.max_name_length)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="remat-conformance", description="Differential testing of rematerialization in JAX and PyTorch.")
+    p.add_argument("--version", action="version", version=f"remat-conformance {__version__}")
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+    sub.required = True
+
+    r = sub.add_parser("run", help="run a campaign")
+    r.add_argument("--pipelines", default=None,
+                   help="comma-separated exact pipeline names (see `pipelines`); ref:f64, jax:none and "
+                        "jax:remat2 are added as references")
+    r.add_argument("--budget", type=_positive(float, "--budget"), default=240.0, help="wall-clock seconds, shrinking included")
+    r.add_argument("--max-examples", type=_positive(int, "--max-examples"), default=100000)
+    r.add_argument("--seed", type=_nonneg_int, default=0)
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    r.add_argument("--out", default="reports/latest")
+    r.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    r.add_argument("--resume", action="store_true", help="continue an interrupted campaign in --out")
+    r.add_argument("--strict", action="store_true", help="exit 1 when there are unexpected findings")
+    r.add_argument("--expectations", default=None, help="expectations JSON (default: the packaged file)")
+    r.add_argument("--shrink-seconds", type=_positive(float, "--shrink-seconds"), default=45.0)
+    r.add_argument("--shrink-steps", type=_positive(int, "--shrink-steps"), default=250)
+    r.add_argument("--max-stmts", type=_positive(int, "--max-stmts"), default=6, help="generator: statements per body")
+    r.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run pipelines in supervised worker processes (default on)")
+    r.add_argument("--timeout", type=_positive(float, "--timeout"), default=120.0,
+                   help="per-program timeout in seconds (isolated runs)")
+    r.add_argument("--quiet", action="store_true")
+
+    rp = sub.add_parser("replay", help="re-run corpus entries or programs")
+    rp.add_argument("files", nargs="+")
+    rp.add_argument("--pipelines", default=None, help="default: the finding's pipeline, or the default set")
+    rp.add_argument("--seed", type=_nonneg_int, default=0, help="input seed for bare programs")
+    rp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    rp.add_argument("--expectations", default=None)
+    rp.add_argument("--strict", action="store_true")
+    rp.add_argument("--json", action="store_true", help="print one JSON object per file")
+    _add_limits(rp)
+
+    sub.add_parser("pipelines", help="list pipelines with framework versions and devices")
+    return p
+
+
+# ---------------------------------------------------------------------------------------
+def parse_pipelines(spec: str | None) -> list[str]:
+    from conformance import pipelines as reg
+    if spec is None:
+        rivals = list(reg.DEFAULT_PIPELINES)
+    else:
+        rivals = [s.strip() for s in spec.split(",")]
+        if any(not s for s in rivals):
+            raise UsageError(f"--pipelines: empty name in {spec!r}")
+        for s in rivals:
+            if s not in reg.known_names():
+                raise UsageError(f"--pipelines: unknown pipeline {s!r}; known: {', '.join(reg.known_names())}")
+    names = list(reg.REFERENCES) + [r for r in rivals if r not in reg.REFERENCES]
+    # pipelines of frameworks that are not installed are refused up front
+    for n in names:
+        try:
+            reg.get(n)
+        except ImportError as e:
+            raise UsageError(f"--pipelines: {n}: framework not installed ({e}); install the extra, "
+                             f"e.g. pip install 'remat-conformance[{n.split(':')[0]}]'") from None
+    return names
+
+
+def load_expectations(path):
+    from oracles.expectations import Expectations, ExpectationsError
+    try:
+        return Expectations.load(path)
+    except ExpectationsError as e:
+        raise UsageError(str(e)) from None
+
+
+def versions_of(names) -> dict[str, str]:
+    from conformance import pipelines as reg
+    out = {"remat-conformance": __version__, "python": sys.version.split()[0]}
+    for n in names:
+        out.update(reg.get(n).versions())
+    return out
+
+
+def cmd_run(args) -> int:
+    from conformance.campaign import Campaign, Options, make_progress, summary_markdown
+    from conformance.store import Store, StoreError
+    from generators.programs import Config
+
+    names = parse_pipelines(args.pipelines)
+    expectations = load_expectations(args.expectations)
+    if args.device == "cuda":
+        from conformance import pipelines as reg
+        if "cuda" not in reg.get("jax:remat2").devices():
+            raise UsageError("--device cuda: no CUDA device visible to jax here")
+    try:
+        store = Store(args.out, overwrite=args.overwrite, resume=args.resume)
+    except StoreError as e:
+        raise UsageError(str(e)) from None
+    opts = Options(pipelines=names, budget=args.budget, max_examples=args.max_examples, seed=args.seed,
+                   device=args.device, shrink_seconds=args.shrink_seconds, shrink_steps=args.shrink_steps,
+                   generator=Config(max_stmts=args.max_stmts))
+    versions = versions_of(names)
+    run_info = {"schema_version": 1, "harness": __version__, "options": {
+        "pipelines": names, "budget": args.budget, "max_examples": args.max_examples, "seed": args.seed,
+        "device": args.device, "shrink_seconds": args.shrink_seconds, "shrink_steps": args.shrink_steps,
+        "max_stmts": args.max_stmts, "expectations": str(expectations.source)},
+        "versions": versions, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if args.resume:
+        try:
+            prev = store.read_run()
+        except StoreError as e:
+            raise UsageError(str(e)) from None
+        po = prev.get("options", {})
+        for k in ("pipelines", "seed", "device", "max_stmts"):
+            if po.get(k) != run_info["options"][k]:
+                raise UsageError(f"--resume: option {k} differs from the interrupted run "
+                                 f"({po.get(k)!r} there, {run_info['options'][k]!r} now)")
+        run_info["resumed"] = prev.get("resumed", 0) + 1
+        run_info["started"] = prev.get("started")
+    store.write_run(run_info)
+    executor = _executor(args, names)
+    progress = (lambda c: None) if args.quiet else make_progress()
+    camp = Campaign(opts, store, executor, expectations, progress, versions)
+    if args.resume:
+        results, warn = store.results()
+        if warn:
+            print(f"warning: {warn}", file=sys.stderr)
+        camp.restore(results, store.read_findings())
+    try:
+        camp.run()
+    finally:
+        executor.close()
+        store.write_summary(summary_markdown(camp, run_info))
+        store.close()
+    if not args.quiet:
+        sys.stderr.write("\n")
+    print(f"checked {camp.checked} programs in {camp.elapsed():.0f}s; {len(camp.findings)} distinct findings"
+          + (" (interrupted; resume with --resume)" if camp.interrupted else ""))
+    for f in sorted(camp.findings, key=lambda f: f.signature):
+        print(f"  [{f.check}] {f.pipeline} vs {f.reference} {f.error_type or ''} x{f.count}: "
+              f"{', '.join(f.features)}")
+    print(f"wrote {store.dir}/ (summary.md, findings.json, results.jsonl, corpus/)")
+    if camp.interrupted:
+        return 130
+    return EXIT_FINDINGS if (args.strict and camp.findings) else EXIT_OK
+
+
+def _executor(args, names):
+    from conformance.runner import InProcessExecutor
+    isolate = args.isolate
+    if isolate is None:
+        isolate = os.environ.get("REMAT_CONFORMANCE_ISOLATE", "1") != "0"
+    if isolate:
+        try:
+            from conformance.isolation import IsolatedExecutor
+        except ImportError:
+            return InProcessExecutor(args.device)
+        return IsolatedExecutor(args.device, timeout=args.timeout)
+    return InProcessExecutor(args.device)
+
+
+# ---------------------------------------------------------------------------------------
+def load_program_file(path: str, limits=None):
+    """(program, inputs or None, finding or None) from a corpus entry or a bare program file."""
+    from conformance.findings import CorpusEntry, decode_inputs
+    from conformance.ir import ProgramError, load_program
+    from pydantic import ValidationError
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror}") from None
+    if size > 16 * 1024 * 1024:
+        raise UsageError(f"{path}: file too large ({size} bytes; limit 16 MiB)")
+    try:
+        obj = json.loads(p.read_text())
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise UsageError(f"{path}: nesting too deep") from None
+    if isinstance(obj, dict) and "program" in obj:
+        try:
+            prog = load_program(obj["program"], limits)
+        except ProgramError as e:
+            raise UsageError(f"{path}: program.{e.field}: {e.reason}") from None
+        try:
+            entry = CorpusEntry.model_validate(obj)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"])
+            raise UsageError(f"{path}: {loc}: {err['msg']}") from None
+        inputs = decode_inputs(entry.inputs)
+        types = {i.id: i for i in prog.inputs}
+        if set(inputs) != set(types):
+            raise UsageError(f"{path}: inputs: ids {sorted(inputs)} do not match the program's {sorted(types)}")
+        for k, v in inputs.items():
+            if list(v.shape) != types[k].shape or str(v.dtype) != types[k].dtype:
+                raise UsageError(f"{path}: inputs.{k}: shape/dtype {list(v.shape)}/{v.dtype} do not match the "
+                                 f"program's {types[k].shape}/{types[k].dtype}")
+        return prog, inputs, entry.finding
+    try:
+        return load_program(obj, limits), None, None
+    except ProgramError as e:
+        raise UsageError(f"{path}: {e.field}: {e.reason}") from None
+
+
+def cmd_replay(args) -> int:
+    from conformance.runner import InProcessExecutor
+    from generators.programs import input_values
+    from oracles.judge import judge
+    limits = _limits(args)
+    expectations = load_expectations(args.expectations)
+    loaded = [(f, *load_program_file(f, limits)) for f in args.files]   # validate all before running any
+    ex = InProcessExecutor(args.device)
+    any_fail = False
+    for path, prog, inputs, finding in loaded:
+        if args.pipelines:
+            names = parse_pipelines(args.pipelines)
+        elif finding is not None:
+            from conformance.campaign import needed_pipelines
+            from conformance import pipelines as reg
+            names = needed_pipelines(finding.key(), list(reg.REFERENCES) + [finding.pipeline])
+            names = list(dict.fromkeys(list(reg.REFERENCES) + names))
+        else:
+            names = parse_pipelines(None)
+        if inputs is None:
+            inputs = input_values(prog, args.seed)
+        obs = ex.run(prog, inputs, names)
+        j = judge(prog, obs, expectations, args.device)
+        fails = j.failures()
+        keys = {v.key() for v in fails}
+        if finding is not None:
+            if finding.key() in keys:
+                status = "still failing"
+            elif fails:
+                status = "now failing differently"
+            else:
+                status = "fixed"
+        else:
+            status = "failing" if fails else "passing"
+        any_fail |= bool(fails)
+        if args.json:
+            print(json.dumps({"file": path, "status": status, "failures": [v.model_dump() for v in fails]}))
+        else:
+            print(f"{path}: {status}")
+            for v in fails:
+                print(f"  [{v.check}] {v.pipeline} vs {v.reference} {v.error_type or ''}: "
+                      f"{json.dumps(v.detail)[:300]}")
+    return EXIT_FINDINGS if (args.strict and any_fail) else EXIT_OK
+
+
+def cmd_pipelines(args) -> int:
+    from conformance import pipelines as reg
+    rows = []
+    for n in reg.known_names():
+        try:
+            p = reg.get(n)
+            ok, why = p.available()
+            v = p.versions()
+            devs = ",".join(p.devices())
+            role = "reference" if n in reg.REFERENCES else "rival"
+            rows.append((n, role, " ".join(f"{k}={x}" for k, x in v.items() if k != "numpy"), devs,
+                         "" if ok else f"unavailable: {why}"))
+        except ImportError as e:
+            rows.append((n, "-", "-", "-", f"framework not installed: {e}"))
+    w = max(len(r[0]) for r in rows)
+    for r in rows:
+        print(f"{r[0]:<{w}}  {r[1]:<9}  {r[2]:<40}  devices={r[3]}  {r[4]}".rstrip())
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "pipelines": cmd_pipelines}
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.cmd](args)
+    except UsageError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+
+
+def register(name, fn, configure):
+    """Hook for later commands (report, repro): add a subcommand."""
+    COMMANDS[name] = fn
+    _EXTRA.append((name, configure))
+
+
+_EXTRA: list = []
+
+if __name__ == "__main__":
+    sys.exit(main())

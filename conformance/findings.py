@@ -1,0 +1,84 @@
+"""Findings, corpus entries and exact input values (schemas exported as JSON Schema)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from conformance.ir import Program
+
+SCHEMA_VERSION = 1
+
+
+class InputValue(BaseModel):
+    """An exact input array: float32 values are exact in JSON's float64 and read back exactly."""
+    model_config = ConfigDict(extra="forbid")
+    dtype: str
+    shape: list[int]
+    data: Any  # nested lists (or a bare number for rank 0)
+
+
+def encode_inputs(values: dict[str, np.ndarray]) -> dict[str, InputValue]:
+    return {k: InputValue(dtype=str(v.dtype), shape=list(v.shape), data=np.asarray(v).astype(np.float64).tolist())
+            for k, v in values.items()}
+
+
+def decode_inputs(enc: dict[str, InputValue]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in enc.items():
+        a = np.asarray(v.data, dtype=np.float64).astype(v.dtype)
+        out[k] = a.reshape(v.shape)
+    return out
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    signature: str
+    check: str
+    pipeline: str
+    reference: str
+    error_type: str = ""
+    features: list[str]
+    program: dict
+    program_hash: str
+    inputs: dict[str, InputValue] = Field(default_factory=dict)
+    detail: dict = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    flags: dict[str, Any] = Field(default_factory=dict)
+    device: str = "cpu"
+    count: int = 1
+    shrunk: bool = False
+    shrink_steps: int = 0
+    original_size: int | None = None
+    size: int | None = None
+    expectation: str | None = None
+    first_seen: float | None = None   # seconds into the campaign
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.check, self.pipeline, self.reference, self.error_type)
+
+
+class CorpusEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    program: dict
+    inputs: dict[str, InputValue]
+    finding: Finding | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
+def signature(check: str, pipeline: str, reference: str, error_type: str, features) -> str:
+    return f"{check}|{pipeline}|{reference}|{error_type or '-'}|{'+'.join(sorted(features))}"
+
+
+def make_finding(verdict, program: Program, inputs: dict[str, np.ndarray], obs_versions: dict, flags: dict,
+                 device: str) -> Finding:
+    feats = sorted(program.features())
+    return Finding(signature=signature(verdict.check, verdict.pipeline, verdict.reference, verdict.error_type or "", feats),
+                   check=verdict.check, pipeline=verdict.pipeline, reference=verdict.reference,
+                   error_type=verdict.error_type or "", features=feats, program=program.to_json_obj(),
+                   program_hash=program.content_hash(), inputs=encode_inputs(inputs), detail=verdict.detail,
+                   versions=obs_versions, flags=flags, device=device, expectation=verdict.expectation,
+                   size=program.size())

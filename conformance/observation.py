@@ -1,0 +1,58 @@
+"""Observation: what one pipeline saw when it ran one program. Pipelines fill it; oracles read it."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Stage = Literal["validation", "lowering", "forward", "backward", "second_order", "setup"]
+
+
+class ErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: str
+    message: str
+    stage: Stage
+
+
+class Residual(BaseModel):
+    """One saved value. `cls` is the sorted list of program value ids whose values it equals
+    (modulo layout), empty when it matches none. `names` are checkpoint names in the class."""
+    model_config = ConfigDict(extra="forbid")
+    cls: list[str]
+    names: list[str] = Field(default_factory=list)
+    shape: list[int]
+    dtype: str
+    bytes: int
+    memory: str | None = None   # memory kind where known (device, pinned_host)
+
+
+class CustomRuleLog(BaseModel):
+    """What one custom_vjp block's rules saw, keyed in Observation by the block's path."""
+    model_config = ConfigDict(extra="forbid")
+    perturbed: list[list[bool]] = Field(default_factory=list)          # distinct flag tuples seen by fwd
+    symbolic_zero_cts: list[list[bool]] = Field(default_factory=list)  # distinct is-zero tuples seen by bwd
+    fwd_traces: int = 0
+    bwd_calls: int = 0
+
+
+class Observation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pipeline: str
+    device: str = "cpu"
+    outputs: list[Any] | None = None          # nested lists (float), one per program output
+    loss: float | None = None
+    grads: dict[str, Any] | None = None       # input id -> nested list
+    grads2: dict[str, Any] | None = None      # second order, when asked
+    residuals: list[Residual] | None = None
+    values: dict[str, Any] | None = None      # every node's value (the reference records them)
+    custom_rules: dict[str, CustomRuleLog] = Field(default_factory=dict)
+    error: ErrorInfo | None = None
+    unsupported: str | None = None            # pipeline declares the program out of scope
+    versions: dict[str, str] = Field(default_factory=dict)
+    flags: dict[str, Any] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+    dtype_note: str | None = None
+
+    def ok(self) -> bool:
+        return self.error is None and self.unsupported is None

@@ -1,0 +1,40 @@
+"""Pipeline interface. A pipeline lowers a program, runs forward and backward, and returns an
+Observation. It never judges."""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import numpy as np
+
+from conformance.ir import Program
+from conformance.observation import Observation
+
+
+class Pipeline:
+    name: str = ""
+    framework: str = ""
+    # True for pipelines whose results are the references (never judged against themselves).
+    reference: bool = False
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here, why not)."""
+        return True, ""
+
+    def versions(self) -> dict[str, str]:
+        return {}
+
+    def devices(self) -> list[str]:
+        return ["cpu"]
+
+    def run(self, program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> Observation:
+        raise NotImplementedError
+
+
+@contextmanager
+def timed(timings: dict, key: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0

@@ -1,0 +1,411 @@
+"""JAX pipelines: the float64 no-remat reference, the same-dtype no-remat baseline, and
+jax.checkpoint under remat2 / remat3 / remat3+custom_vjp3, eager and jit.
+
+Only this module (and the repro emitter) imports jax. x64 is on in every JAX process;
+every dtype in a program is explicit.
+"""
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from typing import Any
+
+os.environ.setdefault("JAX_ENABLE_X64", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.ad_checkpoint import checkpoint_name  # noqa: E402
+
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, node_index  # noqa: E402
+from conformance.observation import CustomRuleLog, ErrorInfo, Observation  # noqa: E402
+from conformance.pipelines.base import Pipeline, timed  # noqa: E402
+from conformance.residuals import canonicalise  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+# Variant -> the JAX flags it runs under. Every run sets all of them and restores them after.
+VARIANT_FLAGS: dict[str, dict[str, bool]] = {
+    "remat2": {"jax_remat3": False, "jax_custom_vjp3": False},
+    "remat3": {"jax_remat3": True, "jax_custom_vjp3": False},
+    "remat3+cvjp3": {"jax_remat3": True, "jax_custom_vjp3": True},
+}
+ALL_FLAGS = ("jax_remat3", "jax_custom_vjp3")
+
+# IR op kind -> JAX primitive names (for the `ops` custom-predicate policy).
+OP_PRIMS: dict[str, tuple[str, ...]] = {
+    "sin": ("sin",), "cos": ("cos",), "tanh": ("tanh",), "exp": ("exp",),
+    "sigmoid": ("logistic",), "square": ("square", "integer_pow"), "neg": ("neg",),
+    "scale": ("mul",), "add": ("add",), "sub": ("sub",), "mul": ("mul",),
+    "matmul": ("dot_general",), "sum": ("reduce_sum",), "mean": ("reduce_sum", "div"),
+    "transpose": ("transpose",), "reshape": ("reshape",), "broadcast": ("broadcast_in_dim",),
+    "name": ("name",),
+}
+
+
+def flags_supported() -> dict[str, bool]:
+    return {f: hasattr(jax.config, f) for f in ALL_FLAGS}
+
+
+@contextmanager
+def jax_flags(flags: dict[str, bool]):
+    """Set JAX config flags for one run and restore them afterwards, whatever happens."""
+    old = {k: getattr(jax.config, k) for k in flags}
+    try:
+        for k, v in flags.items():
+            jax.config.update(k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            jax.config.update(k, v)
+
+
+def jax_policy(p):
+    cp = jax.checkpoint_policies
+    k = p.kind
+    if k == "everything":
+        return cp.everything_saveable
+    if k == "nothing":
+        return cp.nothing_saveable
+    if k == "dots":
+        return cp.dots_saveable
+    if k == "dots_no_batch":
+        return cp.dots_with_no_batch_dims_saveable
+    if k == "save_only_names":
+        return cp.save_only_these_names(*p.names)
+    if k == "save_any_names_but_these":
+        return cp.save_any_names_but_these(*p.names)
+    if k == "save_anything_except_names":
+        return cp.save_anything_except_these_names(*p.names)
+    if k == "both":
+        return cp.save_from_both_policies(jax_policy(p.a), jax_policy(p.b))
+    if k == "offload_dots_no_batch":
+        return cp.offload_dot_with_no_batch_dims("device", "pinned_host")
+    if k == "save_and_offload_names":
+        return cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(p.saved), names_which_can_be_offloaded=list(p.offloaded),
+            offload_src="device", offload_dst="pinned_host")
+    if k == "ops":
+        prims = {pr for o in p.ops for pr in OP_PRIMS.get(o, ())}
+
+        def policy(prim, *_, **__):
+            return prim.name in prims
+        return policy
+    raise ValueError(f"unknown policy kind {k!r}")
+
+
+def _op(s: Op, a: list, nondiff) -> Any:
+    o, p = s.op, s.params
+    x = a[0]
+    if o == "sin":
+        return jnp.sin(x)
+    if o == "cos":
+        return jnp.cos(x)
+    if o == "tanh":
+        return jnp.tanh(x)
+    if o == "exp":
+        return jnp.exp(x)
+    if o == "sigmoid":
+        return jax.nn.sigmoid(x)
+    if o == "square":
+        return jnp.square(x)
+    if o == "neg":
+        return -x
+    if o == "scale":
+        return x * jnp.asarray(p["c"], x.dtype)
+    if o == "nondiff_scale":
+        return x * jnp.asarray(nondiff[p["index"]], x.dtype)
+    if o == "add":
+        return x + a[1]
+    if o == "sub":
+        return x - a[1]
+    if o == "mul":
+        return x * a[1]
+    if o == "matmul":
+        return jnp.matmul(x, a[1])
+    if o == "sum":
+        return jnp.sum(x, axis=p["axis"])
+    if o == "mean":
+        return jnp.mean(x, axis=p["axis"])
+    if o == "transpose":
+        return jnp.transpose(x, p["perm"])
+    if o == "reshape":
+        return jnp.reshape(x, p["shape"])
+    if o == "broadcast":
+        return jnp.broadcast_to(x, p["shape"])
+    if o == "name":
+        return checkpoint_name(x, p["name"])
+    raise ValueError(f"unknown op {o!r}")
+
+
+class Lowering:
+    """Interprets a program with jax.numpy.
+
+    remat: apply checkpoint regions (else run their bodies inline).
+    custom: use jax.custom_vjp for blocks (else run fwd inline: plain primal semantics).
+    record: when a dict, every op's value is stored there (concrete evaluation only).
+    """
+
+    def __init__(self, prog: Program, remat: bool, custom: bool = True, record: dict | None = None,
+                 cast_f64: bool = False):
+        self.prog, self.remat, self.custom, self.record = prog, remat, custom, record
+        self.cast_f64 = cast_f64
+        self.logs: dict[str, CustomRuleLog] = {}
+
+    def body(self, body, env: dict, nondiff=None, path="body"):
+        for i, s in enumerate(body):
+            p = f"{path}[{i}]"
+            if isinstance(s, Op):
+                env[s.out] = _op(s, [env[a] for a in s.args], nondiff)
+                if self.record is not None:
+                    self.record[s.out] = env[s.out]
+            elif isinstance(s, Checkpoint):
+                outs = self.region(s, p)(*[env[a] for a in s.args])
+                env.update(zip(s.results, outs))
+            elif isinstance(s, CustomVJP):
+                if self.custom:
+                    outs = self.custom_vjp(s, p)(*s.nondiff, *[env[a] for a in s.args])
+                else:
+                    e = dict(zip(s.args, [env[a] for a in s.args]))
+                    self.body(s.fwd, e, s.nondiff, p + ".fwd")
+                    outs = [e[r] for r in s.results]
+                env.update(zip(s.results, outs))
+        return env
+
+    def region(self, s: Checkpoint, path: str):
+        def fn(*args):
+            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+            return tuple(e[r] for r in s.results)
+        if not self.remat:
+            return fn
+        return jax.checkpoint(fn, policy=jax_policy(s.policy), prevent_cse=s.prevent_cse)
+
+    def custom_vjp(self, s: CustomVJP, path: str):
+        nnd = len(s.nondiff)
+        log = self.logs.setdefault(path, CustomRuleLog())
+
+        def run_fwd(nondiff, arrs):
+            e = self.body(s.fwd, dict(zip(s.args, arrs)), nondiff, path + ".fwd")
+            return e
+
+        def primal(*args):
+            e = run_fwd(args[:nnd], args[nnd:])
+            return tuple(e[r] for r in s.results)
+
+        def fwd(*args):
+            log.fwd_traces += 1
+            arrs = list(args[nnd:])
+            if s.symbolic_zeros:
+                flags = [bool(a.perturbed) for a in arrs]
+                if flags not in log.perturbed:
+                    log.perturbed.append(flags)
+                arrs = [a.value for a in arrs]
+            e = run_fwd(args[:nnd], arrs)
+            return tuple(e[r] for r in s.results), tuple(e[r] for r in s.residuals)
+
+        def bwd(*args):
+            log.bwd_calls += 1
+            nondiff, res, cts = args[:nnd], args[nnd], args[nnd + 1]
+            types = {k: (shp, "float64" if self.cast_f64 else dt) for k, (shp, dt) in self.prog.types().items()}
+            cts = list(cts)
+            if s.symbolic_zeros:
+                zs = [isinstance(c, jax.custom_derivatives.SymbolicZero) for c in cts]
+                if zs not in log.symbolic_zero_cts:
+                    log.symbolic_zero_cts.append(zs)
+                cts = [jnp.zeros(types[r][0], types[r][1]) if z else c for c, z, r in zip(cts, zs, s.results)]
+            e = dict(zip(s.residuals, res))
+            e.update(zip(s.cts, cts))
+            e = self.body(s.bwd, e, nondiff, path + ".bwd")
+            outs = []
+            for r, a in zip(s.bwd_results, s.args):
+                shp, dt = types[a]
+                outs.append(jnp.zeros(shp, dt) if r is None else e[r])
+            return tuple(outs)
+
+        f = jax.custom_vjp(primal, nondiff_argnums=tuple(range(nnd)))
+        kw = {}
+        if s.symbolic_zeros:
+            kw["symbolic_zeros"] = True
+        if s.optimize_remat:
+            kw["optimize_remat"] = True
+        f.defvjp(fwd, bwd, **kw)
+        return f
+
+
+def _tolist(x) -> Any:
+    return np.asarray(x).tolist()
+
+
+def _device(device: str):
+    kind = {"cpu": "cpu", "cuda": "gpu"}[device]
+    return jax.devices(kind)[0]
+
+
+class JaxBase(Pipeline):
+    framework = "jax"
+    cast_f64 = False
+    remat = False
+    jit = False
+    variant = "remat2"
+
+    def __init__(self, name: str, **kw):
+        self.name = name
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+    def versions(self) -> dict[str, str]:
+        import jaxlib
+        return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__}
+
+    def devices(self) -> list[str]:
+        out = ["cpu"]
+        try:
+            if jax.devices("gpu"):
+                out.append("cuda")
+        except RuntimeError:
+            pass
+        return out
+
+    def available(self) -> tuple[bool, str]:
+        missing = [f for f, ok in flags_supported().items() if not ok and VARIANT_FLAGS[self.variant].get(f)]
+        if missing:
+            return False, f"jax {jax.__version__} lacks flags {missing}"
+        return True, ""
+
+    def flags(self) -> dict[str, bool]:
+        sup = flags_supported()
+        return {k: v for k, v in VARIANT_FLAGS[self.variant].items() if sup[k]}
+
+    # ---------------------------------------------------------------------------
+    def run(self, program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> Observation:
+        obs = Observation(pipeline=self.name, device=device, versions=self.versions(), flags=self.flags())
+        ok, why = self.available()
+        if not ok:
+            obs.unsupported = why
+            return obs
+        with jax_flags(self.flags()), jax.default_device(_device(device)):
+            self._run(program, inputs, obs)
+        return obs
+
+    def _arrays(self, program: Program, inputs):
+        out = {}
+        for i in program.inputs:
+            dt = "float64" if self.cast_f64 else i.dtype
+            out[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype=dt))
+        return out
+
+    def _program(self, program: Program) -> Program:
+        return program
+
+    def _run(self, program: Program, inputs, obs: Observation):
+        t = obs.timings
+        self._inputs = inputs
+        arrays = self._arrays(program, inputs)
+        diff_ids = [i.id for i in program.inputs if i.diff]
+        const = {i.id: arrays[i.id] for i in program.inputs if not i.diff}
+        low = Lowering(program, remat=self.remat, cast_f64=self.cast_f64)
+
+        def loss_fn(*d):
+            env = dict(const)
+            env.update(zip(diff_ids, d))
+            low.body(program.body, env)
+            outs = [env[o] for o in program.outputs]
+            loss = sum(jnp.sum(o).astype(jnp.float64) for o in outs)
+            return loss, outs
+
+        def fwd(*d):
+            loss, vjp_fn, outs = jax.vjp(loss_fn, *d, has_aux=True)
+            return loss, outs, vjp_fn
+
+        def bwd(vjp_fn):
+            return vjp_fn(jnp.ones((), jnp.float64))
+
+        d = [arrays[i] for i in diff_ids]
+        stage = "lowering"
+        try:
+            if self.jit:
+                with timed(t, "lowering"):
+                    fwd_c = jax.jit(fwd).lower(*d).compile()
+                stage = "forward"
+                with timed(t, "forward"):
+                    loss, outs, vjp_fn = fwd_c(*d)
+                    jax.block_until_ready(loss)
+                stage = "backward"
+                with timed(t, "backward"):
+                    grads = jax.jit(bwd)(vjp_fn)
+                    jax.block_until_ready(grads)
+            else:
+                stage = "forward"
+                with timed(t, "forward"):
+                    loss, outs, vjp_fn = fwd(*d)
+                stage = "backward"
+                with timed(t, "backward"):
+                    grads = bwd(vjp_fn)
+                    jax.block_until_ready(grads)
+            obs.loss = float(loss)
+            obs.outputs = [_tolist(o) for o in outs]
+            obs.grads = {i: _tolist(g) for i, g in zip(diff_ids, grads)}
+            if not self.cast_f64:
+                with timed(t, "residuals"):
+                    leaves = [x for x in jax.tree.leaves(vjp_fn) if hasattr(x, "shape")]
+                    obs.residuals = self._canonical(program, leaves)
+            if program.diff.order == 2:
+                stage = "second_order"
+
+                def l2(*d):
+                    gs = jax.grad(lambda *x: loss_fn(*x)[0], argnums=tuple(range(len(d))))(*d)
+                    return sum(jnp.sum(g).astype(jnp.float64) for g in gs)
+                g2 = jax.grad(l2, argnums=tuple(range(len(d))))
+                if self.jit:
+                    g2 = jax.jit(g2)
+                with timed(t, "second_order"):
+                    grads2 = g2(*d)
+                    jax.block_until_ready(grads2)
+                obs.grads2 = {i: _tolist(g) for i, g in zip(diff_ids, grads2)}
+        except Exception as e:  # the observation records it; oracles judge
+            obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
+        obs.custom_rules = {k: v for k, v in low.logs.items()}
+
+    def _canonical(self, program: Program, leaves):
+        values = node_values(program, self._inputs)
+        return canonicalise([np.asarray(x) for x in leaves], values, node_index(program),
+                            memory=[_memory_kind(x) for x in leaves])
+
+
+def _memory_kind(x) -> str | None:
+    try:
+        return x.sharding.memory_kind
+    except Exception:
+        return None
+
+
+def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool = False) -> dict[str, np.ndarray]:
+    """Every primal value of the program, evaluated concretely without remat."""
+    env = {}
+    for i in program.inputs:
+        env[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
+    rec = dict(env)
+    Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
+    return {k: np.asarray(v) for k, v in rec.items()}
+
+
+class JaxReference(JaxBase):
+    """ref:f64: float64, no checkpoint at all, custom rules kept. Records every node's value."""
+    reference = True
+    cast_f64 = True
+
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.error is None:
+            obs.values = {k: v.tolist() for k, v in node_values(program, inputs, cast_f64=True).items()}
+
+
+class JaxNoRemat(JaxBase):
+    """jax:none: the program's own dtypes, no checkpoint: the tight same-dtype baseline."""
+    reference = True
+
+
+class JaxRemat(JaxBase):
+    """jax.checkpoint under one of the remat variants, eager or jit."""
+    remat = True

@@ -1,0 +1,50 @@
+"""Canonicalise saved residual arrays to program values (framework-neutral, numpy only).
+
+A saved array belongs to the class of every program value it equals, modulo layout
+(any axis permutation, or a reshape of the same elements). Values that are equal (a
+name tag and its producer) therefore share one class, which makes JAX and PyTorch
+residual sets comparable.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from conformance.ir import NodeInfo
+from conformance.observation import Residual
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.shape != b.shape:
+        return False
+    tol = 1e-5 if (a.dtype == np.float32 or b.dtype == np.float32) else 1e-10
+    return bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol))
+
+
+def matches(saved: np.ndarray, value: np.ndarray) -> bool:
+    if saved.size != value.size:
+        return False
+    if _close(saved, value):
+        return True
+    if value.ndim >= 2 and value.ndim <= 3:
+        for perm in itertools.permutations(range(value.ndim)):
+            t = np.transpose(value, perm)
+            if t.shape == saved.shape and _close(saved, t):
+                return True
+    if saved.shape != value.shape:
+        return _close(saved.reshape(-1), value.reshape(-1))
+    return False
+
+
+def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
+                 index: dict[str, NodeInfo], memory: list[str | None] | None = None) -> list[Residual]:
+    out = []
+    for k, arr in enumerate(saved):
+        arr = np.asarray(arr)
+        cls = sorted(i for i, v in values.items() if matches(arr, np.asarray(v)))
+        names = sorted({index[i].name for i in cls if i in index and index[i].name})
+        out.append(Residual(cls=cls, names=names, shape=list(arr.shape), dtype=str(arr.dtype),
+                            bytes=int(arr.nbytes), memory=(memory[k] if memory else None)))
+    out.sort(key=lambda r: (r.cls, r.shape, r.dtype))
+    return out

@@ -1,0 +1,141 @@
+"""Expectations as data: known divergences and expected errors.
+
+Each entry is keyed by pipeline (glob), framework version range (packaging specifiers),
+device, dtype and required program features, and says one of
+  raises(type, regex)        the pipeline must raise an error matching both,
+  diverges(check, reason)    a failure of `check` is known and reported as expected,
+  unsupported(reason)        the pipeline does not handle such programs.
+Entries that never match, or whose divergence no longer happens, are reported as stale.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_FILE = Path(__file__).with_name("expectations.json")
+
+
+class Raises(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: str          # regex over the error type name
+    regex: str         # regex searched in the message
+
+
+class Diverges(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    check: Literal["gradient", "residuals", "custom_rule", "error"]
+    reference: str | None = None   # restrict to one reference (pipeline name, 'policy')
+    reason: str
+    link: str | None = None
+
+
+class Unsupported(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: str
+
+
+class Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    pipelines: list[str]                       # globs over pipeline names
+    versions: dict[str, str] = Field(default_factory=dict)   # framework -> specifier set
+    devices: list[str] | None = None
+    dtypes: list[str] | None = None
+    features: list[str] = Field(default_factory=list)        # all required
+    absent_features: list[str] = Field(default_factory=list)  # none allowed
+    raises: Raises | None = None
+    diverges: Diverges | None = None
+    unsupported: Unsupported | None = None
+    verified_by: str | None = None   # how the claim was checked (a script, a test)
+
+    @model_validator(mode="after")
+    def _one(self):
+        n = sum(x is not None for x in (self.raises, self.diverges, self.unsupported))
+        if n != 1:
+            raise ValueError("exactly one of raises, diverges, unsupported")
+        for fw, spec in self.versions.items():
+            try:
+                SpecifierSet(spec)
+            except InvalidSpecifier as e:
+                raise ValueError(f"versions.{fw}: {e}") from None
+        if self.raises:
+            for f in ("type", "regex"):
+                try:
+                    re.compile(getattr(self.raises, f))
+                except re.error as e:
+                    raise ValueError(f"raises.{f}: bad regex: {e}") from None
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "raises" if self.raises else "diverges" if self.diverges else "unsupported"
+
+    def matches(self, pipeline: str, versions: dict[str, str], device: str, dtypes: set[str],
+                features: set[str]) -> bool:
+        if not any(fnmatch.fnmatchcase(pipeline, g) for g in self.pipelines):
+            return False
+        for fw, spec in self.versions.items():
+            v = versions.get(fw)
+            if v is None:
+                return False
+            try:
+                if Version(v) not in SpecifierSet(spec):
+                    return False
+            except InvalidVersion:
+                return False
+        if self.devices is not None and device not in self.devices:
+            return False
+        if self.dtypes is not None and not (dtypes & set(self.dtypes)):
+            return False
+        if not set(self.features) <= features:
+            return False
+        if set(self.absent_features) & features:
+            return False
+        return True
+
+
+class ExpectationsError(ValueError):
+    def __init__(self, file: str, field: str, reason: str):
+        super().__init__(f"{file}: {field}: {reason}")
+        self.file, self.field, self.reason = file, field, reason
+
+
+class Expectations:
+    def __init__(self, entries: list[Entry], source: str = "<memory>"):
+        ids = [e.id for e in entries]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ExpectationsError(source, "id", f"duplicate ids {sorted(dup)}")
+        self.entries = entries
+        self.source = source
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "Expectations":
+        path = Path(path) if path else DEFAULT_FILE
+        try:
+            obj = json.loads(path.read_text())
+        except OSError as e:
+            raise ExpectationsError(str(path), "<file>", e.strerror or str(e)) from None
+        except json.JSONDecodeError as e:
+            raise ExpectationsError(str(path), f"line {e.lineno}", e.msg) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
+            raise ExpectationsError(str(path), "entries", "expected an object with a list 'entries'")
+        entries = []
+        for k, raw in enumerate(obj["entries"]):
+            try:
+                entries.append(Entry.model_validate(raw))
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"])
+                raise ExpectationsError(str(path), f"entries[{k}]{'.' + loc if loc else ''}", err["msg"]) from None
+        return cls(entries, str(path))
+
+    def matching(self, pipeline, versions, device, dtypes, features) -> list[Entry]:
+        return [e for e in self.entries if e.matches(pipeline, versions, device, dtypes, features)]

@@ -1,0 +1,84 @@
+"""Gradient oracle: remat must never change values.
+
+Two comparisons per pipeline: `tight` against the same program without checkpoint in the
+same dtype (differences of a few ulps), and `loose` against the float64 reference with a
+dtype- and depth-aware tolerance.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from conformance.ir import Program
+from conformance.observation import Observation
+from oracles.verdict import Verdict
+
+# (rtol, atol) per dtype and comparison; atol is scaled by the reference's magnitude.
+TOLERANCES = {
+    ("float32", "tight"): (5e-5, 5e-6),
+    ("float64", "tight"): (1e-10, 1e-12),
+    ("float32", "loose"): (2e-3, 2e-4),
+    ("float64", "loose"): (1e-8, 1e-10),
+}
+
+
+def tolerance(program: Program, mode: str) -> tuple[float, float]:
+    dt = "float32" if any(i.dtype == "float32" for i in program.inputs) else "float64"
+    rtol, atol = TOLERANCES[(dt, mode)]
+    # Depth-aware: longer chains and second order accumulate more rounding.
+    grow = 1.0 + 0.1 * program.size() + (4.0 if program.diff.order == 2 else 0.0)
+    return rtol * grow, atol * grow
+
+
+def _flat(obs: Observation) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in (obs.grads or {}).items():
+        out[f"grad[{k}]"] = np.asarray(v, dtype=np.float64)
+    for k, v in (obs.grads2 or {}).items():
+        out[f"grad2[{k}]"] = np.asarray(v, dtype=np.float64)
+    for i, v in enumerate(obs.outputs or []):
+        out[f"output[{i}]"] = np.asarray(v, dtype=np.float64)
+    return out
+
+
+def compare(program: Program, obs: Observation, ref: Observation, mode: str) -> Verdict:
+    """Compare values (outputs, gradients, second-order gradients) of obs with ref."""
+    v = Verdict(check="gradient", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
+    if not obs.ok() or not ref.ok():
+        v.status = "skipped"
+        return v
+    a, b = _flat(obs), _flat(ref)
+    rtol, atol = tolerance(program, mode)
+    worst = None
+    for k in sorted(set(a) | set(b)):
+        if k not in a or k not in b:
+            if k.startswith("grad2") and (k not in a):
+                continue
+            worst = {"value": k, "reason": "missing"}
+            break
+        x, y = a[k], b[k]
+        if x.shape != y.shape:
+            worst = {"value": k, "reason": f"shape {list(x.shape)} vs {list(y.shape)}"}
+            break
+        fin_y = np.isfinite(y)
+        if not np.all(np.isfinite(x) == fin_y):
+            worst = {"value": k, "reason": "non-finite values differ"}
+            break
+        if not fin_y.any():
+            continue
+        x, y = x[fin_y], y[fin_y]
+        scale = max(1.0, float(np.max(np.abs(y))) if y.size else 1.0)
+        err = np.abs(x - y)
+        bound = atol * scale + rtol * np.abs(y)
+        ratio = float(np.max(err / bound)) if err.size else 0.0
+        if ratio > 1.0 and (worst is None or ratio > worst.get("ratio", 0)):
+            i = int(np.argmax(err / bound))
+            rel = float(err[i] / max(abs(y[i]), 1e-30))
+            worst = {"value": k, "ratio": ratio, "max_abs_err": float(np.max(err)),
+                     "max_rel_err": rel if math.isfinite(rel) else None,
+                     "got": float(x[i]), "want": float(y[i]), "rtol": rtol, "atol": atol * scale}
+    if worst is not None:
+        v.status = "fail"
+        v.detail = {"mode": mode, **worst}
+    return v

@@ -1,0 +1,182 @@
+"""Judge one program's observations: every oracle, with the expectations applied.
+
+Roles, by convention on pipeline names:
+  ref:f64          value reference (float64, no checkpoint, custom rules kept)
+  <fw>:none        same-dtype no-checkpoint baseline of a framework (tight value check)
+  jax:remat2       residual, custom-rule and error reference for JAX rivals
+                   (jax:remat2:jit for jit rivals when it ran)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from conformance.ir import Program
+from conformance.observation import Observation
+from oracles import gradients, residuals
+from oracles.expectations import Entry, Expectations
+from oracles.verdict import Verdict
+
+VALUE_REF = "ref:f64"
+RESIDUAL_REF = "jax:remat2"
+
+
+def framework(pipeline: str) -> str:
+    return pipeline.split(":", 1)[0]
+
+
+def baseline_of(pipeline: str) -> str | None:
+    fw = framework(pipeline)
+    return {"jax": "jax:none", "torch": "torch:none"}.get(fw)
+
+
+def is_reference(pipeline: str) -> bool:
+    return pipeline == VALUE_REF or pipeline.endswith(":none")
+
+
+def residual_ref_of(pipeline: str, names: set[str]) -> str | None:
+    if framework(pipeline) != "jax" or pipeline == RESIDUAL_REF:
+        return None
+    if pipeline.endswith(":jit") and pipeline != RESIDUAL_REF + ":jit" and RESIDUAL_REF + ":jit" in names:
+        return RESIDUAL_REF + ":jit"
+    return RESIDUAL_REF
+
+
+@dataclass
+class Judgement:
+    verdicts: list[Verdict] = field(default_factory=list)
+    # expectation id -> "fired" (its failure/raise happened) or "idle" (matched, nothing to excuse)
+    expectation_hits: dict[str, str] = field(default_factory=dict)
+
+    def failures(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.status == "fail"]
+
+
+def _hit(j: Judgement, e: Entry, fired: bool):
+    prev = j.expectation_hits.get(e.id)
+    j.expectation_hits[e.id] = "fired" if fired or prev == "fired" else "idle"
+
+
+def compare_custom_rules(obs: Observation, ref: Observation) -> Verdict:
+    v = Verdict(check="custom_rule", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
+    if not obs.ok() or not ref.ok():
+        v.status = "skipped"
+        return v
+    diffs = {}
+    for path in sorted(set(obs.custom_rules) | set(ref.custom_rules)):
+        a, b = obs.custom_rules.get(path), ref.custom_rules.get(path)
+        if a is None or b is None:
+            continue   # a block that one pipeline never traced (dead code) is not judged
+        for fld in ("perturbed", "symbolic_zero_cts"):
+            sa, sb = sorted(getattr(a, fld)), sorted(getattr(b, fld))
+            if sa != sb:
+                diffs.setdefault(path, {})[fld] = {"got": sa, "reference": sb}
+    if diffs:
+        v.status = "fail"
+        flds = sorted({f for d in diffs.values() for f in d})
+        v.error_type = "+".join(flds)
+        v.detail = {"blocks": diffs}
+    return v
+
+
+def judge(program: Program, observations: dict[str, Observation], expectations: Expectations,
+          device: str = "cpu") -> Judgement:
+    j = Judgement()
+    feats = set(program.features())
+    dtypes = {t[1] for t in program.types().values()}
+    ref = observations.get(VALUE_REF)
+    names = set(observations)
+
+    for name, obs in observations.items():
+        entries = expectations.matching(name, obs.versions, device, dtypes, feats)
+        unsup = [e for e in entries if e.unsupported]
+        raises = [e for e in entries if e.raises]
+        diverges = [e for e in entries if e.diverges]
+        if obs.unsupported or unsup:
+            for e in unsup:
+                _hit(j, e, True)
+            j.verdicts.append(Verdict(check="error", pipeline=name, reference="expectations", status="unsupported",
+                                      detail={"reason": obs.unsupported or unsup[0].unsupported.reason},
+                                      expectation=unsup[0].id if unsup else None))
+            continue
+
+        # -- error behaviour ------------------------------------------------------------
+        err = obs.error
+        if raises:
+            e = raises[0]
+            ok = bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))
+            _hit(j, e, ok)
+            if ok:
+                j.verdicts.append(Verdict(check="error", pipeline=name, reference="expectations", status="expected",
+                                          error_type=err.type, expectation=e.id))
+            else:
+                j.verdicts.append(Verdict(
+                    check="error", pipeline=name, reference="expectations", status="fail",
+                    error_type=err.type if err else "none", expectation=e.id,
+                    detail={"expected": {"type": e.raises.type, "regex": e.raises.regex},
+                            "got": err.model_dump() if err else None}))
+            continue
+        if err is not None:
+            same_as_ref = (name != VALUE_REF and ref is not None and ref.error is not None
+                           and ref.error.type == err.type and ref.error.stage == err.stage)
+            v = Verdict(check="error", pipeline=name, reference=VALUE_REF if same_as_ref else "expectations",
+                        status="pass" if same_as_ref else "fail", error_type=err.type,
+                        detail={"got": err.model_dump()})
+            _apply_diverges(j, v, diverges)
+            j.verdicts.append(v)
+            continue
+        if ref is not None and ref.error is not None and name != VALUE_REF and not is_reference(name):
+            # The value reference failed where this pipeline did not: the reference's own error
+            # verdict carries the finding (an expected error is enforced by that entry for every
+            # pipeline it names); there is nothing to compare values with.
+            j.verdicts.append(Verdict(check="error", pipeline=name, reference=VALUE_REF, status="skipped",
+                                      detail={"reference_error": ref.error.model_dump()}))
+            continue
+        if is_reference(name):
+            continue
+
+        # -- values ---------------------------------------------------------------------
+        base = observations.get(baseline_of(name) or "")
+        if base is not None:
+            v = gradients.compare(program, obs, base, "tight")
+            _apply_diverges(j, v, diverges)
+            j.verdicts.append(v)
+        if ref is not None:
+            v = gradients.compare(program, obs, ref, "loose")
+            _apply_diverges(j, v, diverges)
+            j.verdicts.append(v)
+
+        # -- residuals and custom rules ---------------------------------------------------
+        if obs.residuals is not None:
+            v = residuals.check_policy(program, obs)
+            _apply_diverges(j, v, diverges)
+            j.verdicts.append(v)
+        rname = residual_ref_of(name, names)
+        rref = observations.get(rname or "")
+        if rref is not None:
+            v = residuals.compare(obs, rref)
+            _apply_diverges(j, v, diverges)
+            j.verdicts.append(v)
+            v = compare_custom_rules(obs, rref)
+            _apply_diverges(j, v, diverges)
+            j.verdicts.append(v)
+    # jax:remat2 itself is judged against the policy too.
+    r2 = observations.get(RESIDUAL_REF)
+    if r2 is not None and r2.ok() and r2.residuals is not None:
+        entries = expectations.matching(RESIDUAL_REF, r2.versions, device, dtypes, feats)
+        v = residuals.check_policy(program, r2)
+        _apply_diverges(j, v, [e for e in entries if e.diverges])
+        j.verdicts.append(v)
+    return j
+
+
+def _apply_diverges(j: Judgement, v: Verdict, entries: list[Entry]):
+    for e in entries:
+        d = e.diverges
+        if d.check != v.check or (d.reference and d.reference != v.reference):
+            continue
+        _hit(j, e, v.status == "fail")
+        if v.status == "fail":
+            v.status = "expected"
+            v.expectation = e.id
+        return

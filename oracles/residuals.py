@@ -1,0 +1,114 @@
+"""Residual oracles: saved-residual sets against another pipeline and against the policy.
+
+Named value classes (those containing a checkpoint-named value) are compared exactly;
+other residuals by the multiset of (shape, dtype) and by total bytes.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
+from conformance.observation import Observation, Residual
+from conformance.policy import decide
+from oracles.verdict import Verdict
+
+
+def _named(res: list[Residual]) -> Counter:
+    return Counter(tuple(r.cls) for r in res if r.names)
+
+
+def _other(res: list[Residual]) -> Counter:
+    return Counter((tuple(r.shape), r.dtype) for r in res if not r.names)
+
+
+def describe(res: list[Residual]) -> list[str]:
+    return [("/".join(r.cls) or "?") + f"{r.names or ''}:{r.dtype}{r.shape}" for r in res]
+
+
+def compare(obs: Observation, ref: Observation, named_only: bool = False) -> Verdict:
+    v = Verdict(check="residuals", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
+    if not obs.ok() or not ref.ok() or obs.residuals is None or ref.residuals is None:
+        v.status = "skipped"
+        return v
+    a, b = _named(obs.residuals), _named(ref.residuals)
+    missing = sorted("/".join(c) for c in (b - a).elements())
+    extra = sorted("/".join(c) for c in (a - b).elements())
+    detail: dict = {}
+    if missing or extra:
+        detail.update(missing_named=missing, extra_named=extra)
+    if not named_only:
+        oa, ob = _other(obs.residuals), _other(ref.residuals)
+        if oa != ob:
+            detail.update(missing_other=[f"{d}{list(s)}" for s, d in sorted((ob - oa).elements())],
+                          extra_other=[f"{d}{list(s)}" for s, d in sorted((oa - ob).elements())])
+        ba = sum(r.bytes for r in obs.residuals)
+        bb = sum(r.bytes for r in ref.residuals)
+        if ba != bb:
+            detail.update(bytes=ba, reference_bytes=bb)
+    if detail:
+        v.status = "fail"
+        v.error_type = "missing" if missing and not extra else "extra" if extra and not missing else (
+            "named" if missing or extra else "other")
+        v.detail = {**detail, "saved": describe(obs.residuals), "reference_saved": describe(ref.residuals)}
+    return v
+
+
+def _region_context(program: Program) -> tuple[dict[str, list], set[str]]:
+    """value id -> enclosing region policies (outermost first); ids that are not protected
+    by the policy (inputs, region args/results, custom_vjp args/results, top-level values)."""
+    policies: dict[str, list] = {}
+    exempt: set[str] = {i.id for i in program.inputs}
+
+    def visit(body, stack):
+        for s in body:
+            if isinstance(s, Op):
+                policies[s.out] = list(stack)
+                if not stack:
+                    exempt.add(s.out)
+            elif isinstance(s, Checkpoint):
+                exempt.update(s.args)
+                exempt.update(s.results)
+                visit(s.body, stack + [s.policy])
+            elif isinstance(s, CustomVJP):
+                exempt.update(s.args)
+                exempt.update(s.results)
+                visit(s.fwd, stack)
+    visit(program.body, [])
+    return policies, exempt
+
+
+def check_policy(program: Program, obs: Observation) -> Verdict:
+    """No value that every enclosing policy says to recompute may be saved.
+
+    A saved class is a violation when each of its values lies inside checkpoint regions,
+    is none of the values a region or block boundary may legitimately keep, and every
+    enclosing policy decides 'recompute' for it (a name op is judged by its name)."""
+    v = Verdict(check="residuals", pipeline=obs.pipeline, reference="policy", status="pass")
+    if not obs.ok() or obs.residuals is None:
+        v.status = "skipped"
+        return v
+    policies, exempt = _region_context(program)
+    types = program.types()
+    ops = {s.out: s for s, _, _, ctx in walk(program.body) if isinstance(s, Op) and ctx != "bwd"}
+    bad = []
+    for r in obs.residuals:
+        if not r.cls:
+            continue
+        ok_to_save = False
+        for i in r.cls:
+            if i in exempt or i not in policies or not policies[i]:
+                ok_to_save = True
+                break
+            s = ops[i]
+            batch = s.op == "matmul" and len(types[s.args[0]][0]) == 3
+            name = s.params.get("name") if s.op == "name" else None
+            if any(decide(p, s.op, name, batch) != "recompute" for p in policies[i]):
+                ok_to_save = True
+                break
+        if not ok_to_save:
+            bad.append(r)
+    if bad:
+        v.status = "fail"
+        v.error_type = "saved_against_policy"
+        v.detail = {"saved_against_policy": describe(bad), "saved": describe(obs.residuals)}
+    return v

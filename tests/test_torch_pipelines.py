@@ -1,0 +1,252 @@
+"""PyTorch pipelines: values against the float64 reference, residual capture under policies
+(eager and compiled), mutants caught by the residual and cross-framework oracles, symbolic
+zeros. Kept under a few minutes on 2 cores: inductor compiles one small program."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+
+from conformance import pipelines as P  # noqa: E402
+from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, validate  # noqa: E402
+from conformance.pipelines import torch_pipelines as TP  # noqa: E402
+from conformance.policy import Both, Dots, DotsNoBatch, Everything, Nothing, Ops, SaveOnlyNames  # noqa: E402
+from generators.programs import Config, cases, input_values  # noqa: E402
+from oracles import cross_framework as X  # noqa: E402
+from oracles import gradients as G  # noqa: E402
+from oracles import residuals as R  # noqa: E402
+
+TORCH = [n for n in P.REGISTRY if n.startswith("torch:")]
+EAGER = ["torch:none", "torch:eager-sac", "torch:eager-sac:prefer"]
+AOT = ["torch:compile-aot_eager", "torch:compile-aot_eager:prefer",
+       "torch:compile-aot_eager+default-partitioner", "torch:compile-aot_eager+default-partitioner:prefer"]
+
+
+def named_program(dtype="float32", policy=None) -> Program:
+    """x@W -> sin -> name h -> cos, in one region saving h."""
+    return validate(Program(
+        inputs=[Input(id="x", shape=[4, 5], dtype=dtype), Input(id="W", shape=[5, 3], dtype=dtype)],
+        body=[Checkpoint(args=["x", "W"], results=["o"], policy=policy or SaveOnlyNames(names=["h"]),
+                         body=[Op(op="matmul", args=["x", "W"], out="m"), Op(op="sin", args=["m"], out="s"),
+                               Op(op="name", args=["s"], params={"name": "h"}, out="h"),
+                               Op(op="cos", args=["h"], out="o")])],
+        outputs=["o"]))
+
+
+def nested_program() -> Program:
+    """Nested regions with different policies, a batched matmul and a layout op."""
+    inner = Checkpoint(args=["a"], results=["t"], policy=Dots(),
+                       body=[Op(op="transpose", args=["a"], params={"perm": [0, 2, 1]}, out="at"),
+                             Op(op="matmul", args=["a", "at"], out="aa"),
+                             Op(op="tanh", args=["aa"], out="t")])
+    return validate(Program(
+        inputs=[Input(id="x", shape=[2, 3, 4], dtype="float64")],
+        body=[Checkpoint(args=["x"], results=["r"], policy=Both(a=Ops(ops=["sin"]), b=SaveOnlyNames(names=["n"])),
+                         body=[Op(op="sin", args=["x"], out="a"), inner,
+                               Op(op="name", args=["t"], params={"name": "n"}, out="n"),
+                               Op(op="mul", args=["n", "n"], out="r")]),
+              Op(op="sum", args=["r"], params={"axis": 0}, out="out")],
+        outputs=["out"]))
+
+
+def custom_program(symbolic_zeros=True, dtype="float64", region=False) -> Program:
+    """custom_vjp with two results, the second unused (its cotangent is a symbolic zero)."""
+    block = CustomVJP(args=["x"], fwd=[Op(op="sin", args=["x"], out="s"), Op(op="cos", args=["x"], out="c")],
+                      results=["s", "c"], residuals=["x"], cts=["gs", "gc"],
+                      bwd=[Op(op="cos", args=["x"], out="dx"), Op(op="mul", args=["gs", "dx"], out="b1"),
+                           Op(op="sin", args=["x"], out="sx"), Op(op="mul", args=["gc", "sx"], out="b2"),
+                           Op(op="sub", args=["b1", "b2"], out="b3")],
+                      bwd_results=["b3"], symbolic_zeros=symbolic_zeros)
+    body = [block, Op(op="square", args=["s"], out="y")]
+    if region:
+        body = [Checkpoint(args=["x"], results=["y"], policy=Nothing(), body=body)]
+    return validate(Program(inputs=[Input(id="x", shape=[5], dtype=dtype)], body=body, outputs=["y"]))
+
+
+def inputs_for(prog, seed=0):
+    return input_values(prog, seed)
+
+
+@pytest.fixture(scope="module")
+def ref_cache():
+    cache = {}
+
+    def get(prog, inputs):
+        k = prog.content_hash()
+        if k not in cache:
+            cache[k] = P.get("ref:f64").run(prog, inputs)
+        return cache[k]
+    return get
+
+
+def named_classes(obs):
+    return sorted("/".join(r.cls) for r in obs.residuals if r.names)
+
+
+# ---- registry, policy mapping ------------------------------------------------------------------
+def test_registry_lists_torch_pipelines():
+    for n in ["torch:none", "torch:eager-sac", "torch:compile-aot_eager",
+              "torch:compile-aot_eager+default-partitioner", "torch:compile-inductor"]:
+        assert n in P.REGISTRY and n + ":prefer" in P.REGISTRY or n == "torch:none"
+        assert P.get(n).framework == "torch"
+    assert P.get("torch:none").reference
+
+
+def test_policy_mapping():
+    A = torch.ops.aten
+    C = torch.utils.checkpoint.CheckpointPolicy
+    fn = TP.policy_fn(SaveOnlyNames(names=["h"]))
+    assert fn(None, TP.TAG, torch.zeros(1), "h") == C.MUST_SAVE
+    assert fn(None, TP.TAG, torch.zeros(1), "g") == C.MUST_RECOMPUTE
+    assert TP.policy_fn(SaveOnlyNames(names=["h"]), prefer=True)(None, TP.TAG, None, "h") == C.PREFER_SAVE
+    assert TP.torch_decide(Dots(), A.bmm.default, ()) == "save"
+    assert TP.torch_decide(DotsNoBatch(), A.bmm.default, ()) == "recompute"
+    assert TP.torch_decide(DotsNoBatch(), A.mm.default, ()) == "save"
+    assert TP.torch_decide(Ops(ops=["sin", "add"]), A.add.Tensor, ()) == "save"
+    assert TP.torch_decide(Ops(ops=["sin"]), A.cos.default, ()) == "recompute"
+    assert TP.torch_decide(Everything(), A.view.default, ()) == "save"
+    assert TP.torch_decide(Both(a=Nothing(), b=Dots()), A.mm.default, ()) == "save"
+
+
+# ---- values --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", EAGER + AOT)
+@pytest.mark.parametrize("make", [named_program, nested_program, lambda: custom_program(True, region=True)],
+                         ids=["named", "nested", "custom_in_region"])
+def test_gradients_match_reference(name, make, ref_cache):
+    prog = make()
+    inp = inputs_for(prog)
+    obs = P.get(name).run(prog, inp)
+    assert obs.ok(), (obs.error, obs.unsupported)
+    assert G.compare(prog, obs, ref_cache(prog, inp), "loose").status == "pass"
+    assert G.compare(prog, obs, P.get("torch:none").run(prog, inp), "tight").status == "pass"
+
+
+@settings(max_examples=6, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(cases(Config(max_stmts=4, second_order=False)))
+def test_generated_programs_eager_and_aot(case):
+    prog, seed = case
+    inp = input_values(prog, seed)
+    ref = P.get("ref:f64").run(prog, inp)
+    if not ref.ok():
+        return  # JAX-only restrictions (e.g. optimize_remat with symbolic_zeros)
+    base = P.get("torch:none").run(prog, inp)
+    assert base.ok(), base.error
+    for n in ("torch:eager-sac", "torch:compile-aot_eager"):
+        obs = P.get(n).run(prog, inp)
+        assert obs.ok(), (n, obs.error)
+        assert G.compare(prog, obs, ref, "loose").status == "pass", n
+        assert G.compare(prog, obs, base, "tight").status == "pass", n
+        assert R.check_policy(prog, obs).status == "pass", n
+
+
+def test_inductor_gradients_and_named_residual(ref_cache):
+    prog = named_program()
+    inp = inputs_for(prog)
+    obs = P.get("torch:compile-inductor").run(prog, inp)
+    assert obs.ok(), obs.error
+    assert G.compare(prog, obs, ref_cache(prog, inp), "loose").status == "pass"
+    assert "h/s" in named_classes(obs)
+    assert obs.flags["partitioner_saved"], "the recording partitioner ran"
+
+
+# ---- residuals -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["torch:eager-sac", "torch:compile-aot_eager",
+                                  "torch:compile-aot_eager+default-partitioner"])
+def test_named_residual_saved_by_policy(name):
+    prog = named_program()
+    inp = inputs_for(prog)
+    obs = P.get(name).run(prog, inp)
+    assert obs.ok(), obs.error
+    assert named_classes(obs) == ["h/s"]
+    assert {tuple(r.cls) for r in obs.residuals} >= {("x",), ("W",), ("h", "s")}
+    assert R.check_policy(prog, obs).status == "pass"
+    # ...and not saved when the policy recomputes everything
+    obs = P.get(name).run(named_program(policy=Nothing()), inp)
+    assert obs.ok() and named_classes(obs) == []
+
+
+def test_residuals_agree_with_jax_and_between_torch_pipelines():
+    prog = named_program()
+    inp = inputs_for(prog)
+    jax_obs = P.get("jax:remat2").run(prog, inp)
+    eager = P.get("torch:eager-sac").run(prog, inp)
+    comp = P.get("torch:compile-aot_eager").run(prog, inp)
+    assert X.compare_residuals(eager, jax_obs).status == "pass"
+    assert X.compare_residuals(comp, jax_obs).status == "pass"
+    assert X.compare_residuals(comp, eager).status == "pass"
+    assert X.compare_grads(prog, eager, jax_obs).status == "pass"
+    assert X.compare_grads(prog, comp, eager).status == "pass"
+
+
+class DropOneResidual(TP.TorchSAC):
+    """Mutant: loses the captured residual of the named value (as a buggy capture would)."""
+
+    def _capture(self, saved):
+        h = torch.sin(torch.as_tensor(self._inp["x"]) @ torch.as_tensor(self._inp["W"]))
+        return [s for s in saved if not (s.shape == h.shape and torch.allclose(s, h))]
+
+    def run(self, program, inputs, device="cpu"):
+        self._inp = inputs
+        return super().run(program, inputs, device)
+
+
+@pytest.mark.parametrize("compile", [None, "aot_eager"])
+def test_mutant_dropping_a_residual_is_detected(compile):
+    prog = named_program()
+    inp = inputs_for(prog)
+    mutant = DropOneResidual(name="torch:mutant-drop-residual", compile=compile)
+    obs = mutant.run(prog, inp)
+    assert obs.ok()
+    v = X.compare_residuals(obs, P.get("jax:remat2").run(prog, inp))
+    assert v.status == "fail" and v.error_type == "missing" and v.detail["missing_named"] == ["h/s"]
+    v = X.compare_residuals(obs, P.get("torch:eager-sac").run(prog, inp))
+    assert v.status == "fail"
+
+
+def test_mutant_perturbed_gradient_is_detected_cross_framework():
+    prog = named_program()
+    inp = inputs_for(prog)
+    jax_obs = P.get("jax:remat2").run(prog, inp)
+    obs = P.get("torch:eager-sac").run(prog, inp)
+    assert X.compare_grads(prog, obs, jax_obs).status == "pass"
+    bad = obs.model_copy(deep=True)
+    g = np.asarray(bad.grads["W"])
+    g.flat[0] *= 1.001
+    bad.grads["W"] = g.tolist()
+    v = X.compare_grads(prog, bad, jax_obs)
+    assert v.status == "fail" and v.detail["value"] == "grad[W]"
+
+
+# ---- custom rules --------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["torch:none", "torch:eager-sac"])
+def test_symbolic_zero_reaches_eager_backward_as_none(name, ref_cache):
+    prog = custom_program(symbolic_zeros=True, region=(name != "torch:none"))
+    inp = inputs_for(prog)
+    obs = P.get(name).run(prog, inp)
+    assert obs.ok(), obs.error
+    path = "body[0]" if name == "torch:none" else "body[0].body[0]"
+    log = obs.custom_rules[path]
+    assert log.bwd_calls >= 1
+    assert log.symbolic_zero_cts == [[False, True]]   # cos result unused -> None arrived
+    assert log.perturbed == [[True]]
+    assert G.compare(prog, obs, ref_cache(prog, inp), "loose").status == "pass"
+    # without symbolic_zeros the cotangent is materialised: nothing logged as a zero
+    obs = P.get(name).run(custom_program(symbolic_zeros=False, region=(name != "torch:none")), inp)
+    assert obs.custom_rules[path].symbolic_zero_cts == []
+
+
+# ---- second order ---------------------------------------------------------------------------------
+def test_second_order_compiled_is_unsupported_eager_is_recorded(ref_cache):
+    prog = named_program(dtype="float64").model_copy(update={"diff": Diff(order=2)})
+    inp = inputs_for(prog)
+    obs = P.get("torch:compile-aot_eager").run(prog, inp)
+    assert obs.unsupported and "double backward" in obs.unsupported
+    base = P.get("torch:none").run(prog, inp)
+    assert base.ok() and base.grads2 is not None
+    assert G.compare(prog, base, ref_cache(prog, inp), "loose").status == "pass"
+    obs = P.get("torch:eager-sac").run(prog, inp)   # whatever happens is recorded, never raised
+    assert obs.grads is not None
+    assert obs.ok() or obs.error.stage == "second_order"
