@@ -13,6 +13,7 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
@@ -53,6 +54,8 @@ class Options:
     shrink_steps: int = 250
     round_size: int = 40
     generator: Config = field(default_factory=Config)
+    # Stop early once this returns True for the findings so far (tests use it).
+    stop_when: Callable[[list], bool] | None = None
 
 
 @dataclass
@@ -108,17 +111,45 @@ class Campaign:
         return self.elapsed_before + time.monotonic() - self.start
 
     def over_budget(self) -> bool:
+        if self.opts.stop_when is not None and self.opts.stop_when(self.findings):
+            return True
         return self.elapsed() >= self.opts.budget or self.checked >= self.opts.max_examples
 
     # -- resume ------------------------------------------------------------------------
     def restore(self, results: list[dict], findings: list[dict]) -> None:
-        """Rebuild state from what an interrupted campaign wrote."""
+        """Rebuild state from what an interrupted campaign wrote.
+
+        Rounds are seeded, so the last round is run again unless it ended with a finding: the
+        programs it already checked are skipped (`seen`), the rest are checked now. A new failure
+        whose shrink never finished (the process was killed while shrinking) is left out of
+        `seen`, so that the replayed round finds and shrinks it again; the store keeps its
+        result record from being written twice. A finding that reached results.jsonl and the
+        corpus but not findings.json is taken from its corpus entry."""
+        pending, done_rounds, last_round = None, set(), None
         for r in results:
-            if r.get("type") != "result":
-                continue
-            self._account(r)
+            if r.get("type") == "result":
+                last_round = r.get("round", 0)
+                pending = r if r.get("new") else None
+            elif r.get("type") == "finding" and last_round is not None:
+                done_rounds.add(last_round)
+                pending = None
+        for r in results:
+            if r.get("type") == "result" and r is not pending:
+                self._account(r)
         self.findings = [Finding.model_validate(f) for f in findings]
-        self.rounds = max([r.get("round", 0) + 1 for r in results if r.get("type") == "result"] or [0])
+        have = {f.signature for f in self.findings}
+        missing = {r.get("signature") for r in results if r.get("type") == "finding"} - have
+        if missing:
+            from conformance.findings import CorpusEntry
+            for p in self.store.corpus_files():
+                try:
+                    e = CorpusEntry.model_validate_json(p.read_text())
+                except (OSError, ValueError):
+                    continue
+                if e.finding is not None and e.finding.signature in missing:
+                    self.findings.append(e.finding)
+                    missing.discard(e.finding.signature)
+        self.rounds = 0 if last_round is None else last_round + (1 if last_round in done_rounds else 0)
         self.elapsed_before = max([r.get("t", 0.0) for r in results] or [0.0])
 
     def _account(self, r: dict) -> None:
@@ -132,9 +163,11 @@ class Campaign:
 
     # -- the search --------------------------------------------------------------------
     def known(self, v: Verdict, prog: Program) -> Finding | None:
+        """The finding this failure is an instance of: same key, and the program has every
+        feature the shrunk program's behaviour needed."""
         feats = prog.features()
         for f in self.findings:
-            if f.key() == v.key() and set(f.features) <= feats:
+            if f.key() == v.key() and f.core_features() <= feats:
                 return f
         return None
 
@@ -235,17 +268,26 @@ class Campaign:
         f.first_seen = round(self.elapsed(), 3)
         f.detail = {**f.detail, "observations": _obs_digest(t.observations, t.key[1])}
         for g in self.findings:
-            if g.signature == f.signature:
+            # Same behaviour shrunk to the same or a nested feature set: one finding, the
+            # smaller program kept.
+            if g.key() == f.key() and (g.core_features() <= f.core_features() or f.core_features() <= g.core_features()):
                 g.count += 1
+                if f.core_features() < g.core_features():
+                    f.count = g.count
+                    self.findings[self.findings.index(g)] = f
+                    self._write_corpus(f)
                 break
         else:
             self.findings.append(f)
-            entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=f.versions)
-            self.store.write_corpus(f.program_hash, entry.model_dump(mode="json"))
+            self._write_corpus(f)
         self.store.append_result({"type": "finding", "signature": f.signature, "t": round(self.elapsed(), 3),
                                   "shrink_steps": t.steps, "size": f.size, "original_size": t.original_size})
         self.store.write_findings([x.model_dump(mode="json") for x in self.findings])
         self.progress(self)
+
+    def _write_corpus(self, f: Finding) -> None:
+        entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=f.versions)
+        self.store.write_corpus(f.program_hash, entry.model_dump(mode="json"))
 
     def run(self) -> None:
         try:

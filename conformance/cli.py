@@ -7,8 +7,11 @@ unexpected findings; 2 usage or input errors, printed as `error: FILE: FIELD: re
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -106,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limits(rp)
 
     sub.add_parser("pipelines", help="list pipelines with framework versions and devices")
+    for mod in PLUGGED:
+        m = importlib.import_module(mod)
+        m.configure_parser(sub)
+        COMMANDS[m.COMMAND] = m.main
     return p
 
 
@@ -153,6 +160,9 @@ def cmd_run(args) -> int:
     from conformance.store import Store, StoreError
     from generators.programs import Config
 
+    if os.environ.get("REMAT_CONFORMANCE_PLUGINS"):   # test-only pipelines (fault injection, mutants)
+        from conformance.isolation import load_plugins
+        load_plugins()
     names = parse_pipelines(args.pipelines)
     expectations = load_expectations(args.expectations)
     if args.device == "cuda":
@@ -175,8 +185,12 @@ def cmd_run(args) -> int:
     if args.resume:
         try:
             prev = store.read_run()
+            prev_results, warn = store.results()
+            prev_findings = store.read_findings()
         except StoreError as e:
             raise UsageError(str(e)) from None
+        if warn:
+            print(f"warning: {warn}", file=sys.stderr)
         po = prev.get("options", {})
         for k in ("pipelines", "seed", "device", "max_stmts"):
             if po.get(k) != run_info["options"][k]:
@@ -189,10 +203,12 @@ def cmd_run(args) -> int:
     progress = (lambda c: None) if args.quiet else make_progress()
     camp = Campaign(opts, store, executor, expectations, progress, versions)
     if args.resume:
-        results, warn = store.results()
-        if warn:
-            print(f"warning: {warn}", file=sys.stderr)
-        camp.restore(results, store.read_findings())
+        try:
+            camp.restore(prev_results, prev_findings)
+        except ValueError as e:   # a findings.json entry that does not validate
+            executor.close()
+            raise UsageError(f"{store.dir}/findings.json: {str(e).splitlines()[0]}") from None
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # a CI cancel stops cleanly, like Ctrl-C
     try:
         camp.run()
     finally:
@@ -339,6 +355,9 @@ def cmd_pipelines(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "pipelines": cmd_pipelines}
+# Modules that add a subcommand: each has COMMAND, configure_parser(subparsers) and main(args) -> int.
+PLUGGED = [m for m in ("conformance.report", "conformance.repro")
+           if importlib.util.find_spec(m) is not None]
 
 
 def main(argv=None) -> int:
@@ -353,14 +372,6 @@ def main(argv=None) -> int:
         sys.stderr.write("interrupted\n")
         return 130
 
-
-def register(name, fn, configure):
-    """Hook for later commands (report, repro): add a subcommand."""
-    COMMANDS[name] = fn
-    _EXTRA.append((name, configure))
-
-
-_EXTRA: list = []
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -59,6 +59,9 @@ class Finding(BaseModel):
     def key(self) -> tuple[str, str, str, str]:
         return (self.check, self.pipeline, self.reference, self.error_type)
 
+    def core_features(self) -> set[str]:
+        return set(signature_features(self.features))
+
 
 class CorpusEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -69,8 +72,19 @@ class CorpusEntry(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict)
 
 
+# Features a shrunk program keeps by accident rather than because the behaviour needs them
+# (the shrinker always leaves some dtype; names nobody reads, layout ops...). They stay in a
+# finding's `features` but not in its signature, so that one behaviour is one finding.
+INCIDENTAL_FEATURES = frozenset({"float32", "float64", "unread_name", "dup_names", "layout", "reduction",
+                                 "prevent_cse_false"})
+
+
+def signature_features(features) -> list[str]:
+    return sorted(set(features) - INCIDENTAL_FEATURES)
+
+
 def signature(check: str, pipeline: str, reference: str, error_type: str, features) -> str:
-    return f"{check}|{pipeline}|{reference}|{error_type or '-'}|{'+'.join(sorted(features))}"
+    return f"{check}|{pipeline}|{reference}|{error_type or '-'}|{'+'.join(signature_features(features))}"
 
 
 def make_finding(verdict, program: Program, inputs: dict[str, np.ndarray], obs_versions: dict, flags: dict,

@@ -262,7 +262,8 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
     if len(prog.inputs) > limits.max_inputs:
         raise ProgramError("inputs", f"{len(prog.inputs)} inputs exceed the limit {limits.max_inputs}")
 
-    def define(i, t, path):
+    def define(i, t, path, shape_path=None):
+        shape_path = shape_path or path
         if not isinstance(i, str) or not i:
             raise ProgramError(path, "value ids must be non-empty strings")
         if len(i) > limits.max_name_length:
@@ -271,18 +272,18 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
             raise ProgramError(path, f"value {i!r} defined twice")
         shape, _ = t
         if len(shape) > limits.max_rank:
-            raise ProgramError(path, f"rank {len(shape)} exceeds the limit {limits.max_rank}")
+            raise ProgramError(shape_path, f"rank {len(shape)} exceeds the limit {limits.max_rank}")
         if any(d > limits.max_dim for d in shape):
-            raise ProgramError(path, f"dimension over the limit {limits.max_dim}: {list(shape)}")
+            raise ProgramError(shape_path, f"dimension exceeds the limit {limits.max_dim}: {list(shape)}")
         if math.prod(shape) > limits.max_elements:
-            raise ProgramError(path, f"{math.prod(shape)} elements exceed the limit {limits.max_elements}")
+            raise ProgramError(shape_path, f"{math.prod(shape)} elements exceed the limit {limits.max_elements}")
         defined.add(i)
         types[i] = t
 
     for k, inp in enumerate(prog.inputs):
         if any((not isinstance(d, int)) or d < 1 for d in inp.shape):
             raise ProgramError(f"inputs[{k}].shape", f"dimensions must be positive integers: {inp.shape}")
-        define(inp.id, (tuple(inp.shape), inp.dtype), f"inputs[{k}].id")
+        define(inp.id, (tuple(inp.shape), inp.dtype), f"inputs[{k}].id", f"inputs[{k}].shape")
     if not prog.diff_inputs():
         raise ProgramError("inputs", "at least one input must have diff=true")
 
@@ -370,6 +371,25 @@ def validate(prog: Program, limits: Limits | None = None) -> Program:
     return prog
 
 
+_TAGS = {"op", "checkpoint", "custom_vjp"}
+
+
+def error_location(loc) -> str:
+    """A pydantic error location as a field path (body[2].policy.names), without the
+    discriminator tags pydantic inserts for tagged unions."""
+    from conformance.policy import POLICY_KINDS
+    parts = []
+    prev = None
+    for x in loc:
+        tag = x in _TAGS or x in POLICY_KINDS
+        if tag and (isinstance(prev, int) or prev in ("policy", "a", "b")):
+            prev = x
+            continue
+        parts.append(f"[{x}]" if isinstance(x, int) else f".{x}")
+        prev = x
+    return "".join(parts).lstrip(".")
+
+
 def load_program(obj: Any, limits: Limits | None = None) -> Program:
     """Parse and validate a program from a JSON object. Raises ProgramError naming the field."""
     if not isinstance(obj, dict):
@@ -381,8 +401,7 @@ def load_program(obj: Any, limits: Limits | None = None) -> Program:
         prog = Program.model_validate(obj)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err["loc"]).lstrip(".")
-        raise ProgramError(loc or "<root>", err["msg"]) from None
+        raise ProgramError(error_location(err["loc"]) or "<root>", err["msg"]) from None
     except RecursionError:
         raise ProgramError("<root>", "nesting too deep") from None
     return validate(prog, limits)

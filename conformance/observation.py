@@ -25,6 +25,7 @@ class Residual(BaseModel):
     dtype: str
     bytes: int
     memory: str | None = None   # memory kind where known (device, pinned_host)
+    copies: int = 1             # how many saved arrays held this value
 
 
 class CustomRuleLog(BaseModel):

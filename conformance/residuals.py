@@ -39,12 +39,22 @@ def matches(saved: np.ndarray, value: np.ndarray) -> bool:
 
 def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
                  index: dict[str, NodeInfo], memory: list[str | None] | None = None) -> list[Residual]:
-    out = []
+    out: list[Residual] = []
+    by_cls: dict[tuple, Residual] = {}
     for k, arr in enumerate(saved):
         arr = np.asarray(arr)
         cls = sorted(i for i, v in values.items() if matches(arr, np.asarray(v)))
         names = sorted({index[i].name for i in cls if i in index and index[i].name})
-        out.append(Residual(cls=cls, names=names, shape=list(arr.shape), dtype=str(arr.dtype),
-                            bytes=int(arr.nbytes), memory=(memory[k] if memory else None)))
+        key = (tuple(cls), str(arr.dtype))
+        if cls and key in by_cls:
+            # The same program value saved twice (e.g. separate output buffers under jit) is one
+            # residual: the set of saved values is what the policy governs.
+            by_cls[key].copies += 1
+            continue
+        r = Residual(cls=cls, names=names, shape=list(arr.shape), dtype=str(arr.dtype),
+                     bytes=int(arr.nbytes), memory=(memory[k] if memory else None))
+        if cls:
+            by_cls[key] = r
+        out.append(r)
     out.sort(key=lambda r: (r.cls, r.shape, r.dtype))
     return out

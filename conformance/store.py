@@ -1,11 +1,21 @@
 """The campaign's output directory: run.json, results.jsonl (append-only, each record flushed and
-synced before it counts), findings.json and corpus/<hash>.json (written atomically), summary.md."""
+synced before it counts), findings.json and corpus/<hash>.json (written atomically), summary.md.
+
+results.jsonl invariants (what --resume relies on): one JSON object per line; "result" records
+carry a unique `seq` (assigned here) and a unique (hash, seed); a line torn by a kill in the
+middle of a write is only ever the last one, is reported by the reader and cut off before the
+next append; a complete last record that lost only its newline is kept."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
+import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Annotated, Any, Iterator, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 RESULTS = "results.jsonl"
 FINDINGS = "findings.json"
@@ -16,6 +26,29 @@ CORPUS = "corpus"
 
 class StoreError(ValueError):
     """A problem with the output directory: the message names the path and what to do."""
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold back SIGINT (Ctrl-C) for the duration; deliver it afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got = []
+    try:
+        old = signal.signal(signal.SIGINT, lambda s, f: got.append(s))
+    except (ValueError, TypeError):   # no signal support here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if got:
+            if callable(old):
+                old(signal.SIGINT, None)
+            elif old == signal.default_int_handler or old == signal.SIG_DFL:
+                raise KeyboardInterrupt
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -41,23 +74,81 @@ def _sync_dir(d: Path) -> None:
         os.close(fd)
 
 
+# Tests only: on the N-th append of this process, write half the record and SIGKILL ourselves.
+KILL_IN_WRITE_ENV = "REMAT_CONFORMANCE_TEST_KILL_IN_WRITE"
+
+
+class ResultRecord(BaseModel):
+    """A "result" line of results.jsonl: the fields that resuming and reports rely on (others pass)."""
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["result"]
+    hash: str
+    seed: int
+    seq: int
+    round: int = 0
+    t: float = 0.0
+    status: str = ""
+    features: list[str] = Field(default_factory=list)
+    verdicts: list[Annotated[list[str], Field(min_length=5, max_length=5)]] = Field(default_factory=list)
+    expectations: dict[str, str] = Field(default_factory=dict)
+    errors: dict[str, str] = Field(default_factory=dict)
+    known_signatures: list[str] = Field(default_factory=list)
+    new: list[list[Any]] = Field(default_factory=list)
+
+
+class FindingRecord(BaseModel):
+    """A "finding" line of results.jsonl: a shrunk finding was recorded (corpus, findings.json)."""
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["finding"]
+    signature: str
+    t: float = 0.0
+
+
+_RECORDS = {"result": ResultRecord, "finding": FindingRecord}
+
+
+def check_record(rec: Any, where: str) -> dict:
+    """A results.jsonl record, checked: raises StoreError naming `where` and the field."""
+    if not isinstance(rec, dict):
+        raise StoreError(f"{where}: a record must be a JSON object, got {type(rec).__name__}")
+    t = rec.get("type")
+    if not isinstance(t, str):
+        raise StoreError(f"{where}: type: missing or not a string")
+    model = _RECORDS.get(t)
+    if model is not None:
+        try:
+            model.model_validate(rec)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"]) or "<record>"
+            raise StoreError(f"{where}: {loc}: {err['msg']}") from None
+    return rec
+
+
 def read_jsonl(path: Path) -> tuple[list[dict], str | None]:
-    """Records of a JSONL file, tolerating a torn last line. Returns (records, warning)."""
+    """Records of results.jsonl, tolerating a torn last line (a kill in the middle of a write).
+    Returns (records, warning); the warning says what was ignored. Any other damage raises
+    StoreError naming the file, the line and the field."""
+    path = Path(path)
     if not path.exists():
         return [], None
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise StoreError(f"{path}: cannot read: {e.strerror}") from None
     lines = data.split(b"\n")
     out, warning = [], None
     for k, raw in enumerate(lines):
         if not raw.strip():
             continue
         try:
-            out.append(json.loads(raw))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            rec = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
             if k == len(lines) - 1:
-                warning = f"{path}: ignored a torn last line ({len(raw)} bytes)"
-            else:
-                raise StoreError(f"{path}: line {k + 1}: not valid JSON") from None
+                warning = f"{path}: ignored a torn last line ({len(raw)} bytes; a write was interrupted)"
+                continue
+            raise StoreError(f"{path}: line {k + 1}: not valid JSON") from None
+        out.append(check_record(rec, f"{path}: line {k + 1}"))
     return out, warning
 
 
@@ -82,7 +173,11 @@ class Store:
                 for f in c.glob("*.json"):
                     f.unlink()
         (self.dir / CORPUS).mkdir(parents=True, exist_ok=True)
-        self._results = None
+        self._fd: int | None = None
+        self._keys: set = set()
+        self._next_seq = 0
+        self._appends = 0
+        self._kill_at = 0
 
     # -- run.json --------------------------------------------------------------------
     def write_run(self, obj: dict) -> None:
@@ -95,21 +190,60 @@ class Store:
             raise StoreError(f"{self.dir / RUN}: cannot read: {e}") from None
 
     # -- results.jsonl ---------------------------------------------------------------
-    def append_result(self, rec: dict) -> None:
-        if self._results is None:
-            path = self.dir / RESULTS
-            # A torn last line (from a kill mid-write) is cut off before appending.
-            if path.exists():
-                data = path.read_bytes()
-                if data and not data.endswith(b"\n"):
-                    cut = data.rfind(b"\n") + 1
-                    with open(path, "r+b") as f:
-                        f.truncate(cut)
-            self._results = open(path, "ab")
+    def append_result(self, rec: dict) -> bool:
+        """Append one record; it counts once it is written and synced. Records of type "result"
+        are numbered here (`seq`: 0, 1, 2... over the whole file) and written once per
+        (hash, seed): a second one is dropped and False returned. Ctrl-C is held back while the
+        line is written and synced, so an interrupt never leaves half a record behind."""
+        if self._fd is None:
+            self._open_results()
+        if rec.get("type") == "result":
+            key = (rec.get("hash"), rec.get("seed"))
+            if key in self._keys:
+                return False
+            rec["seq"] = self._next_seq
         line = (json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n").encode()
-        self._results.write(line)
-        self._results.flush()
-        os.fsync(self._results.fileno())
+        with _sigint_deferred():
+            self._appends += 1
+            if self._kill_at and self._appends == self._kill_at:   # tests: a kill mid-write
+                os.write(self._fd, line[:max(1, len(line) // 2)])
+                os.fsync(self._fd)
+                os.kill(os.getpid(), signal.SIGKILL)
+            view = memoryview(line)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+            os.fsync(self._fd)
+        if rec.get("type") == "result":
+            self._keys.add(key)
+            self._next_seq += 1
+        return True
+
+    def _open_results(self) -> None:
+        path = self.dir / RESULTS
+        if path.exists():
+            data = path.read_bytes()
+            if data and not data.endswith(b"\n"):
+                cut = data.rfind(b"\n") + 1
+                last = data[cut:]
+                try:
+                    complete = isinstance(json.loads(last), dict)
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                    complete = False
+                with open(path, "r+b") as f:
+                    if complete:     # a whole record whose newline was not written: keep it
+                        f.seek(0, os.SEEK_END)
+                        f.write(b"\n")
+                    else:            # a torn record (a kill mid-write): cut it off
+                        f.truncate(cut)
+                    f.flush()
+                    os.fsync(f.fileno())
+        recs, _ = read_jsonl(path)
+        results = [r for r in recs if r["type"] == "result"]
+        self._keys = {(r["hash"], r["seed"]) for r in results}
+        self._next_seq = max((r["seq"] for r in results), default=-1) + 1
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._kill_at = int(os.environ.get(KILL_IN_WRITE_ENV, "0") or 0)
 
     def results(self) -> tuple[list[dict], str | None]:
         return read_jsonl(self.dir / RESULTS)
@@ -142,9 +276,9 @@ class Store:
         atomic_write(self.dir / SUMMARY, text)
 
     def close(self) -> None:
-        if self._results is not None:
-            self._results.close()
-            self._results = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __del__(self):
         try:

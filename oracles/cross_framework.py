@@ -1,35 +1,81 @@
 """Cross-framework oracles: PyTorch against JAX (and eager against compiled PyTorch).
 
-Pure functions over observations. Values are compared with the gradient oracle's
-tolerances; residuals by their named value classes only (the frameworks differentiate
-ops differently, so unnamed residuals legitimately differ: torch's sin saves x where
-JAX saves cos(x)), exactly, as multisets of classes.
+Pure functions over observations; they import no framework.
+
+- Values: outputs, gradients and second-order gradients compared with the gradient
+  oracle (`oracles.gradients.compare`), by default with the same-dtype (tight) tolerance.
+- Residuals: named value classes (classes holding a checkpoint-named value) compared
+  exactly, as multisets. Unnamed residuals legitimately differ between frameworks (torch's
+  sin saves its input where JAX saves cos(x)), so they are never compared across frameworks.
+  The same derivative-rule difference also reaches named classes when a name tags a value
+  that an op saves for its own backward (`name(x)` then `sin`). Given the program, the
+  comparison is restricted to the classes the *policy* decides: named values inside
+  checkpoint regions that an enclosing policy saves (`policy_named`), which both
+  frameworks must keep if their backward reads them. A class that also holds a value
+  any pipeline may keep for reasons of its own (a program input, a value outside every
+  region, a region's or custom_vjp block's argument or result: the exemptions of
+  `oracles.residuals.check_policy`) is left out, since value-equal aliases would
+  otherwise make a partitioner's legitimate choice (save the input, recompute its
+  broadcast) look like a dropped named residual. Without the program, all named
+  classes are compared (strict; use it between pipelines of one framework).
 """
 from __future__ import annotations
 
-from conformance.ir import Program
+from conformance.ir import Checkpoint, CustomVJP, Op, Program
 from conformance.observation import Observation
+from conformance.policy import decide
 from oracles import gradients, residuals
 from oracles.verdict import Verdict
 
 
-def _same_dtype(program: Program, a: Observation, b: Observation) -> bool:
-    return True
-
-
 def compare_grads(program: Program, torch_obs: Observation, jax_obs: Observation,
                   mode: str = "tight") -> Verdict:
-    """Outputs, gradients and second-order gradients of one pipeline against another's, in
-    the same dtype. `tight` (default) uses the same-dtype tolerance: two frameworks'
-    kernels differ by rounding only, which the depth-aware tight bound absorbs on the
-    generator's bounded programs; `loose` is the float64-reference tolerance."""
+    """Values of one pipeline against another's, in the same dtype. `tight` (default): two
+    frameworks' kernels differ by rounding only, which the depth-aware same-dtype bound
+    absorbs on bounded programs; `loose` is the float64-reference tolerance."""
     v = gradients.compare(program, torch_obs, jax_obs, mode)
     if v.status == "fail":
         v.error_type = "cross_value"
     return v
 
 
-def compare_residuals(torch_obs: Observation, jax_obs: Observation) -> Verdict:
-    """Named residual classes (classes holding a checkpoint-named value) must agree exactly."""
-    v = residuals.compare(torch_obs, jax_obs, named_only=True)
-    return v
+def policy_named(program: Program) -> set[str]:
+    """Ids of name ops inside checkpoint regions for which some enclosing policy decides
+    'save' (or 'offload'). With nested regions the frameworks resolve conflicting levels
+    differently (that is a declared semantic difference, to be reported, so both the
+    innermost and the outer levels count)."""
+    out: set[str] = set()
+
+    def visit(body, stack):
+        for s in body:
+            if isinstance(s, Op):
+                if s.op == "name" and stack and any(
+                        decide(p, "name", s.params["name"]) != "recompute" for p in stack):
+                    out.add(s.out)
+            elif isinstance(s, Checkpoint):
+                visit(s.body, stack + [s.policy])
+            elif isinstance(s, CustomVJP):
+                visit(s.fwd, stack)
+    visit(program.body, [])
+    return out
+
+
+def _restrict(obs: Observation, ids: set[str], exempt: set[str]) -> Observation:
+    o = obs.model_copy(deep=True)
+    o.residuals = [r for r in (obs.residuals or [])
+                   if r.names and ids & set(r.cls) and not exempt & set(r.cls)]
+    return o
+
+
+def compare_residuals(torch_obs: Observation, jax_obs: Observation,
+                      program: Program | None = None) -> Verdict:
+    """Named residual classes must agree exactly (restricted to policy-decided names when
+    the program is given)."""
+    if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
+        ids = policy_named(program)
+        _, exempt = residuals._region_context(program)
+        v = residuals.compare(_restrict(torch_obs, ids, exempt), _restrict(jax_obs, ids, exempt),
+                              named_only=True)
+        v.detail = {**v.detail, "scope": "policy_named"} if v.detail else v.detail
+        return v
+    return residuals.compare(torch_obs, jax_obs, named_only=True)

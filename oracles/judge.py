@@ -18,6 +18,9 @@ from oracles.expectations import Entry, Expectations
 from oracles.verdict import Verdict
 
 VALUE_REF = "ref:f64"
+# Error types the isolated executor reports for a worker that died or hung.
+CRASH_PREFIX = "crash:"      # e.g. crash:SIGSEGV, crash:SIGABRT, crash:exit-1
+TIMEOUT = "timeout"
 RESIDUAL_REF = "jax:remat2"
 
 
@@ -100,8 +103,15 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
                                       expectation=unsup[0].id if unsup else None))
             continue
 
-        # -- error behaviour ------------------------------------------------------------
+        # -- crashes and hangs (isolated runs) --------------------------------------------
         err = obs.error
+        if err is not None and (err.type.startswith(CRASH_PREFIX) or err.type == TIMEOUT):
+            check = "timeout" if err.type == TIMEOUT else "crash"
+            j.verdicts.append(Verdict(check=check, pipeline=name, reference="expectations", status="fail",
+                                      error_type=err.type, detail={"got": err.model_dump()}))
+            continue
+
+        # -- error behaviour ------------------------------------------------------------
         if raises:
             e = raises[0]
             ok = bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))

@@ -174,9 +174,9 @@ def test_residuals_agree_with_jax_and_between_torch_pipelines():
     jax_obs = P.get("jax:remat2").run(prog, inp)
     eager = P.get("torch:eager-sac").run(prog, inp)
     comp = P.get("torch:compile-aot_eager").run(prog, inp)
-    assert X.compare_residuals(eager, jax_obs).status == "pass"
-    assert X.compare_residuals(comp, jax_obs).status == "pass"
-    assert X.compare_residuals(comp, eager).status == "pass"
+    for a, b in [(eager, jax_obs), (comp, jax_obs), (comp, eager)]:
+        assert X.compare_residuals(a, b).status == "pass"
+        assert X.compare_residuals(a, b, prog).status == "pass"
     assert X.compare_grads(prog, eager, jax_obs).status == "pass"
     assert X.compare_grads(prog, comp, eager).status == "pass"
 
@@ -200,10 +200,22 @@ def test_mutant_dropping_a_residual_is_detected(compile):
     mutant = DropOneResidual(name="torch:mutant-drop-residual", compile=compile)
     obs = mutant.run(prog, inp)
     assert obs.ok()
-    v = X.compare_residuals(obs, P.get("jax:remat2").run(prog, inp))
-    assert v.status == "fail" and v.error_type == "missing" and v.detail["missing_named"] == ["h/s"]
-    v = X.compare_residuals(obs, P.get("torch:eager-sac").run(prog, inp))
-    assert v.status == "fail"
+    jax_obs = P.get("jax:remat2").run(prog, inp)
+    for scope in (None, prog):
+        v = X.compare_residuals(obs, jax_obs, scope)
+        assert v.status == "fail" and v.error_type == "missing" and v.detail["missing_named"] == ["h/s"]
+        v = X.compare_residuals(obs, P.get("torch:eager-sac").run(prog, inp), scope)
+        assert v.status == "fail"
+
+
+def test_policy_named_scope():
+    assert X.policy_named(named_program()) == {"h"}
+    assert X.policy_named(named_program(policy=Nothing())) == set()
+    assert X.policy_named(nested_program()) == {"n"}
+    top = validate(Program(inputs=[Input(id="x", shape=[3], dtype="float64")],
+                           body=[Op(op="name", args=["x"], params={"name": "a"}, out="a"),
+                                 Op(op="sin", args=["a"], out="o")], outputs=["o"]))
+    assert X.policy_named(top) == set()   # outside every region: derivative rules decide
 
 
 def test_mutant_perturbed_gradient_is_detected_cross_framework():
@@ -250,3 +262,33 @@ def test_second_order_compiled_is_unsupported_eager_is_recorded(ref_cache):
     obs = P.get("torch:eager-sac").run(prog, inp)   # whatever happens is recorded, never raised
     assert obs.grads is not None
     assert obs.ok() or obs.error.stage == "second_order"
+
+
+# ---- devices ----------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", ["torch:eager-sac", "torch:compile-aot_eager", "torch:compile-inductor"])
+def test_cuda_agrees_with_cpu(name):
+    prog = named_program()
+    inp = inputs_for(prog)
+    cpu = P.get(name).run(prog, inp, device="cpu")
+    gpu = P.get(name).run(prog, inp, device="cuda")
+    assert gpu.ok(), gpu.error
+    assert "cuda" in P.get(name).devices()
+    assert X.compare_grads(prog, gpu, cpu, mode="loose").status == "pass"
+    assert X.compare_residuals(gpu, cpu).status == "pass"
+
+
+def test_second_order_differentiates_custom_rule_through_residuals(ref_cache):
+    """bwd reads a residual computed in fwd (cos x): d/dx sum(g * cos x) = -sin x, as in JAX."""
+    block = CustomVJP(args=["x"], fwd=[Op(op="cos", args=["x"], out="c"), Op(op="sin", args=["x"], out="s")],
+                      results=["s"], residuals=["c"], cts=["g"],
+                      bwd=[Op(op="mul", args=["g", "c"], out="b")], bwd_results=["b"])
+    prog = validate(Program(inputs=[Input(id="x", shape=[3], dtype="float64")], body=[block], outputs=["s"],
+                            diff=Diff(order=2)))
+    inp = inputs_for(prog)
+    for name in ("torch:none", "torch:eager-sac"):
+        obs = P.get(name).run(prog, inp)
+        assert obs.ok(), obs.error
+        assert G.compare(prog, obs, ref_cache(prog, inp), "loose").status == "pass"
+        assert np.allclose(obs.grads2["x"], -np.sin(inp["x"]))

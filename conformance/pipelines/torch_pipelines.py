@@ -192,8 +192,9 @@ class Lowering:
     """
 
     def __init__(self, prog: Program, remat: bool, custom: bool = True, prefer: bool = False,
-                 record: dict | None = None, policy_calls: list | None = None):
+                 record: dict | None = None, policy_calls: list | None = None, diff_residuals: bool = False):
         self.prog, self.remat, self.custom, self.prefer, self.record = prog, remat, custom, prefer, record
+        self.diff_residuals = diff_residuals
         self.policy_calls = policy_calls
         self.logs: dict[str, CustomRuleLog] = {}
         self.types = prog.types()
@@ -220,7 +221,16 @@ class Lowering:
                 env.update(zip(s.results, outs))
             elif isinstance(s, CustomVJP):
                 if self.custom:
-                    outs = self.function(s, p).apply(*s.nondiff, *[env[a] for a in s.args])
+                    arrs = [env[a] for a in s.args]
+                    res = []
+                    if self.diff_residuals:
+                        # Residuals computed by ordinary, differentiated ops and passed in:
+                        # under double backward the bwd rule is then differentiated through
+                        # them, as in JAX. (Tensors a Function computes and saves itself are
+                        # constants to double backward.)
+                        e = self.body(s.fwd, dict(zip(s.args, arrs)), s.nondiff, p + ".fwd")
+                        res = [e[r] for r in s.residuals]
+                    outs = self.function(s, p).apply(*s.nondiff, *arrs, *res)
                     if not isinstance(outs, tuple):
                         outs = (outs,)
                 else:
@@ -247,6 +257,7 @@ class Lowering:
         if path in self._fns:
             return self._fns[path]
         nnd = len(s.nondiff)
+        nargs = len(s.args)
         log = self.logs.setdefault(path, CustomRuleLog())
         low = self
         types = self.types
@@ -255,7 +266,7 @@ class Lowering:
             nondiff, arrs = args[:nnd], args[nnd:]
             if not torch.compiler.is_compiling():
                 log.fwd_traces += 1
-                flags = [bool(b) for b in ctx.needs_input_grad[nnd:]]
+                flags = [bool(b) for b in ctx.needs_input_grad[nnd:nnd + nargs]]
                 # JAX calls a custom_vjp fwd rule (and logs perturbed flags) only when some
                 # arg is perturbed; torch always runs forward: log the same cases.
                 if s.symbolic_zeros and any(flags):
@@ -263,8 +274,10 @@ class Lowering:
                         log.perturbed.append(flags)
             if s.symbolic_zeros:
                 ctx.set_materialize_grads(False)
+            if low.diff_residuals:
+                arrs, res_in = arrs[:nargs], arrs[nargs:]
             e = low.body(s.fwd, dict(zip(s.args, arrs)), list(nondiff), path + ".fwd")
-            ctx.save_for_backward(*[e[r] for r in s.residuals])
+            ctx.save_for_backward(*(res_in if low.diff_residuals else [e[r] for r in s.residuals]))
             ctx.nondiff = list(nondiff)
             outs = tuple(e[r] for r in s.results)
             return outs if len(outs) > 1 else outs[0]
@@ -290,7 +303,8 @@ class Lowering:
             for r, a in zip(s.bwd_results, s.args):
                 shp, dt = types[a]
                 outs.append(torch.zeros(shp, dtype=DTYPES[dt], device=dev) if r is None else e[r])
-            return (None,) * nnd + tuple(outs)
+            extra = (None,) * len(s.residuals) if low.diff_residuals else ()
+            return (None,) * nnd + tuple(outs) + extra
 
         cls = type(f"CustomVJP_{path.replace('[', '_').replace(']', '').replace('.', '_')}",
                    (torch.autograd.Function,),
@@ -313,31 +327,59 @@ def node_values(program: Program, inputs: dict[str, np.ndarray], device: str = "
 
 
 # ---- residual capture -----------------------------------------------------------------------
+class _Handle:
+    """What a pack hook stores: the saved tensor itself (a view keeps its own layout) and
+    the index of its memory-deduplicated record."""
+    __slots__ = ("i", "t")
+
+    def __init__(self, i: int, t: torch.Tensor):
+        self.i, self.t = i, t
+
+
 class SavedRecorder:
-    """saved_tensors_hooks that record every tensor saved for backward while `active`,
-    deduplicated by memory (storage, offset, element count, dtype)."""
+    """saved_tensors_hooks recording every tensor saved for backward while `active` and
+    which of them the backward pass reads back. Deduplicated by memory (storage, offset,
+    element count, dtype): a view of a saved tensor is the same residual.
+
+    Eager autograd has no dead-code elimination: a computation that does not reach the loss
+    still saves its inputs. Residuals are therefore the tensors saved during the forward
+    *and read by the backward* (what JAX's vjp closure and a compiled partition hold);
+    saved-but-never-read tensors are reported separately (`unread`)."""
 
     def __init__(self):
-        self.saved: list[torch.Tensor] = []
-        self._keys: set = set()
+        self._copy: list[torch.Tensor] = []
+        self._index: dict = {}
+        self.read: set[int] = set()
         self.active = False
         self.packs = 0
 
     def pack(self, t):
-        if self.active:
-            self.packs += 1
-            try:
-                key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype, t.device)
-            except Exception:
-                key = id(t)
-            if key not in self._keys:
-                self._keys.add(key)
-                self.saved.append(t.detach().clone())
-        return t
+        if not self.active:
+            return t
+        self.packs += 1
+        try:
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype, t.device)
+        except Exception:
+            key = ("id", id(t))
+        i = self._index.get(key)
+        if i is None:
+            i = self._index[key] = len(self._copy)
+            self._copy.append(t.detach().clone())
+        return _Handle(i, t)
 
-    @staticmethod
-    def unpack(t):
-        return t
+    def unpack(self, h):
+        if isinstance(h, _Handle):
+            self.read.add(h.i)
+            return h.t
+        return h
+
+    @property
+    def saved(self) -> list[torch.Tensor]:
+        return [c for i, c in enumerate(self._copy) if i in self.read]
+
+    @property
+    def unread(self) -> list[torch.Tensor]:
+        return [c for i, c in enumerate(self._copy) if i not in self.read]
 
     @contextmanager
     def recording(self):
@@ -378,19 +420,35 @@ def recording_aot_backend(partition: str, rec: dict):
     return backend
 
 
+from torch._inductor.custom_graph_pass import CustomPartitionerFn  # noqa: E402
+
+
+class RecordingPartitioner(CustomPartitionerFn):
+    """Inductor's min-cut partitioner, recording which forward nodes it saves. Module level
+    (picklable) so that inductor's FX-graph cache still works; the autograd cache, which
+    would skip the partitioner, is off during runs."""
+
+    def __init__(self, rec: dict | None = None):
+        self.rec = rec if rec is not None else {}
+
+    def __call__(self, gm, joint_inputs, **kwargs):
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        fw, bw = min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
+        self.rec.setdefault("partitioner_saved", []).append(_saved_desc(fw, kwargs["num_fwd_outputs"]))
+        return fw, bw
+
+    def uuid(self):
+        return "remat-conformance-recording-min-cut-v1"
+
+    def __getstate__(self):
+        return {}
+
+    def __setstate__(self, state):
+        self.rec = {}
+
+
 def _inductor_partitioner(rec: dict):
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-    from torch._inductor.custom_graph_pass import CustomPartitionerFn
-
-    class RecordingPartitioner(CustomPartitionerFn):
-        def __call__(self, gm, joint_inputs, **kwargs):
-            fw, bw = min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
-            rec.setdefault("partitioner_saved", []).append(_saved_desc(fw, kwargs["num_fwd_outputs"]))
-            return fw, bw
-
-        def uuid(self):
-            return "remat-conformance-recording-min-cut-v1"
-    return RecordingPartitioner()
+    return RecordingPartitioner(rec)
 
 
 @contextmanager
@@ -482,13 +540,16 @@ class TorchBase(Pipeline):
         calls: list = []
         low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls)
 
-        def loss_fn(*d):
-            env = dict(const)
-            env.update(zip(diff_ids, d))
-            low.body(program.body, env)
-            outs = [env[o] for o in program.outputs]
-            loss = sum(torch.sum(o).to(torch.float64) for o in outs)
-            return loss, outs
+        def make_loss(low):
+            def loss_fn(*d):
+                env = dict(const)
+                env.update(zip(diff_ids, d))
+                low.body(program.body, env)
+                outs = [env[o] for o in program.outputs]
+                loss = sum(torch.sum(o).to(torch.float64) for o in outs)
+                return loss, outs
+            return loss_fn
+        loss_fn = make_loss(low)
 
         def leaves():
             return [torch.as_tensor(np.asarray(inputs[i], dtype=ty), device=device).requires_grad_(True)
@@ -516,8 +577,13 @@ class TorchBase(Pipeline):
             with timed(t, "residuals"):
                 saved = self._capture(rec.saved)
                 values = node_values(program, inputs, device)
-                obs.residuals = canonicalise([s.cpu().numpy() for s in saved], values, node_index(program),
+                index = node_index(program)
+                obs.residuals = canonicalise([s.cpu().numpy() for s in saved], values, index,
                                              memory=["pinned_host" if s.is_pinned() else "device" for s in saved])
+                if rec.unread:   # saved for backward, never read (eager: no dead-code elimination)
+                    obs.flags["saved_unread"] = [
+                        ("/".join(r.cls) or "?") + f":{r.dtype}{r.shape}"
+                        for r in canonicalise([s.cpu().numpy() for s in rec.unread], values, index)]
             if program.diff.order == 2:
                 stage = "second_order"
                 if self.compile:
@@ -526,7 +592,8 @@ class TorchBase(Pipeline):
                 else:
                     with timed(t, "second_order"):
                         d = leaves()
-                        loss2, _ = fn(*d)
+                        low2 = Lowering(program, remat=self.remat, prefer=self.prefer, diff_residuals=True)
+                        loss2, _ = make_loss(low2)(*d)
                         gs = grad(loss2, d, create_graph=True)
                         l2 = sum(torch.sum(g).to(torch.float64) for g in gs)
                         g2 = grad(l2, d)

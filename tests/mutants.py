@@ -1,0 +1,91 @@
+"""Deliberately broken pipelines (test-only). Each proves one oracle can fail."""
+from conformance.observation import ErrorInfo
+from conformance.pipelines import register_instance
+from conformance.pipelines.jax_pipelines import JaxRemat
+
+
+class DropNamedResidual(JaxRemat):
+    """Reports one named residual fewer than it saved."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.residuals:
+            named = [r for r in obs.residuals if r.names]
+            if named:
+                obs.residuals.remove(named[0])
+
+
+class PerturbGradient(JaxRemat):
+    """Gradients off by a relative 1e-3 in one element."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.grads:
+            k = sorted(obs.grads)[0]
+            g = obs.grads[k]
+            if isinstance(g, list):
+                flat = g
+                while isinstance(flat[0], list):
+                    flat = flat[0]
+                flat[0] = flat[0] * (1 + 1e-3) + 1e-3
+            else:
+                obs.grads[k] = g * (1 + 1e-3) + 1e-3
+
+
+class SwallowError(JaxRemat):
+    """Hides any error the framework raised, returning no values."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.error is not None:
+            obs.error = None
+            obs.grads, obs.outputs, obs.residuals = {}, [], []
+
+
+class RaiseOnMatmul(JaxRemat):
+    """Raises where nothing should: on any program with a matrix product."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if "matmul" in program.features() or "batch_matmul" in program.features():
+            obs.error = ErrorInfo(type="RuntimeError", message="mutant: matmul refused", stage="forward")
+
+
+class MisreportCustomRule(JaxRemat):
+    """Flips the perturbed flags its custom_vjp fwd rules saw."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        for log in obs.custom_rules.values():
+            log.perturbed = [[not b for b in flags] for flags in log.perturbed]
+
+
+class IgnorePolicy(JaxRemat):
+    """Saves everything whatever the policy says (a silently ignored policy)."""
+    def _run(self, program, inputs, obs):
+        from conformance.policy import Everything
+        from conformance.ir import Checkpoint, walk
+        saved = {}
+        for s, *_ in walk(program.body):
+            if isinstance(s, Checkpoint):
+                saved[id(s)] = s.policy
+                s.policy = Everything()
+        try:
+            super()._run(program, inputs, obs)
+        finally:
+            for s, *_ in walk(program.body):
+                if isinstance(s, Checkpoint):
+                    s.policy = saved[id(s)]
+
+
+MUTANTS = {
+    "jax:mutant-drop-named-residual": (DropNamedResidual, "residuals", "jax:remat2"),
+    "jax:mutant-perturb-gradient": (PerturbGradient, "gradient", "jax:none"),
+    "jax:mutant-swallow-error": (SwallowError, "error", "expectations"),
+    "jax:mutant-raise-on-matmul": (RaiseOnMatmul, "error", "expectations"),
+    "jax:mutant-misreport-custom-rule": (MisreportCustomRule, "custom_rule", "jax:remat2"),
+    "jax:mutant-ignore-policy": (IgnorePolicy, "residuals", "policy"),
+}
+
+
+def register_all():
+    for name, (cls, _, _) in MUTANTS.items():
+        register_instance(cls(name=name, variant="remat2"))
+
+
+register_all()

@@ -1,0 +1,59 @@
+"""The regression corpus: one test per corpus entry in this directory.
+
+Each entry's finding is replayed in-process (the finding's pipeline and the references it
+is judged against) and the test asserts that the finding's (check, pipeline, reference,
+error_type) key is absent from the verdicts. Open bugs are xfail(strict=True), carrying
+the finding, so a fix upstream shows up as a strict XPASS failure; keys listed under
+`fixed` in status.json are ordinary tests (a recurrence fails).
+
+Add an entry: copy `corpus/<hash>.json` from a campaign's output directory here.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+STATUS = json.loads((HERE / "status.json").read_text())
+
+
+def _key_str(key) -> str:
+    return "|".join(key)
+
+
+def _entries():
+    from conformance.cli import load_program_file
+    out = []
+    for path in sorted(HERE.glob("*.json")):
+        if path.name == "status.json":
+            continue
+        prog, inputs, finding = load_program_file(str(path))
+        if finding is None:
+            raise pytest.UsageError(f"{path}: a regression entry needs a finding")
+        tid = f"{finding.check}-{finding.pipeline.replace(':', '_')}-{finding.program_hash[:8]}"
+        marks = []
+        if _key_str(finding.key()) not in STATUS.get("fixed", {}):
+            marks.append(pytest.mark.xfail(strict=True, reason=(
+                f"open: [{finding.check}] {finding.pipeline} vs {finding.reference} "
+                f"{finding.error_type or ''} ({', '.join(finding.features)})")))
+        out.append(pytest.param(path, prog, inputs, finding, id=tid, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("path,prog,inputs,finding", _entries())
+def test_regression(path, prog, inputs, finding):
+    from conformance import pipelines as reg
+    from conformance.campaign import needed_pipelines
+    from conformance.runner import InProcessExecutor
+    from oracles.expectations import Expectations
+    from oracles.judge import judge
+    names = needed_pipelines(finding.key(), list(reg.REFERENCES) + [finding.pipeline])
+    names = list(dict.fromkeys(list(reg.REFERENCES) + names))
+    obs = InProcessExecutor(finding.device).run(prog, inputs, names)
+    j = judge(prog, obs, Expectations.load(), finding.device)
+    hit = [v for v in j.failures() if v.key() == finding.key()]
+    assert not hit, (f"{path.name}: [{finding.check}] {finding.pipeline} vs {finding.reference} still fails: "
+                     f"{json.dumps(hit[0].detail, default=str)[:600]}\n"
+                     f"repro: remat-conformance repro {path}")

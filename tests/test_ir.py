@@ -1,0 +1,96 @@
+"""The program IR: validation, exact JSON round-trip, stable hashes, features."""
+import json
+
+import pytest
+from hypothesis import given
+
+from conformance.ir import FEATURE_DOC, Limits, Program, ProgramError, load_program
+from generators.programs import cases
+from tests.programs import named_chain, op, prog, region, seed_program
+
+
+@given(cases())
+def test_generated_programs_round_trip_exactly(case):
+    p, _ = case
+    text = p.to_json()
+    q = load_program(json.loads(text))
+    assert q.to_json() == text
+    assert q.content_hash() == p.content_hash()
+    assert q == p
+
+
+@given(cases())
+def test_features_come_from_the_documented_vocabulary(case):
+    p, _ = case
+    documented = {k for k in FEATURE_DOC if not k.endswith("<kind>")}
+    for f in p.features():
+        assert f in documented or f.startswith("policy:"), f
+
+
+def test_hash_is_stable_and_content_sensitive():
+    a, b = seed_program(), seed_program()
+    assert a.content_hash() == b.content_hash()
+    assert len(a.content_hash()) == 16
+    assert seed_program("float64").content_hash() != a.content_hash()
+
+
+def test_seed_program_features():
+    f = seed_program().features()
+    assert {"checkpoint", "custom_vjp", "custom_vjp_in_checkpoint", "symbolic_zeros", "names_in_fwd",
+            "sz_fwd_remat", "policy:save_only_names", "float32"} <= f
+    assert "nested_checkpoint" not in f
+
+
+@pytest.mark.parametrize("mutate, field, reason", [
+    (lambda o: o["body"][0].update(op="frobnicate"), "body[0].op", "unknown op"),
+    (lambda o: o["body"][0].update(args=["nope"]), "body[0].args[0]", "not defined"),
+    (lambda o: o["inputs"][0].update(dtype="float16"), "inputs[0].dtype", "float32"),
+    (lambda o: o["inputs"][0].update(shape=[10000]), "inputs[0].shape", "exceeds the limit"),
+    (lambda o: o.update(outputs=["ghost"]), "outputs[0]", "not defined"),
+    (lambda o: o["body"][0].update(out="x"), "body[0].out", "defined twice"),
+    (lambda o: o.update(schema_version=7), "schema_version", "unsupported"),
+    (lambda o: o["body"][0]["params"].update(c=1), "body[0].params", "unexpected params"),
+])
+def test_bad_programs_are_rejected_naming_the_field(mutate, field, reason):
+    obj = prog([op("sin", ["x"], "y")]).to_json_obj()
+    mutate(obj)
+    with pytest.raises(ProgramError) as e:
+        load_program(obj)
+    assert e.value.field == field
+    assert reason in e.value.reason
+
+
+def test_bad_policy_name_is_rejected():
+    obj = named_chain().to_json_obj()
+    obj["body"][0]["policy"] = {"kind": "save_everything_please"}
+    with pytest.raises(ProgramError) as e:
+        load_program(obj)
+    assert e.value.field == "body[0].policy"
+    assert "save_everything_please" in e.value.reason
+
+
+def test_region_scoping_is_enforced():
+    # a region body may read only its args
+    with pytest.raises(ProgramError, match="not defined"):
+        prog([op("sin", ["x"], "a"),
+              region(["a"], [op("mul", ["a", "x"], "b")], ["b"], {"kind": "nothing"})])
+
+
+def test_limits_are_configurable():
+    deep = op("sin", ["x"], "y0")
+    body = [deep]
+    inner = [op("cos", ["x"], "z")]
+    for d in range(4):
+        inner = [region(["x"], inner, ["z"], {"kind": "nothing"})]
+    body = inner
+    p = prog(body, outputs=["z"])
+    assert p.size() == 5
+    with pytest.raises(ProgramError, match="nesting depth"):
+        load_program(p.to_json_obj(), Limits(max_depth=2))
+    with pytest.raises(ProgramError, match="limit 2"):
+        load_program(p.to_json_obj(), Limits(max_statements=2))
+
+
+def test_program_json_schema_exports():
+    schema = Program.model_json_schema()
+    assert "inputs" in schema["properties"] and "body" in schema["properties"]

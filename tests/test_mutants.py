@@ -1,0 +1,33 @@
+"""Every oracle can fail: each mutant pipeline is caught by its oracle within a bounded
+number of programs, and its finding is shrunk to a small program."""
+import pytest
+
+from conformance.campaign import Campaign, Options
+from conformance.pipelines import REFERENCES
+from conformance.runner import InProcessExecutor
+from conformance.store import Store
+from generators.programs import Config
+from oracles.expectations import Expectations
+from tests.mutants import MUTANTS
+
+MAX_PROGRAMS = 150
+MAX_SHRUNK_SIZE = {"residuals": 10, "gradient": 2, "error": 6, "custom_rule": 10}
+
+
+@pytest.mark.parametrize("mutant", sorted(MUTANTS))
+def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
+    _, check, reference = MUTANTS[mutant]
+    opts = Options(pipelines=list(REFERENCES) + [mutant], budget=300, max_examples=MAX_PROGRAMS, seed=1,
+                   shrink_seconds=60, shrink_steps=300, generator=Config(max_stmts=4),
+                   stop_when=lambda fs: any(f.pipeline == mutant and f.check == check for f in fs))
+    camp = Campaign(opts, Store(tmp_path / "out"), InProcessExecutor(), Expectations.load())
+    camp.run()
+    mine = [f for f in camp.findings if f.pipeline == mutant and f.check == check and f.reference == reference]
+    assert mine, f"{mutant} not detected in {camp.checked} programs; findings: {[f.signature for f in camp.findings]}"
+    f = min(mine, key=lambda f: f.size)
+    assert f.shrunk
+    assert f.size <= MAX_SHRUNK_SIZE[check], (f.size, f.program)
+    assert f.size <= f.original_size
+    # the references themselves are not blamed for the mutant's behaviour
+    assert not [g for g in camp.findings if g.pipeline in ("jax:none", "jax:remat2") and g.check == check
+                and g.reference not in ("policy",)]

@@ -1,0 +1,169 @@
+"""`remat-conformance report`: merging, baselines, outputs, and the documented input error."""
+from __future__ import annotations
+
+import json
+import shutil
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conformance import report
+from conformance.cli import main as cli_main
+from conformance.report import ReportInputError, build, load_run
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def test_report_against_baseline(tmp_path):
+    rep = build([load_run(FIX / "run_a")], [load_run(FIX / "base")], with_repro=False)
+    assert rep["schema_version"] == report.REPORT_SCHEMA_VERSION
+    st_ = {(x["check"], x["pipeline"]): x["status"] for x in rep["findings"]}
+    assert st_ == {("error", "ref:f64"): "new", ("error", "jax:remat3"): "persisting"}
+    assert [(x["check"], x["pipeline"]) for x in rep["fixed"]] == [("residuals", "jax:remat3")]
+    # ranked by CHECK_RANK, then new before persisting
+    assert [x["id"] for x in rep["findings"]] == ["F1", "F2"] and rep["findings"][0]["status"] == "new"
+    cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
+    assert cell[("jax:remat3", "error")]["status"] == "fail" and cell[("jax:remat3", "gradient")]["status"] == "pass"
+    assert set(rep["checks"]) == {"gradient", "residuals", "custom_rule", "error", "crash", "timeout"}
+    assert len(rep["trend"]) == 2 and rep["trend"][-1]["label"] == "this run"
+    paths = report.write(rep, tmp_path / "out")
+    assert sorted(p.name for p in paths) == ["junit.xml", "report.html", "report.json", "report.md"]
+    json.loads((tmp_path / "out" / "report.json").read_text())
+    suite = ET.parse(tmp_path / "out" / "junit.xml").getroot()
+    assert int(suite.get("failures")) == 2 and len(suite.findall("testcase")) == len(rep["grid"])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## New findings" in md and "## Fixed (not seen in this run)" in md and "| `jax:remat3` |" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert 'id="grid"' in html and "data:image/png;base64," in html
+    for bad in ('src="http', "href=\"http", "<link", "@import", "src=\"//"):
+        assert bad not in html, bad
+
+
+def test_report_embeds_repro_scripts_for_both_frameworks():
+    rep = build([load_run(FIX / "run_a")], with_repro=True)
+    f = next(x for x in rep["findings"] if x["pipeline"] == "jax:remat3")
+    assert set(f["repro"]) == {"jax", "torch"}
+    assert "jax.checkpoint(fn, **kw)" in f["repro"]["jax"] and "create_selective_checkpoint_contexts" in f["repro"]["torch"]
+    assert "with checkpoint(policy=nothing_saveable)" in f["pseudo_code"]
+    html = report.render_html(rep, {})
+    assert "Standalone repro script (torch)" in html
+
+
+def test_matrix_cells_are_labelled():
+    rep = build([load_run(FIX / "run_a"), load_run(FIX / "run_b")], with_repro=False)
+    assert {i["cell"] for i in rep["inputs"]} == {"jax 0.12.0.1 jaxlib 0.12.0.1", "jax 0.11.0 jaxlib 0.11.0"}
+    assert any(r.endswith("@ jax 0.11.0 jaxlib 0.11.0") for r in rep["pipelines"])
+    assert rep["totals"]["findings"] == 3   # the same bug in two cells is kept per cell
+
+
+def test_shards_merge_and_torn_line(tmp_path):
+    a, b = tmp_path / "s0", tmp_path / "s1"
+    shutil.copytree(FIX / "run_a", a)
+    shutil.copytree(FIX / "run_a", b)
+    with open(b / "results.jsonl", "a") as f:
+        f.write('{"type": "res')          # a torn last line (killed mid-write)
+    rep = build([load_run(a), load_run(b)], with_repro=False)
+    assert rep["totals"]["findings"] == 2                       # same signatures: merged
+    assert all(x["count"] >= 2 for x in rep["findings"])
+    assert any("torn last line" in w for w in rep["warnings"])
+    assert all("@" not in r for r in rep["pipelines"])          # shards are one cell
+
+
+def test_schema_mismatch_is_a_documented_error(tmp_path, capsys):
+    d = tmp_path / "v2"
+    shutil.copytree(FIX / "run_a", d)
+    run = json.loads((d / "run.json").read_text())
+    run["schema_version"] = 2
+    (d / "run.json").write_text(json.dumps(run))
+    with pytest.raises(ReportInputError) as e:
+        load_run(d)
+    assert e.value.file.endswith("run.json") and e.value.field == "schema_version"
+    assert cli_main(["report", str(FIX / "run_a"), str(d), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "run.json: schema_version:" in err and "Traceback" not in err
+    assert cli_main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_baseline_can_be_a_previous_report(tmp_path):
+    rep = build([load_run(FIX / "run_a")], with_repro=False)
+    report.write(rep, tmp_path / "prev", with_plots=False)
+    rep2 = build([load_run(FIX / "run_a")], [load_run(tmp_path / "prev", allow_report=True)], with_repro=False)
+    assert {x["status"] for x in rep2["findings"]} == {"persisting"} and rep2["fixed"] == []
+
+
+def test_cli_report(tmp_path, capsys):
+    rc = cli_main(["report", str(FIX / "run_a"), "--baseline", str(FIX / "base"), "--out", str(tmp_path / "r"),
+                   "--no-repro"])
+    assert rc == 0 and (tmp_path / "r" / "report.html").exists()
+    assert "1 new, 1 persisting, 1 fixed" in capsys.readouterr().out
+
+
+# ---- fuzz: mutated inputs are accepted or raise ReportInputError, nothing else -----------------------
+_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False) | st.text(max_size=4),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                     max_leaves=8)
+_FILES = ("run.json", "findings.json", "results.jsonl")
+
+
+def _paths(obj, prefix=()):
+    yield prefix
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:3]):
+            yield from _paths(v, prefix + (i,))
+
+
+def _set(obj, path, value):
+    if not path:
+        return value
+    cur = obj
+    for p in path[:-1]:
+        cur = cur[p]
+    cur[path[-1]] = value
+    return obj
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_fuzz_merger_accepts_or_raises_documented_error(tmp_path_factory, data):
+    d = tmp_path_factory.mktemp("fz")
+    shutil.copytree(FIX / "run_a", d / "r")
+    name = data.draw(st.sampled_from(_FILES), label="file")
+    p = d / "r" / name
+    if name == "results.jsonl":
+        lines = p.read_text().splitlines()
+        k = data.draw(st.integers(0, len(lines) - 1), label="line")
+        obj = json.loads(lines[k])
+    else:
+        obj = json.loads(p.read_text())
+    how = data.draw(st.sampled_from(["replace", "delete", "garbage"]), label="how")
+    if how == "garbage":
+        text = data.draw(st.binary(max_size=30), label="bytes")
+        p.write_bytes(text)
+    else:
+        paths = list(_paths(obj))
+        path = data.draw(st.sampled_from(paths), label="path")
+        if how == "delete" and path and isinstance(obj, (dict, list)):
+            parent = obj
+            for q in path[:-1]:
+                parent = parent[q]
+            del parent[path[-1]]
+        else:
+            obj = _set(obj, path, data.draw(_json, label="value"))
+        text = json.dumps(obj)
+        if name == "results.jsonl":
+            lines[k] = text
+            text = "\n".join(lines) + "\n"
+        p.write_text(text)
+    try:
+        runs = [load_run(d / "r")]
+        rep = build(runs, with_repro=False)
+        report.render_md(rep)
+        report.render_junit(rep)
+        report.render_html(rep, {})
+    except ReportInputError as e:
+        assert e.file and e.field and e.reason

@@ -1,0 +1,199 @@
+"""No lost results: a campaign killed with SIGKILL (at seeded, logged moments, one of them in the
+middle of writing a record) or stopped with Ctrl-C resumes with `run --resume` and ends with
+exactly the records of an uninterrupted run: nothing lost, nothing twice (by (hash, seed) and by
+seq), every record written before a kill still there, byte for byte.
+
+Rounds are seeded, so an uninterrupted reference run (in-process) and the interrupted ones
+(isolated) must produce the same programs in the same order.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.store import KILL_IN_WRITE_ENV, Store, read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+ARGS = ["--pipelines", "jax:remat3", "--max-stmts", "3", "--shrink-steps", "3", "--shrink-seconds", "600",
+        "--budget", "600", "--max-examples", "9", "--seed", "0", "--quiet"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def _cli(out, *extra):
+    return [sys.executable, "-m", "conformance.cli", "run", "--out", str(out), *ARGS, *extra]
+
+
+def _lines(out) -> list[bytes]:
+    """Complete lines of results.jsonl (a torn last line is left out)."""
+    p = Path(out) / "results.jsonl"
+    if not p.exists():
+        return []
+    data = p.read_bytes()
+    return data.split(b"\n")[:-1]
+
+
+def _key(rec):
+    return (rec["type"], rec.get("seq"), rec.get("hash"), rec.get("seed"), rec.get("signature"))
+
+
+def _check_invariants(out):
+    recs, warn = read_jsonl(Path(out) / "results.jsonl")
+    assert warn is None, warn
+    res = [r for r in recs if r["type"] == "result"]
+    assert [r["seq"] for r in res] == list(range(len(res))), "seq must be 0..n-1, each once"
+    assert len({(r["hash"], r["seed"]) for r in res}) == len(res), "a (hash, seed) was recorded twice"
+    return recs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "out"
+    r = subprocess.run(_cli(out, "--no-isolate"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = _check_invariants(out)
+    assert sum(r["type"] == "result" for r in recs) == 9
+    assert any(r["type"] == "finding" for r in recs), "the reference run should shrink a finding"
+    return [_key(r) for r in recs], {f["signature"] for f in json.loads((out / "findings.json").read_text())}
+
+
+def _wait_for(pred, timeout, proc=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        if proc is not None and proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def _spawn_workers_of(pid) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+                ppid = int((d / "stat").read_text().split(")")[-1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if b"multiprocessing.spawn" in cmd and ppid == pid:
+                out.append(int(d.name))
+    return out
+
+
+def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, reference):
+    ref_keys, ref_findings = reference
+    out = tmp_path / "out"
+    rng = random.Random(20261129)
+    log = []
+    # kill 1: SIGKILL in the middle of writing a record (the store's test hook writes half a line)
+    at = rng.randint(2, 4)
+    env = {**ENV, KILL_IN_WRITE_ENV: str(at)}
+    r = subprocess.run(_cli(out), capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    log.append(f"kill 1: mid-write of append #{at}: rc={r.returncode}")
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert not (out / "results.jsonl").read_bytes().endswith(b"\n")   # really torn
+    kept = _lines(out)
+    assert len(kept) == at - 1
+    # kill 2: SIGKILL while a new failure is being shrunk (its result is written, its finding not yet);
+    # kill 3: SIGKILL after a seeded number of new records plus a seeded delay.
+    for k in (2, 3):
+        more, delay = rng.randint(1, 2), rng.uniform(0.0, 1.5)
+        p = subprocess.Popen(_cli(out, "--resume"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO)
+        n0 = len(_lines(out))
+        if k == 2:
+            def shrinking():
+                ls = _lines(out)
+                return bool(ls) and b'"new":[[' in ls[-1]
+            reached = _wait_for(shrinking, 240, p)
+            delay = rng.uniform(0.0, 0.5)
+        else:
+            reached = _wait_for(lambda: len(_lines(out)) >= n0 + more, 240, p)
+        time.sleep(delay)
+        workers = _spawn_workers_of(p.pid)
+        p.kill()
+        p.wait(10)
+        log.append(f"kill {k}: after {len(_lines(out)) - n0} new records (+{delay:.2f}s; "
+                   f"{'while shrinking' if k == 2 else 'records'} reached={reached}); {len(workers)} worker(s)")
+        now = _lines(out)
+        assert now[:len(kept)] == kept, "a record written before the kill changed or vanished"
+        kept = now
+        # orphaned workers notice that their supervisor died and exit
+        assert _wait_for(lambda: not any(Path(f"/proc/{w}").exists() and "Z" not in
+                                         Path(f"/proc/{w}/stat").read_text().split(")")[-1].split()[0]
+                                         for w in workers if Path(f"/proc/{w}").exists()), 5), workers
+    # final resume to the end
+    r = subprocess.run(_cli(out, "--resume"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+    log.append(f"final resume: rc={r.returncode}")
+    print("\n".join(log))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _lines(out)[:len(kept)] == kept
+    recs = _check_invariants(out)
+    assert [_key(x) for x in recs] == ref_keys, "\n".join(log)
+    assert {f["signature"] for f in json.loads((out / "findings.json").read_text())} == ref_findings
+    assert json.loads((out / "run.json").read_text())["resumed"] == 3
+
+
+def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference):
+    ref_keys, _ = reference
+    out = tmp_path / "out"
+    p = subprocess.Popen(_cli(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    assert _wait_for(lambda: len(_lines(out)) >= 2, 240, p)
+    workers = _spawn_workers_of(p.pid)
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "interrupted" in stdout
+    summary = (out / "summary.md").read_text()
+    assert "interrupted" in summary and "--resume" in summary
+    assert (out / "results.jsonl").read_bytes().endswith(b"\n")   # no half record after Ctrl-C
+    _check_invariants(out)
+    for w in workers:   # the executor closed its workers
+        assert _wait_for(lambda: not Path(f"/proc/{w}").exists(), 5), w
+    r = subprocess.run(_cli(out, "--resume"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert [_key(x) for x in _check_invariants(out)] == ref_keys
+
+
+def test_store_drops_a_second_record_of_the_same_program_and_numbers_records(tmp_path):
+    s = Store(tmp_path)
+    rec = {"type": "result", "hash": "a" * 16, "seed": 1, "seq": 99}
+    assert s.append_result(dict(rec)) is True
+    assert s.append_result(dict(rec)) is False
+    assert s.append_result({"type": "finding", "signature": "x"}) is True
+    assert s.append_result({**rec, "seed": 2}) is True
+    s.close()
+    recs, _ = read_jsonl(tmp_path / "results.jsonl")
+    assert [(r["type"], r.get("seq")) for r in recs] == [("result", 0), ("finding", None), ("result", 1)]
+
+
+def test_torn_and_newline_less_last_lines(tmp_path):
+    p = tmp_path / "results.jsonl"
+    good = json.dumps({"type": "result", "hash": "h", "seed": 0, "seq": 0})
+    # a complete record that lost only its newline is kept
+    p.write_text(good)
+    (tmp_path / "run.json").write_text("{}")
+    s = Store(tmp_path, resume=True)
+    s.append_result({"type": "result", "hash": "h", "seed": 1, "seq": 0})
+    s.close()
+    recs, warn = read_jsonl(p)
+    assert warn is None and [r["seq"] for r in recs] == [0, 1]
+    # a torn record is reported, then cut off before the next append
+    with open(p, "ab") as f:
+        f.write(b'{"type":"result","hash":"h","se')
+    recs, warn = read_jsonl(p)
+    assert len(recs) == 2 and "torn last line" in warn
+    s = Store(tmp_path, resume=True)
+    s.append_result({"type": "result", "hash": "h", "seed": 2, "seq": 0})
+    s.close()
+    recs, warn = read_jsonl(p)
+    assert warn is None and [r["seed"] for r in recs] == [0, 1, 2]
