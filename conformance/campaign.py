@@ -24,7 +24,7 @@ from conformance.ir import Program
 from conformance.store import Store
 from generators.programs import Config, cases, input_values
 from oracles.expectations import Expectations
-from oracles.judge import VALUE_REF, baseline_of, judge, residual_ref_of
+from oracles.judge import VALUE_REF, baseline_of, comparison_refs, judge
 from oracles.verdict import CHECK_RANK, Verdict
 
 RESULTS_SCHEMA = 1
@@ -77,9 +77,7 @@ def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
     b = baseline_of(pipeline)
     if b and b in all_names:
         names.append(b)
-    r = residual_ref_of(pipeline, set(all_names))
-    if r:
-        names.append(r)
+    names += [r for r, _ in comparison_refs(pipeline, set(all_names))]
     if reference in all_names:
         names.append(reference)
     names.append(pipeline)
@@ -137,18 +135,23 @@ class Campaign:
             if r.get("type") == "result" and r is not pending:
                 self._account(r)
         self.findings = [Finding.model_validate(f) for f in findings]
-        have = {f.signature for f in self.findings}
-        missing = {r.get("signature") for r in results if r.get("type") == "finding"} - have
-        if missing:
+        # findings.json is rewritten right after each finding record, so only the last one can
+        # be missing from it (a kill in between); it is taken back from its corpus entry unless
+        # a finding of the same behaviour is there already.
+        last = next((r.get("signature") for r in reversed(results) if r.get("type") == "finding"), None)
+        if last is not None and last not in {f.signature for f in self.findings}:
             from conformance.findings import CorpusEntry
             for p in self.store.corpus_files():
                 try:
                     e = CorpusEntry.model_validate_json(p.read_text())
                 except (OSError, ValueError):
                     continue
-                if e.finding is not None and e.finding.signature in missing:
-                    self.findings.append(e.finding)
-                    missing.discard(e.finding.signature)
+                f = e.finding
+                if f is not None and f.signature == last and not any(
+                        g.key() == f.key() and (g.core_features() <= f.core_features()
+                                                or f.core_features() <= g.core_features()) for g in self.findings):
+                    self.findings.append(f)
+                    break
         self.rounds = 0 if last_round is None else last_round + (1 if last_round in done_rounds else 0)
         self.elapsed_before = max([r.get("t", 0.0) for r in results] or [0.0])
 

@@ -128,7 +128,12 @@ def parse_pipelines(spec: str | None) -> list[str]:
         for s in rivals:
             if s not in reg.known_names():
                 raise UsageError(f"--pipelines: unknown pipeline {s!r}; known: {', '.join(reg.known_names())}")
-    names = list(reg.REFERENCES) + [r for r in rivals if r not in reg.REFERENCES]
+    refs = list(reg.REFERENCES)
+    if any(r.startswith("torch:") for r in rivals):
+        refs += list(reg.TORCH_REFERENCES)
+        if any(r.startswith("torch:compile-") and r.endswith(":prefer") for r in rivals):
+            refs.append("torch:eager-sac:prefer")
+    names = refs + [r for r in rivals if r not in refs]
     # pipelines of frameworks that are not installed are refused up front
     for n in names:
         try:
@@ -343,7 +348,7 @@ def cmd_pipelines(args) -> int:
             ok, why = p.available()
             v = p.versions()
             devs = ",".join(p.devices())
-            role = "reference" if n in reg.REFERENCES else "rival"
+            role = "reference" if n in reg.REFERENCES + reg.TORCH_REFERENCES else "rival"
             rows.append((n, role, " ".join(f"{k}={x}" for k, x in v.items() if k != "numpy"), devs,
                          "" if ok else f"unavailable: {why}"))
         except ImportError as e:

@@ -414,6 +414,7 @@ FEATURE_DOC: dict[str, str] = {
     "nested_checkpoint": "a region inside another region",
     "depth3": "regions nested three deep or more",
     "prevent_cse_false": "a region with prevent_cse=False",
+    "offload_in_both": "a both(p, q) policy one of whose parts offloads",
     "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
     "names": "checkpoint_name used",
     "dup_names": "the same name on several values",
@@ -451,6 +452,9 @@ def compute_features(prog: Program) -> set[str]:
         if isinstance(s, Checkpoint):
             f.add("checkpoint")
             f.add(f"policy:{s.policy.kind}")
+            if s.policy.kind == "both" and {s.policy.a.kind, s.policy.b.kind} & {"offload_dots_no_batch",
+                                                                               "save_and_offload_names"}:
+                f.add("offload_in_both")
             if depth >= 1:
                 f.add("nested_checkpoint")
             if depth >= 2:

@@ -420,10 +420,7 @@ class IsolatedExecutor:
                 self.restarts += 1
             w = self._spawn()
         if not w.ready:
-            try:
-                msg = self._recv(w, time.monotonic() + self.start_timeout)
-            except _Died:
-                raise
+            msg = self._recv(w, time.monotonic() + self.start_timeout)   # _Died, _TimedOut propagate
             if msg.get("type") != "ready":
                 raise ProtocolError(f"expected ready, got {msg.get('type')!r}")
             w.ready = True

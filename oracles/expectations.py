@@ -32,6 +32,7 @@ class Diverges(BaseModel):
     model_config = ConfigDict(extra="forbid")
     check: Literal["gradient", "residuals", "custom_rule", "error"]
     reference: str | None = None   # restrict to one reference (pipeline name, 'policy')
+    error_regex: str | None = None  # for check 'error': only errors whose "type: message" matches
     reason: str
     link: str | None = None
 

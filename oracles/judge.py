@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from conformance.ir import Program
 from conformance.observation import Observation
-from oracles import gradients, residuals
+from oracles import cross_framework, gradients, residuals
 from oracles.expectations import Entry, Expectations
 from oracles.verdict import Verdict
 
@@ -37,12 +37,27 @@ def is_reference(pipeline: str) -> bool:
     return pipeline == VALUE_REF or pipeline.endswith(":none")
 
 
-def residual_ref_of(pipeline: str, names: set[str]) -> str | None:
-    if framework(pipeline) != "jax" or pipeline == RESIDUAL_REF:
-        return None
-    if pipeline.endswith(":jit") and pipeline != RESIDUAL_REF + ":jit" and RESIDUAL_REF + ":jit" in names:
-        return RESIDUAL_REF + ":jit"
-    return RESIDUAL_REF
+def comparison_refs(pipeline: str, names: set[str]) -> list[tuple[str, str]]:
+    """(reference pipeline, mode) pairs a rival is compared with beyond the value references.
+    mode 'same': same framework and semantics (all residuals, custom rules);
+    'eager': compiled PyTorch against eager PyTorch; 'cross': PyTorch against JAX
+    (values, and the named residuals the policy decides)."""
+    fw = framework(pipeline)
+    if fw == "jax":
+        if pipeline == RESIDUAL_REF:
+            return []
+        if pipeline.endswith(":jit") and pipeline != RESIDUAL_REF + ":jit" and RESIDUAL_REF + ":jit" in names:
+            return [(RESIDUAL_REF + ":jit", "same")]
+        return [(RESIDUAL_REF, "same")]
+    if fw == "torch" and not pipeline.endswith(":none"):
+        out = []
+        if ":compile-" in pipeline:
+            eager = "torch:eager-sac" + (":prefer" if pipeline.endswith(":prefer") else "")
+            if eager in names:
+                out.append((eager, "eager"))
+        out.append((RESIDUAL_REF, "cross"))
+        return out
+    return []
 
 
 @dataclass
@@ -70,6 +85,10 @@ def compare_custom_rules(obs: Observation, ref: Observation) -> Verdict:
         a, b = obs.custom_rules.get(path), ref.custom_rules.get(path)
         if a is None or b is None:
             continue   # a block that one pipeline never traced (dead code) is not judged
+        if bool(a.fwd_traces) != bool(b.fwd_traces):
+            # One pipeline ran the fwd rule, the other only the primal function.
+            diffs.setdefault(path, {})["fwd_ran"] = {"got": a.fwd_traces, "reference": b.fwd_traces}
+            continue
         for fld in ("perturbed", "symbolic_zero_cts"):
             sa, sb = sorted(getattr(a, fld)), sorted(getattr(b, fld))
             if sa != sb:
@@ -161,15 +180,18 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             v = residuals.check_policy(program, obs)
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
-        rname = residual_ref_of(name, names)
-        rref = observations.get(rname or "")
-        if rref is not None:
-            v = residuals.compare(obs, rref)
-            _apply_diverges(j, v, diverges)
-            j.verdicts.append(v)
-            v = compare_custom_rules(obs, rref)
-            _apply_diverges(j, v, diverges)
-            j.verdicts.append(v)
+        for rname, mode in comparison_refs(name, names):
+            rref = observations.get(rname)
+            if rref is None:
+                continue
+            if mode == "same":
+                checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref)]
+            else:
+                checks = [cross_framework.compare_grads(program, obs, rref),
+                          cross_framework.compare_residuals(obs, rref, program)]
+            for v in checks:
+                _apply_diverges(j, v, diverges)
+                j.verdicts.append(v)
     # jax:remat2 itself is judged against the policy too.
     r2 = observations.get(RESIDUAL_REF)
     if r2 is not None and r2.ok() and r2.residuals is not None:
@@ -185,6 +207,10 @@ def _apply_diverges(j: Judgement, v: Verdict, entries: list[Entry]):
         d = e.diverges
         if d.check != v.check or (d.reference and d.reference != v.reference):
             continue
+        if d.error_regex:
+            got = (v.detail or {}).get("got") or {}
+            if not re.search(d.error_regex, f"{got.get('type', '')}: {got.get('message', '')}"):
+                continue
         _hit(j, e, v.status == "fail")
         if v.status == "fail":
             v.status = "expected"

@@ -10,7 +10,6 @@ naming the file and line). Anything else (KeyError, TypeError, RecursionError...
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys

@@ -75,6 +75,14 @@ def _wait_for(pred, timeout, proc=None):
     return False
 
 
+def _alive(pid: int) -> bool:
+    """Running (a zombie or a vanished process is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _spawn_workers_of(pid) -> list[int]:
     out = []
     for d in Path("/proc").iterdir():
@@ -127,9 +135,7 @@ def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, r
         assert now[:len(kept)] == kept, "a record written before the kill changed or vanished"
         kept = now
         # orphaned workers notice that their supervisor died and exit
-        assert _wait_for(lambda: not any(Path(f"/proc/{w}").exists() and "Z" not in
-                                         Path(f"/proc/{w}/stat").read_text().split(")")[-1].split()[0]
-                                         for w in workers if Path(f"/proc/{w}").exists()), 5), workers
+        assert _wait_for(lambda: not any(_alive(w) for w in workers), 5), workers
     # final resume to the end
     r = subprocess.run(_cli(out, "--resume"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
     log.append(f"final resume: rc={r.returncode}")
@@ -157,8 +163,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference):
     assert "interrupted" in summary and "--resume" in summary
     assert (out / "results.jsonl").read_bytes().endswith(b"\n")   # no half record after Ctrl-C
     _check_invariants(out)
-    for w in workers:   # the executor closed its workers
-        assert _wait_for(lambda: not Path(f"/proc/{w}").exists(), 5), w
+    assert _wait_for(lambda: not any(_alive(w) for w in workers), 5), workers   # the executor closed them
     r = subprocess.run(_cli(out, "--resume"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     assert [_key(x) for x in _check_invariants(out)] == ref_keys
@@ -197,3 +202,45 @@ def test_torn_and_newline_less_last_lines(tmp_path):
     s.close()
     recs, warn = read_jsonl(p)
     assert warn is None and [r["seed"] for r in recs] == [0, 1, 2]
+
+
+def _camp(tmp_path):
+    from conformance.campaign import Campaign, Options
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "run.json").write_text("{}")
+    return Campaign(Options(pipelines=["ref:f64"]), Store(tmp_path, resume=True), executor=None, expectations=None)
+
+
+def _res(seq, rnd, new=False):
+    return {"type": "result", "seq": seq, "round": rnd, "hash": f"{seq:016x}", "seed": seq, "t": float(seq),
+            "new": [["error", "p", "r", "E"]] if new else []}
+
+
+def test_restore_replays_an_unfinished_round_and_an_unfinished_shrink(tmp_path):
+    c = _camp(tmp_path)
+    c.restore([_res(0, 0), _res(1, 0, new=True), {"type": "finding", "signature": "s"}, _res(2, 1), _res(3, 1)], [])
+    assert c.rounds == 1 and c.checked == 4                 # round 1 unfinished: run it again
+    c = _camp(tmp_path / "b")
+    c.restore([_res(0, 0), _res(1, 0, new=True), {"type": "finding", "signature": "s"}], [])
+    assert c.rounds == 1                                    # round 0 ended with its finding
+    c = _camp(tmp_path / "c")
+    c.restore([_res(0, 0), _res(1, 0, new=True)], [])       # killed while shrinking seq 1
+    assert c.rounds == 0 and c.checked == 1
+    assert ("0000000000000001", 1) not in c.seen and ("0000000000000000", 0) in c.seen
+
+
+def test_restore_takes_a_finding_missing_from_findings_json_from_the_corpus(tmp_path):
+    from conformance.findings import CorpusEntry
+    src = REPO / "tests" / "fixtures" / "base" / "corpus"
+    entry = CorpusEntry.model_validate_json(next(iter(sorted(src.glob("*.json")))).read_text())
+    sig = entry.finding.signature
+    c = _camp(tmp_path)
+    (tmp_path / "corpus" / "e.json").write_text(entry.model_dump_json())
+    recs = [_res(0, 0, new=True), {"type": "finding", "signature": sig}]
+    c.restore(recs, [])
+    assert [f.signature for f in c.findings] == [sig]
+    # the same behaviour already in findings.json (say, replaced by a smaller program): not added twice
+    c = _camp(tmp_path)
+    other = entry.finding.model_copy(update={"signature": sig + "+smaller"})
+    c.restore(recs, [other.model_dump(mode="json")])
+    assert [f.signature for f in c.findings] == [sig + "+smaller"]

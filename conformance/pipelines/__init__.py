@@ -31,6 +31,9 @@ REGISTRY: dict[str, tuple[str, str, dict]] = {
 # Added automatically to every run: the value reference, the same-dtype no-remat
 # reference, and the residual/error reference.
 REFERENCES = ("ref:f64", "jax:none", "jax:remat2")
+# Added to runs that include PyTorch pipelines: the same-dtype baseline and the eager SAC
+# reference that compiled PyTorch is compared with.
+TORCH_REFERENCES = ("torch:none", "torch:eager-sac")
 DEFAULT_PIPELINES = ("jax:remat2:jit", "jax:remat3", "jax:remat3:jit", "jax:remat3+cvjp3", "jax:remat3+cvjp3:jit")
 
 _extra: dict[str, Pipeline] = {}   # test-only pipelines (mutants, fault injection)

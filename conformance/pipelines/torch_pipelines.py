@@ -17,19 +17,28 @@ Lowering of the IR:
   treated as zeros. nondiff args are plain python floats. `optimize_remat` is JAX-only and
   ignored. Custom-rule logs are only written in eager execution (dynamo rejects side
   effects in a traced backward); compiled runs log what ran eagerly (graph breaks).
+  perturbed flags (ctx.needs_input_grad) are logged, as in JAX, only for symbolic_zeros
+  blocks with some perturbed arg. For second order the residuals are computed by ordinary
+  differentiated ops and passed into the Function, so double backward differentiates the
+  bwd rule through them as JAX does (tensors a Function computes and saves itself are
+  constants to double backward). Compiled pipelines declare second order unsupported.
 
-Residuals: everything saved for backward during the forward, seen by
-`torch.autograd.graph.saved_tensors_hooks` (which also sees what a compiled graph's
-CompiledFunction saves), deduplicated by memory (a view of a saved tensor is the same
-residual), canonicalised against the program's node values evaluated by this module
-without checkpoint in the program's dtype. Compiled pipelines also record, at compile time,
-which forward-graph nodes the partitioner chose to save (`flags['partitioner_saved']`).
+Residuals: the tensors saved for backward during the forward *and read back by the
+backward*, seen by `torch.autograd.graph.saved_tensors_hooks` (which also sees what a
+compiled graph's CompiledFunction saves), deduplicated by memory (a view of a saved tensor
+is the same residual), canonicalised against the program's node values evaluated by this
+module without checkpoint in the program's dtype. Eager autograd has no dead-code
+elimination, so tensors saved but never read are listed apart (`flags['saved_unread']`).
+Compiled pipelines also record, at compile time, which forward-graph nodes the partitioner
+chose to save (`flags['partitioner_saved']`), graph breaks and graph counts.
+
+Offload policies map to CheckpointPolicy.{MUST,PREFER}_CPU_OFFLOAD (present in 2.14);
+note that eager SAC recomputes such ops instead (only compile honours them).
 """
 from __future__ import annotations
 
 import functools
 import os
-import time
 from contextlib import contextmanager
 from typing import Any
 
@@ -40,6 +49,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config as functorch_config  # noqa: E402
+from torch._inductor.custom_graph_pass import CustomPartitionerFn  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 
 from conformance.ir import Checkpoint, CustomVJP, Op, Program, node_index, walk  # noqa: E402
@@ -313,6 +323,13 @@ class Lowering:
         return cls
 
 
+def _memory(t: torch.Tensor, device: str) -> str:
+    """Memory kind of a saved tensor, in JAX's words: on the run's device, or on the host."""
+    if t.device.type == device:
+        return "device"
+    return "pinned_host" if t.is_pinned() else "unpinned_host"
+
+
 def _tolist(x) -> Any:
     return x.detach().cpu().numpy().tolist()
 
@@ -418,9 +435,6 @@ def recording_aot_backend(partition: str, rec: dict):
                                      bw_compiler=lambda g, e: make_boxed_func(g),
                                      partition_fn=part)
     return backend
-
-
-from torch._inductor.custom_graph_pass import CustomPartitionerFn  # noqa: E402
 
 
 class RecordingPartitioner(CustomPartitionerFn):
@@ -579,7 +593,7 @@ class TorchBase(Pipeline):
                 values = node_values(program, inputs, device)
                 index = node_index(program)
                 obs.residuals = canonicalise([s.cpu().numpy() for s in saved], values, index,
-                                             memory=["pinned_host" if s.is_pinned() else "device" for s in saved])
+                                             memory=[_memory(s, device) for s in saved])
                 if rec.unread:   # saved for backward, never read (eager: no dead-code elimination)
                     obs.flags["saved_unread"] = [
                         ("/".join(r.cls) or "?") + f":{r.dtype}{r.shape}"
