@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-stmts", type=_positive(int, "--max-stmts"), default=6, help="generator: statements per body")
     r.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="run pipelines in supervised worker processes (default on)")
-    r.add_argument("--timeout", type=_positive(float, "--timeout"), default=120.0,
-                   help="per-program timeout in seconds (isolated runs)")
+    r.add_argument("--timeout", type=_positive(float, "--timeout"), default=60.0,
+                   help="per-pipeline timeout in seconds for one program (isolated runs)")
     r.add_argument("--quiet", action="store_true")
 
     rp = sub.add_parser("replay", help="re-run corpus entries or programs")

@@ -226,7 +226,8 @@ def _infer(op: Op, arg_types, path, nondiff) -> tuple[tuple[int, ...], str]:
         return tuple(d for i, d in enumerate(s0) if i != ax), dt
     if o == "transpose":
         perm = p["perm"]
-        if not isinstance(perm, list) or sorted(perm) != list(range(len(s0))):
+        if (not isinstance(perm, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in perm)
+                or sorted(perm) != list(range(len(s0)))):
             raise ProgramError(f"{path}.params.perm", f"not a permutation of rank {len(s0)}: {perm!r}")
         return tuple(s0[i] for i in perm), dt
     if o in ("reshape", "broadcast"):

@@ -241,9 +241,7 @@ def test_results_reader_accepts_or_raises_store_error(tmp_path_factory, n, edits
     assert camp.checked <= len(got)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug in conformance/ir.py _infer: sorted(perm) / s0[i] on non-int "
-                   "perm entries raise TypeError instead of ProgramError")
-@pytest.mark.parametrize("perm", [[0, "a"], [0.0, 1]])
+@pytest.mark.parametrize("perm", [[0, "a"], [0.0, 1], [True, False]])
 def test_transpose_perm_of_wrong_types_is_a_program_error(perm):
     obj = {"schema_version": 1, "inputs": [{"id": "x0", "shape": [2, 3], "dtype": "float32"}],
            "body": [{"kind": "op", "op": "transpose", "args": ["x0"], "params": {"perm": perm}, "out": "y"}],
@@ -251,11 +249,6 @@ def test_transpose_perm_of_wrong_types_is_a_program_error(perm):
     with pytest.raises(ProgramError) as e:
         load_program(obj)
     assert e.value.field == "body[0].params.perm"
-
-
-def test_fuzz_statistics_are_reported():
-    """Not a check: prints how many malformed inputs were tried (visible with -s)."""
-    print(f"\nfuzzed inputs: {STATS}")
 
 
 # -- the CLI --------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
     _, check, reference = MUTANTS[mutant]
     opts = Options(pipelines=list(REFERENCES) + [mutant], budget=300, max_examples=MAX_PROGRAMS, seed=1,
                    shrink_seconds=60, shrink_steps=300, generator=Config(max_stmts=4),
-                   stop_when=lambda fs: any(f.pipeline == mutant and f.check == check for f in fs))
+                   stop_when=lambda fs: any(f.pipeline == mutant and f.check == check and f.reference == reference
+                                                 for f in fs))
     camp = Campaign(opts, Store(tmp_path / "out"), InProcessExecutor(), Expectations.load())
     camp.run()
     mine = [f for f in camp.findings if f.pipeline == mutant and f.check == check and f.reference == reference]
