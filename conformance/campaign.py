@@ -53,6 +53,7 @@ class Options:
     shrink_seconds: float = 60.0
     shrink_steps: int = 250
     round_size: int = 40
+    max_shrinks_per_key: int = 3
     generator: Config = field(default_factory=Config)
     # Stop early once this returns True for the findings so far (tests use it).
     stop_when: Callable[[list], bool] | None = None
@@ -103,6 +104,7 @@ class Campaign:
         self.interrupted = False
         self.rounds = 0
         self.harness_errors = 0
+        self.shrinks_per_key: Counter = Counter()
 
     # -- time --------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -161,17 +163,24 @@ class Campaign:
         self.features.update(r.get("features", []))
         for check, pipeline, _ref, status, _et in r.get("verdicts", []):
             self.grid.setdefault((pipeline, check), Counter())[status] += 1
+        for k in r.get("new", []):
+            self.shrinks_per_key[tuple(k)] += 1
         for eid, how in r.get("expectations", {}).items():
             self.expectation_hits.setdefault(eid, Counter())[how] += 1
 
     # -- the search --------------------------------------------------------------------
     def known(self, v: Verdict, prog: Program) -> Finding | None:
         """The finding this failure is an instance of: same key, and the program has every
-        feature the shrunk program's behaviour needed."""
+        feature the shrunk program's behaviour needed. Once a key has been shrunk
+        `max_shrinks_per_key` times, further programs with that key are counted under the
+        finding whose features they share most instead of being shrunk again."""
         feats = prog.features()
-        for f in self.findings:
-            if f.key() == v.key() and f.core_features() <= feats:
+        same = [f for f in self.findings if f.key() == v.key()]
+        for f in same:
+            if f.core_features() <= feats:
                 return f
+        if same and self.shrinks_per_key.get(v.key(), 0) >= self.opts.max_shrinks_per_key:
+            return max(same, key=lambda f: (len(f.core_features() & feats), -len(f.core_features())))
         return None
 
     def evaluate(self, prog: Program, seed: int, names: list[str]):
@@ -211,6 +220,7 @@ class Campaign:
         self.progress(self)
         if new:
             v = new[0]
+            self.shrinks_per_key[v.key()] += 1
             self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
                                  original_size=prog.size(), started=time.monotonic())
             _found()
