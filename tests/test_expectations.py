@@ -25,3 +25,37 @@ def test_both_policies_with_offload_raises():
     o = pipelines.get("jax:remat2").run(p, input_values(p, 0))
     assert o.error is not None and o.error.type == "ValueError"
     assert "The return value of the policies should be a boolean" in o.error.message
+
+
+def _nested(outer, inner):
+    pol = lambda save: {"kind": "save_only_names", "names": ["s"]} if save else {"kind": "nothing"}
+    return prog([{"kind": "checkpoint", "args": ["x"], "results": ["y"], "prevent_cse": True, "policy": pol(outer),
+                  "body": [{"kind": "checkpoint", "args": ["x"], "results": ["c"], "prevent_cse": True,
+                            "policy": pol(inner),
+                            "body": [op("sin", ["x"], "s0"), op("name", ["s0"], "s1", name="s"),
+                                     op("cos", ["s1"], "c")]},
+                           op("tanh", ["c"], "y")]}])
+
+
+def _saves_s(name, p):
+    o = pipelines.get(name).run(p, input_values(p, 0))
+    assert o.error is None, o.error
+    return any("s1" in r.cls for r in o.residuals)
+
+
+def test_nested_policy_precedence_differs():
+    outer_saves, inner_saves = _nested(True, False), _nested(False, True)
+    assert "nested_checkpoint" in outer_saves.features()
+    # JAX: the outer policy decides
+    assert _saves_s("jax:remat2", outer_saves) and not _saves_s("jax:remat2", inner_saves)
+    # PyTorch eager SAC: the inner region's policy saving it is enough
+    assert _saves_s("torch:eager-sac", inner_saves)
+
+
+def test_eager_sac_double_backward_raises():
+    p = prog([{"kind": "checkpoint", "args": ["x"], "results": ["c"], "prevent_cse": True,
+               "policy": {"kind": "save_only_names", "names": ["s"]},
+               "body": [op("sin", ["x"], "s0"), op("name", ["s0"], "s1", name="s"), op("cos", ["s1"], "c")]}],
+             order=2)
+    o = pipelines.get("torch:eager-sac").run(p, input_values(p, 0))
+    assert o.error is not None and "Trying to backward an extra time" in o.error.message
