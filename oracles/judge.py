@@ -182,7 +182,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
 
         # -- residuals and custom rules ---------------------------------------------------
         if obs.residuals is not None:
-            v = residuals.check_policy(program, obs)
+            v = residuals.check_policy(program, obs, ref)
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
         for rname, mode in comparison_refs(name, names):
@@ -201,7 +201,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     r2 = observations.get(RESIDUAL_REF)
     if r2 is not None and r2.ok() and r2.residuals is not None:
         entries = expectations.matching(RESIDUAL_REF, r2.versions, device, dtypes, feats)
-        v = residuals.check_policy(program, r2)
+        v = residuals.check_policy(program, r2, ref)
         _apply_diverges(j, v, [e for e in entries if e.diverges])
         j.verdicts.append(v)
     return j
