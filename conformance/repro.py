@@ -20,25 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.jax_names import OP_PRIMS as JAX_OP_PRIMS, VARIANT_FLAGS as JAX_VARIANT_FLAGS
+
 COMMAND = "repro"
 TEMPLATES = Path(__file__).with_name("templates")
 
-# Same as conformance.pipelines.jax_pipelines.VARIANT_FLAGS (a test keeps them equal); copied
-# so that emitting a script never imports jax.
-JAX_VARIANT_FLAGS = {
-    "remat2": {"jax_remat3": False, "jax_custom_vjp3": False},
-    "remat3": {"jax_remat3": True, "jax_custom_vjp3": False},
-    "remat3+cvjp3": {"jax_remat3": True, "jax_custom_vjp3": True},
-}
-# Same as jax_pipelines.OP_PRIMS (IR op -> JAX primitive names, for the `ops` policy).
-JAX_OP_PRIMS = {
-    "sin": ("sin",), "cos": ("cos",), "tanh": ("tanh",), "exp": ("exp",),
-    "sigmoid": ("logistic",), "square": ("square", "integer_pow"), "neg": ("neg",),
-    "scale": ("mul",), "add": ("add",), "sub": ("sub",), "mul": ("mul",),
-    "matmul": ("dot_general",), "sum": ("reduce_sum",), "mean": ("reduce_sum", "div"),
-    "transpose": ("transpose",), "reshape": ("reshape",), "broadcast": ("broadcast_in_dim",),
-    "name": ("name",),
-}
 # Same as torch_pipelines.OP_ATEN, as source text.
 TORCH_OP_ATEN = {
     "sin": ("A.sin",), "cos": ("A.cos",), "tanh": ("A.tanh",), "exp": ("A.exp",), "sigmoid": ("A.sigmoid",),

@@ -19,29 +19,14 @@ import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 
 from conformance.ir import Checkpoint, CustomVJP, Op, Program, node_index  # noqa: E402
+from conformance.jax_names import OP_PRIMS, VARIANT_FLAGS  # noqa: E402,F401
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.residuals import canonicalise  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-# Variant -> the JAX flags it runs under. Every run sets all of them and restores them after.
-VARIANT_FLAGS: dict[str, dict[str, bool]] = {
-    "remat2": {"jax_remat3": False, "jax_custom_vjp3": False},
-    "remat3": {"jax_remat3": True, "jax_custom_vjp3": False},
-    "remat3+cvjp3": {"jax_remat3": True, "jax_custom_vjp3": True},
-}
 ALL_FLAGS = ("jax_remat3", "jax_custom_vjp3")
-
-# IR op kind -> JAX primitive names (for the `ops` custom-predicate policy).
-OP_PRIMS: dict[str, tuple[str, ...]] = {
-    "sin": ("sin",), "cos": ("cos",), "tanh": ("tanh",), "exp": ("exp",),
-    "sigmoid": ("logistic",), "square": ("square", "integer_pow"), "neg": ("neg",),
-    "scale": ("mul",), "add": ("add",), "sub": ("sub",), "mul": ("mul",),
-    "matmul": ("dot_general",), "sum": ("reduce_sum",), "mean": ("reduce_sum", "div"),
-    "transpose": ("transpose",), "reshape": ("reshape",), "broadcast": ("broadcast_in_dim",),
-    "name": ("name",),
-}
 
 
 def flags_supported() -> dict[str, bool]:
