@@ -107,6 +107,10 @@ class _Gen:
         c = [v for v in scope if pred(v)]
         if not c:
             return None
+        # Half the time continue the chain from the newest value (x -> sin -> name -> cos),
+        # so that named values inside regions are read by later ops, as in real models.
+        if len(c) > 1 and self.draw(st.booleans(), label="chain"):
+            return c[-1]
         return self.draw(st.sampled_from(c), label="operand")
 
     def op(self, kind, args: list[Val], out_shape, mag, **params) -> tuple[Op, Val]:
