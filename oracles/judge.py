@@ -140,6 +140,12 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         if raises:
             e = raises[0]
             ok = bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))
+            if not ok and err is not None and name != VALUE_REF and ref is not None and ref.error is not None \
+                    and (ref.error.type, ref.error.stage) == (err.type, err.stage):
+                # the reference fails the same way first: its own verdict carries the finding
+                j.verdicts.append(Verdict(check="error", pipeline=name, reference=VALUE_REF, status="pass",
+                                          error_type=err.type, detail={"got": err.model_dump()}))
+                continue
             if not ok and err is not None and _excused_error(err, diverges):
                 # another documented error of this program came first
                 j.verdicts.append(Verdict(check="error", pipeline=name, reference="expectations", status="expected",

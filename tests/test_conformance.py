@@ -2,10 +2,11 @@
 
 For every rival pipeline and every generated program: values equal the no-remat references,
 saved residuals follow the policy and agree with jax:remat2, custom rules see what they see
-under jax:remat2, and errors are those the expectations data predicts. A failure that is an
-instance of an open regression-corpus finding (same key, program has the finding's core
-features) is known and tracked there (strict xfail); anything else fails this test with the
-verdict, so a new discrepancy is never hidden. HYPOTHESIS_PROFILE picks the depth.
+under jax:remat2, and errors are those the expectations data predicts. A failure whose
+behaviour class (check, pipeline, reference, error type; jit and eager alike) an open
+regression-corpus finding tracks is known there (strict xfail); anything else fails this
+test with the verdict, so a new kind of discrepancy is never hidden. The campaign, not this
+gate, tells behaviours within a class apart. HYPOTHESIS_PROFILE picks the depth.
 """
 import json
 from pathlib import Path
