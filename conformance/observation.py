@@ -53,7 +53,6 @@ class Observation(BaseModel):
     versions: dict[str, str] = Field(default_factory=dict)
     flags: dict[str, Any] = Field(default_factory=dict)
     timings: dict[str, float] = Field(default_factory=dict)
-    dtype_note: str | None = None
 
     def ok(self) -> bool:
         return self.error is None and self.unsupported is None

@@ -250,11 +250,9 @@ class _Gen:
         inner = list(scope)
         fwd = []
         for _ in range(n):
-            kinds = ["op"]
             s, v = self.gen_op(inner, True, nondiff)
             fwd.append(s)
             inner.append(v)
-            del kinds
         defined = [v for v in inner[len(scope):] if not v.id.startswith("x")]
         scope.extend(v for v in inner[len(scope):] if v.id.startswith("x"))
         exports = self._exports(defined)

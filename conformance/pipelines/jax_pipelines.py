@@ -280,9 +280,6 @@ class JaxBase(Pipeline):
             out[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype=dt))
         return out
 
-    def _program(self, program: Program) -> Program:
-        return program
-
     def _run(self, program: Program, inputs, obs: Observation):
         t = obs.timings
         self._inputs = inputs
