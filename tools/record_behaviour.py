@@ -1,0 +1,88 @@
+"""Record the harness's behaviour on a fixed set of programs: tests/data/behaviour.json.
+
+The set: every regression-corpus and fixture corpus entry, plus a fixed sample of
+generated programs (stored as programs, so later generator changes do not move it). For
+each case it stores the judge's verdicts and every pipeline's canonical residual digest.
+tests/test_behaviour.py replays the set and asserts the same. Re-record only on purpose
+(a change that is meant to change verdicts), and say so in the commit:
+
+    .venv/bin/python tools/record_behaviour.py
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "tests" / "data" / "behaviour.json"
+
+# Pipelines each kind of case runs (references are added by the registry).
+ENTRY_PIPELINES = "jax:remat2:jit,jax:remat3,jax:remat3:jit,jax:remat3+cvjp3,jax:remat3+cvjp3:jit,torch:eager-sac"
+SAMPLE_PIPELINES = ENTRY_PIPELINES
+COMPILED_PIPELINES = "jax:remat3,torch:compile-aot_eager"
+N_SAMPLE, N_COMPILED = 36, 8
+
+
+def sample_programs(n: int, seed: int):
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+    from generators.programs import cases
+    out = []
+
+    @hseed(seed)
+    @settings(max_examples=n, database=None, phases=(Phase.generate,), deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(cases())
+    def collect(case):
+        out.append(case)
+    collect()
+    return out[:n]
+
+
+def behaviour(prog, inputs, pipelines: str) -> dict:
+    from conformance.cli import parse_pipelines
+    from conformance.runner import InProcessExecutor
+    from oracles.expectations import Expectations
+    from oracles.judge import judge
+    names = parse_pipelines(pipelines)
+    obs = InProcessExecutor().run(prog, inputs, names)
+    j = judge(prog, obs, Expectations.load())
+    return {
+        "verdicts": sorted([v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts),
+        "residuals": {n: sorted(f"{'/'.join(r.cls) or '?'}{r.names}:{r.dtype}{r.shape}x{r.copies}"
+                                for r in o.residuals) for n, o in sorted(obs.items()) if o.residuals is not None},
+        "errors": {n: [o.error.type, o.error.stage] for n, o in sorted(obs.items()) if o.error is not None},
+    }
+
+
+def main() -> int:
+    from conformance.cli import load_program_file
+    from conformance.findings import encode_inputs
+    from generators.programs import input_values
+    cases = []
+    entries = sorted(ROOT.glob("tests/regressions/*.json")) + sorted(ROOT.glob("tests/fixtures/*/corpus/*.json"))
+    for p in entries:
+        if p.name == "status.json":
+            continue
+        prog, inputs, _ = load_program_file(str(p))
+        cases.append(("entry:" + str(p.relative_to(ROOT)), prog, inputs, ENTRY_PIPELINES))
+    for k, (prog, seed) in enumerate(sample_programs(N_SAMPLE, 7)):
+        cases.append((f"sample:{k}", prog, input_values(prog, seed), SAMPLE_PIPELINES))
+    for k, (prog, seed) in enumerate(sample_programs(N_COMPILED, 99)):
+        cases.append((f"compiled:{k}", prog, input_values(prog, seed), COMPILED_PIPELINES))
+    out = []
+    for cid, prog, inputs, pipes in cases:
+        print(cid, file=sys.stderr)
+        out.append({"id": cid, "pipelines": pipes, "program": prog.to_json_obj(),
+                    "inputs": {k: v.model_dump() for k, v in encode_inputs(inputs).items()},
+                    **behaviour(prog, inputs, pipes)})
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps({"doc": __doc__.strip().splitlines()[0], "cases": out}, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {OUT} ({len(out)} cases)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
