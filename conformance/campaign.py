@@ -23,8 +23,11 @@ from conformance.ir import Program
 from conformance.store import Store
 from generators.programs import Config, cases, input_values
 from oracles.expectations import Expectations
-from oracles.judge import VALUE_REF, baseline_of, comparison_refs, judge
-from oracles.verdict import CHECK_RANK, Verdict
+from conformance import pipelines as registry
+from conformance.observation import residual_digest
+from oracles.expectations import stale
+from oracles.judge import judge
+from conformance.verdict import CHECK_RANK, CHECKS, Verdict
 
 RESULTS_SCHEMA = 1
 
@@ -73,15 +76,20 @@ class Target:
 def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
     """The pipelines one verdict needs: its own, the value references, the residual reference."""
     _, pipeline, reference, _ = key
-    names = [VALUE_REF]
-    b = baseline_of(pipeline)
+    names = [registry.value_reference()]
+    b = registry.baseline_of(pipeline)
     if b and b in all_names:
         names.append(b)
-    names += [r for r, _ in comparison_refs(pipeline, set(all_names))]
+    names += [r for r, _ in registry.comparisons(pipeline, set(all_names))]
     if reference in all_names:
         names.append(reference)
     names.append(pipeline)
     return list(dict.fromkeys(n for n in names if n in all_names))
+
+
+def replay_pipelines(key: tuple) -> list[str]:
+    """The pipelines a corpus entry's replay runs: the references and what its verdict needs."""
+    return list(dict.fromkeys(list(registry.REFERENCES) + needed_pipelines(key, registry.run_set([key[1]]))))
 
 
 class Campaign:
@@ -314,18 +322,7 @@ class Campaign:
 
     # -- reporting -----------------------------------------------------------------------
     def stale_expectations(self) -> list[dict]:
-        import fnmatch
-        out = []
-        for e in self.expectations.entries:
-            if not any(fnmatch.fnmatchcase(p, g) for p in self.opts.pipelines for g in e.pipelines):
-                continue
-            hits = self.expectation_hits.get(e.id, Counter())
-            if not hits:
-                out.append({"id": e.id, "why": "never matched a program in this run"})
-            elif not hits.get("fired"):
-                what = "never raised" if e.raises else "the divergence no longer happens"
-                out.append({"id": e.id, "why": f"matched {hits['idle']} programs but {what}"})
-        return out
+        return stale(self.expectations, self.opts.pipelines, self.expectation_hits)
 
 
 def _obs_digest(obs: dict, pipeline: str) -> dict:
@@ -336,11 +333,10 @@ def _obs_digest(obs: dict, pipeline: str) -> dict:
         if o.error:
             d["error"] = f"{o.error.type} ({o.error.stage}): {o.error.message[:300]}"
         if o.residuals is not None:
-            d["saved"] = [("/".join(r.cls) or "?") + (f"{r.names}" if r.names else "") + f":{r.dtype}{r.shape}"
-                          for r in o.residuals]
+            d.update(residual_digest(o.residuals))
         if o.custom_rules:
             d["custom_rules"] = {k: v.model_dump() for k, v in o.custom_rules.items()}
-        if o.grads is not None and n in (pipeline, VALUE_REF):
+        if o.grads is not None and n in (pipeline, registry.value_reference()):
             d["grads"] = o.grads
         out[n] = d
     return out
@@ -368,7 +364,7 @@ def summary_markdown(c: Campaign, run_info: dict) -> str:
             lines.append(f"| {i} | {f.check} | `{f.pipeline}` | `{f.reference}` | {f.error_type or '-'} | {f.count} | "
                          f"{f.size} (from {f.original_size}) | {', '.join(f.features)} |")
     lines += ["", "## Status by pipeline and check", ""]
-    checks = ["gradient", "residuals", "custom_rule", "error"]
+    checks = [c for c in CHECKS if c not in ("crash", "timeout")]
     lines.append("| pipeline | " + " | ".join(checks) + " |")
     lines.append("|---|" + "---|" * len(checks))
     for p in c.opts.pipelines:

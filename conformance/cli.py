@@ -7,8 +7,6 @@ unexpected findings; 2 usage or input errors, printed as `error: FILE: FIELD: re
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import signal
@@ -17,12 +15,13 @@ import time
 from pathlib import Path
 
 from conformance import __version__
+from conformance.loading import load_program_file
+from conformance.pipelines import REFERENCES
+from conformance.errors import UsageError
+from conformance.reporting import command as report_command
+from conformance.repro import command as repro_command
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    pass
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run a campaign")
     r.add_argument("--pipelines", default=None,
-                   help="comma-separated exact pipeline names (see `pipelines`); ref:f64, jax:none and "
-                        "jax:remat2 are added as references")
+                   help="comma-separated exact pipeline names (see `pipelines`); the references (" +
+                        ", ".join(REFERENCES) + ") are added")
     r.add_argument("--budget", type=_positive(float, "--budget"), default=240.0, help="wall-clock seconds, shrinking included")
     r.add_argument("--max-examples", type=_positive(int, "--max-examples"), default=100000)
     r.add_argument("--seed", type=_nonneg_int, default=0)
@@ -109,8 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_limits(rp)
 
     sub.add_parser("pipelines", help="list pipelines with framework versions and devices")
-    for mod in PLUGGED:
-        m = importlib.import_module(mod)
+    for m in PLUGGED:
         m.configure_parser(sub)
         COMMANDS[m.COMMAND] = m.main
     return p
@@ -118,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------------------
 def parse_pipelines(spec: str | None) -> list[str]:
+    """The run's pipelines: the named rivals (default: the registry's default set) and the
+    references the registry says they need. A framework that is not installed is refused."""
     from conformance import pipelines as reg
     if spec is None:
         rivals = list(reg.DEFAULT_PIPELINES)
@@ -128,19 +128,13 @@ def parse_pipelines(spec: str | None) -> list[str]:
         for s in rivals:
             if s not in reg.known_names():
                 raise UsageError(f"--pipelines: unknown pipeline {s!r}; known: {', '.join(reg.known_names())}")
-    refs = list(reg.REFERENCES)
-    if any(r.startswith("torch:") for r in rivals):
-        refs += list(reg.TORCH_REFERENCES)
-        if any(r.startswith("torch:compile-") and r.endswith(":prefer") for r in rivals):
-            refs.append("torch:eager-sac:prefer")
-    names = refs + [r for r in rivals if r not in refs]
-    # pipelines of frameworks that are not installed are refused up front
+    names = reg.run_set(rivals)
     for n in names:
         try:
             reg.get(n)
         except ImportError as e:
             raise UsageError(f"--pipelines: {n}: framework not installed ({e}); install the extra, "
-                             f"e.g. pip install 'remat-conformance[{n.split(':')[0]}]'") from None
+                             f"e.g. pip install 'remat-conformance[{reg.framework_of(n)}]'") from None
     return names
 
 
@@ -172,7 +166,7 @@ def cmd_run(args) -> int:
     expectations = load_expectations(args.expectations)
     if args.device == "cuda":
         from conformance import pipelines as reg
-        if "cuda" not in reg.get("jax:remat2").devices():
+        if "cuda" not in reg.get(reg.value_reference()).devices():
             raise UsageError("--device cuda: no CUDA device visible to jax here")
     try:
         store = Store(args.out, overwrite=args.overwrite, resume=args.resume)
@@ -248,52 +242,6 @@ def _executor(args, names):
 
 
 # ---------------------------------------------------------------------------------------
-def load_program_file(path: str, limits=None):
-    """(program, inputs or None, finding or None) from a corpus entry or a bare program file."""
-    from conformance.findings import CorpusEntry, decode_inputs
-    from conformance.ir import ProgramError, load_program
-    from pydantic import ValidationError
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}") from None
-    if size > 16 * 1024 * 1024:
-        raise UsageError(f"{path}: file too large ({size} bytes; limit 16 MiB)")
-    try:
-        obj = json.loads(p.read_text())
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
-    except RecursionError:
-        raise UsageError(f"{path}: nesting too deep") from None
-    if isinstance(obj, dict) and "program" in obj:
-        try:
-            prog = load_program(obj["program"], limits)
-        except ProgramError as e:
-            raise UsageError(f"{path}: program.{e.field}: {e.reason}") from None
-        try:
-            entry = CorpusEntry.model_validate(obj)
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(x) for x in err["loc"])
-            raise UsageError(f"{path}: {loc}: {err['msg']}") from None
-        inputs = decode_inputs(entry.inputs)
-        types = {i.id: i for i in prog.inputs}
-        if set(inputs) != set(types):
-            raise UsageError(f"{path}: inputs: ids {sorted(inputs)} do not match the program's {sorted(types)}")
-        for k, v in inputs.items():
-            if list(v.shape) != types[k].shape or str(v.dtype) != types[k].dtype:
-                raise UsageError(f"{path}: inputs.{k}: shape/dtype {list(v.shape)}/{v.dtype} do not match the "
-                                 f"program's {types[k].shape}/{types[k].dtype}")
-        return prog, inputs, entry.finding
-    try:
-        return load_program(obj, limits), None, None
-    except ProgramError as e:
-        raise UsageError(f"{path}: {e.field}: {e.reason}") from None
-
-
 def cmd_replay(args) -> int:
     from conformance.runner import InProcessExecutor
     from generators.programs import input_values
@@ -307,10 +255,8 @@ def cmd_replay(args) -> int:
         if args.pipelines:
             names = parse_pipelines(args.pipelines)
         elif finding is not None:
-            from conformance.campaign import needed_pipelines
-            from conformance import pipelines as reg
-            names = needed_pipelines(finding.key(), list(reg.REFERENCES) + [finding.pipeline])
-            names = list(dict.fromkeys(list(reg.REFERENCES) + names))
+            from conformance.campaign import replay_pipelines
+            names = replay_pipelines(finding.key())
         else:
             names = parse_pipelines(None)
         if inputs is None:
@@ -348,7 +294,7 @@ def cmd_pipelines(args) -> int:
             ok, why = p.available()
             v = p.versions()
             devs = ",".join(p.devices())
-            role = "reference" if n in reg.REFERENCES + reg.TORCH_REFERENCES else "rival"
+            role = reg.spec(n).role
             rows.append((n, role, " ".join(f"{k}={x}" for k, x in v.items() if k != "numpy"), devs,
                          "" if ok else f"unavailable: {why}"))
         except ImportError as e:
@@ -361,8 +307,7 @@ def cmd_pipelines(args) -> int:
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "pipelines": cmd_pipelines}
 # Modules that add a subcommand: each has COMMAND, configure_parser(subparsers) and main(args) -> int.
-PLUGGED = [m for m in ("conformance.report", "conformance.repro")
-           if importlib.util.find_spec(m) is not None]
+PLUGGED = [report_command, repro_command]
 
 
 def main(argv=None) -> int:

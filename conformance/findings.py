@@ -74,13 +74,14 @@ class CorpusEntry(BaseModel):
 
 # Features a shrunk program keeps by accident rather than because the behaviour needs them
 # (the shrinker always leaves some dtype; names nobody reads, layout ops...). They stay in a
-# finding's `features` but not in its signature, so that one behaviour is one finding.
+# finding's `features` but not in its signature, so that one behaviour is one finding. Per-op
+# features (op:<op>) serve expectations only; the op families (matmul, reduction...) sign.
 INCIDENTAL_FEATURES = frozenset({"float32", "float64", "unread_name", "dup_names", "layout", "reduction",
                                  "prevent_cse_false"})
 
 
 def signature_features(features) -> list[str]:
-    return sorted(set(features) - INCIDENTAL_FEATURES)
+    return sorted(f for f in set(features) - INCIDENTAL_FEATURES if not f.startswith("op:"))
 
 
 def signature(check: str, pipeline: str, reference: str, error_type: str, features) -> str:

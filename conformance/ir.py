@@ -18,31 +18,12 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from conformance.policy import Policy, policy_names
+from conformance import ops as O
+from conformance.policy import Policy, offloads, policy_names
 
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "float64")
 DTYPE_BYTES = {"float32": 4, "float64": 8}
-
-# op kind -> arity. Params are per op (see _infer).
-UNARY = ("sin", "cos", "tanh", "exp", "sigmoid", "square", "neg", "scale")
-BINARY = ("add", "sub", "mul")
-OP_ARITY: dict[str, int] = {
-    **{u: 1 for u in UNARY},
-    **{b: 2 for b in BINARY},
-    "matmul": 2,      # (m,k)@(k,n) or batched (b,m,k)@(b,k,n)
-    "sum": 1,         # params: axis (int or None)
-    "mean": 1,        # params: axis (int or None)
-    "transpose": 1,   # params: perm
-    "reshape": 1,     # params: shape
-    "broadcast": 1,   # params: shape (numpy broadcast_to)
-    "name": 1,        # params: name  -> checkpoint_name(x, name)
-    "nondiff_scale": 1,  # params: index -> x * nondiff[index] (custom_vjp blocks only)
-}
-# exp is only generated on bounded input; validation keeps it finite for any input by
-# construction of the generator, the interpreter does not clamp.
-DOT_OPS = ("matmul",)
-
 
 class Limits(BaseModel):
     """Configurable limits checked before anything runs."""
@@ -171,85 +152,15 @@ def walk(body, depth=0, path="body", ctx=None):
             yield from walk(s.bwd, depth, p + ".bwd", "bwd")
 
 
-def _bcast_ok(src, dst):
-    if len(src) > len(dst):
-        return False
-    for a, b in zip(reversed(src), reversed(dst)):
-        if a != b and a != 1:
-            return False
-    return True
-
-
 def _infer(op: Op, arg_types, path, nondiff) -> tuple[tuple[int, ...], str]:
-    if op.op not in OP_ARITY:
-        raise ProgramError(f"{path}.op", f"unknown op {op.op!r}; known: {sorted(OP_ARITY)}")
-    if len(op.args) != OP_ARITY[op.op]:
-        raise ProgramError(f"{path}.args", f"{op.op} takes {OP_ARITY[op.op]} args, got {len(op.args)}")
-    shapes = [t[0] for t in arg_types]
+    try:
+        shape = O.infer(op.op, [t[0] for t in arg_types], op.params, nondiff)
+    except O.ParamError as e:
+        raise ProgramError(f"{path}.{e.field}", e.reason) from None
     dtypes = {t[1] for t in arg_types}
-    if len(dtypes) != 1:
+    if len(dtypes) > 1:
         raise ProgramError(f"{path}.args", f"mixed dtypes {sorted(dtypes)}")
-    dt = arg_types[0][1]
-    s0 = shapes[0]
-    p = op.params
-    allowed = {"scale": {"c"}, "sum": {"axis"}, "mean": {"axis"}, "transpose": {"perm"},
-               "reshape": {"shape"}, "broadcast": {"shape"}, "name": {"name"},
-               "nondiff_scale": {"index"}}.get(op.op, set())
-    extra = set(p) - allowed
-    if extra:
-        raise ProgramError(f"{path}.params", f"unexpected params {sorted(extra)} for {op.op}")
-    missing = allowed - set(p)
-    if missing:
-        raise ProgramError(f"{path}.params", f"missing params {sorted(missing)} for {op.op}")
-    o = op.op
-    if o in UNARY:
-        if o == "scale" and not (isinstance(p["c"], (int, float)) and math.isfinite(p["c"])):
-            raise ProgramError(f"{path}.params.c", "must be a finite number")
-        return s0, dt
-    if o in BINARY:
-        if shapes[0] != shapes[1]:
-            raise ProgramError(f"{path}.args", f"{o} needs equal shapes, got {shapes[0]} and {shapes[1]}")
-        return s0, dt
-    if o == "matmul":
-        a, b = shapes
-        if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
-            return (a[0], b[1]), dt
-        if len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
-            return (a[0], a[1], b[2]), dt
-        raise ProgramError(f"{path}.args", f"matmul needs (m,k)@(k,n) or (b,m,k)@(b,k,n), got {a}@{b}")
-    if o in ("sum", "mean"):
-        ax = p["axis"]
-        if ax is None:
-            return (), dt
-        if not isinstance(ax, int) or isinstance(ax, bool) or not (0 <= ax < len(s0)):
-            raise ProgramError(f"{path}.params.axis", f"axis {ax!r} out of range for rank {len(s0)}")
-        return tuple(d for i, d in enumerate(s0) if i != ax), dt
-    if o == "transpose":
-        perm = p["perm"]
-        if (not isinstance(perm, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in perm)
-                or sorted(perm) != list(range(len(s0)))):
-            raise ProgramError(f"{path}.params.perm", f"not a permutation of rank {len(s0)}: {perm!r}")
-        return tuple(s0[i] for i in perm), dt
-    if o in ("reshape", "broadcast"):
-        shp = p["shape"]
-        if not isinstance(shp, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in shp):
-            raise ProgramError(f"{path}.params.shape", f"not a shape: {shp!r}")
-        if o == "reshape" and math.prod(shp) != math.prod(s0):
-            raise ProgramError(f"{path}.params.shape", f"cannot reshape {list(s0)} to {shp}")
-        if o == "broadcast" and not _bcast_ok(s0, shp):
-            raise ProgramError(f"{path}.params.shape", f"cannot broadcast {list(s0)} to {shp}")
-        return tuple(shp), dt
-    if o == "name":
-        n = p["name"]
-        if not isinstance(n, str) or not n or not n.isidentifier():
-            raise ProgramError(f"{path}.params.name", f"name must be a non-empty identifier, got {n!r}")
-        return s0, dt
-    if o == "nondiff_scale":
-        ix = p["index"]
-        if not isinstance(ix, int) or isinstance(ix, bool) or not (0 <= ix < len(nondiff)):
-            raise ProgramError(f"{path}.params.index", f"no nondiff argument {ix!r} (block has {len(nondiff)})")
-        return s0, dt
-    raise AssertionError(o)
+    return shape, arg_types[0][1]
 
 
 def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -298,9 +209,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 if a not in scope:
                     raise ProgramError(f"{p}.args[{k}]", f"value {a!r} is not defined here")
             if isinstance(s, Op):
-                if s.op == "nondiff_scale" and nondiff is None:
-                    raise ProgramError(f"{p}.op", "nondiff_scale is only allowed inside custom_vjp fwd/bwd")
-                if s.op == "name" and len(str(s.params.get("name", ""))) > limits.max_name_length:
+                if s.op in O.OPS and O.OPS[s.op].in_rules_only and nondiff is None:
+                    raise ProgramError(f"{p}.op", f"{s.op} is only allowed inside custom_vjp fwd/bwd")
+                if s.op == O.NAME_OP and len(str(s.params.get("name", ""))) > limits.max_name_length:
                     raise ProgramError(f"{p}.params.name", f"name longer than {limits.max_name_length} characters")
                 t = _infer(s, [types[a] for a in s.args], p, nondiff or [])
                 define(s.out, t, f"{p}.out")
@@ -409,7 +320,7 @@ def load_program(obj: Any, limits: Limits | None = None) -> Program:
 
 
 # ---------------------------------------------------------------------------------
-# Features: a documented vocabulary (README "Feature vocabulary").
+# Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
 FEATURE_DOC: dict[str, str] = {
     "checkpoint": "at least one checkpoint region",
     "nested_checkpoint": "a region inside another region",
@@ -417,6 +328,7 @@ FEATURE_DOC: dict[str, str] = {
     "prevent_cse_false": "a region with prevent_cse=False",
     "offload_in_both": "a both(p, q) policy one of whose parts offloads",
     "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
+    "op:<op>": "the program uses this op (for expectations; not part of signatures)",
     "names": "checkpoint_name used",
     "dup_names": "the same name on several values",
     "unread_name": "a named value that nothing reads",
@@ -432,14 +344,19 @@ FEATURE_DOC: dict[str, str] = {
     "unused_result": "a custom_vjp result that nothing reads (zero cotangent)",
     "nondiff_input": "a program input that is not differentiated",
     "residual_is_arg": "a custom_vjp residual that is one of its args",
-    "matmul": "a matrix product",
-    "batch_matmul": "a batched matrix product",
-    "reduction": "sum or mean",
-    "layout": "transpose, reshape or broadcast",
+    **O.FEATURE_DOC,
     "second_order": "grad of grad",
     "float32": "a float32 value",
     "float64": "a float64 value",
 }
+
+
+def is_name(s) -> bool:
+    return isinstance(s, Op) and s.op == O.NAME_OP
+
+
+def checkpoint_name_of(s) -> str | None:
+    return s.params.get("name") if is_name(s) else None
 
 
 def compute_features(prog: Program) -> set[str]:
@@ -453,8 +370,7 @@ def compute_features(prog: Program) -> set[str]:
         if isinstance(s, Checkpoint):
             f.add("checkpoint")
             f.add(f"policy:{s.policy.kind}")
-            if s.policy.kind == "both" and {s.policy.a.kind, s.policy.b.kind} & {"offload_dots_no_batch",
-                                                                               "save_and_offload_names"}:
+            if s.policy.kind == "both" and offloads(s.policy):
                 f.add("offload_in_both")
             if depth >= 1:
                 f.add("nested_checkpoint")
@@ -472,8 +388,7 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("optimize_remat")
                 if s.symbolic_zeros:
                     f.add("optimize_remat_symbolic_zeros")
-            if (s.symbolic_zeros and depth >= 1
-                    and any(isinstance(x, Op) and x.op == "name" for x, _, _, _ in walk(s.fwd))):
+            if s.symbolic_zeros and depth >= 1 and any(is_name(x) for x, _, _, _ in walk(s.fwd)):
                 f.add("sz_fwd_remat")
             if s.nondiff:
                 f.add("nondiff_args")
@@ -482,22 +397,22 @@ def compute_features(prog: Program) -> set[str]:
             for r in s.residuals:
                 reads[r] = reads.get(r, 0) + 1
         elif isinstance(s, Op):
-            if s.op == "name":
+            f.add(f"op:{s.op}")
+            if is_name(s):
                 f.add("names")
                 if ctx == "fwd":
                     f.add("names_in_fwd")
                 n = s.params["name"]
                 name_counts[n] = name_counts.get(n, 0) + 1
-            elif s.op == "matmul":
-                f.add("batch_matmul" if len(types[s.args[0]][0]) == 3 else "matmul")
-            elif s.op in ("sum", "mean"):
-                f.add("reduction")
-            elif s.op in ("transpose", "reshape", "broadcast"):
-                f.add("layout")
+            d = O.OPS[s.op]
+            if d.features:
+                shapes = [types[a][0] for a in s.args]
+                f.add(d.batched_feature if d.batched(shapes) else d.features[0])
+                f.update(d.features[1:])
     for o in prog.outputs:
         reads[o] = reads.get(o, 0) + 1
     for s, _, _, _ in walk(prog.body):
-        if isinstance(s, Op) and s.op == "name" and reads.get(s.out, 0) == 0:
+        if is_name(s) and reads.get(s.out, 0) == 0:
             f.add("unread_name")
         if isinstance(s, CustomVJP) and any(reads.get(r, 0) == 0 for r in s.results):
             f.add("unused_result")
@@ -512,6 +427,8 @@ def compute_features(prog: Program) -> set[str]:
     return f
 
 
+# ---------------------------------------------------------------------------------
+# Walkers shared by the lowerings, the emitters, the oracles and the generator.
 @dataclass(frozen=True)
 class NodeInfo:
     id: str
@@ -527,5 +444,93 @@ def node_index(prog: Program) -> dict[str, NodeInfo]:
     out = {i.id: NodeInfo(i.id, f"inputs[{k}]", "input", None, 0, "main") for k, i in enumerate(prog.inputs)}
     for s, depth, path, ctx in walk(prog.body):
         if isinstance(s, Op) and ctx != "bwd":
-            out[s.out] = NodeInfo(s.out, path, s.op, s.params.get("name") if s.op == "name" else None, depth, ctx)
+            out[s.out] = NodeInfo(s.out, path, s.op, checkpoint_name_of(s), depth, ctx)
     return out
+
+
+def primal_ops(prog: Program) -> dict[str, Op]:
+    """Value id -> the op defining it, for every op outside custom_vjp bwd rules."""
+    return {s.out: s for s, _, _, ctx in walk(prog.body) if isinstance(s, Op) and ctx != "bwd"}
+
+
+def region_context(prog: Program) -> tuple[dict[str, list], set[str]]:
+    """value id -> enclosing region policies (outermost first); and the ids a policy does not
+    govern (inputs, region args/results, custom_vjp args/results, top-level values)."""
+    policies: dict[str, list] = {}
+    exempt: set[str] = {i.id for i in prog.inputs}
+
+    def visit(body, stack):
+        for s in body:
+            if isinstance(s, Op):
+                policies[s.out] = list(stack)
+                if not stack:
+                    exempt.add(s.out)
+            elif isinstance(s, Checkpoint):
+                exempt.update(s.args)
+                exempt.update(s.results)
+                visit(s.body, stack + [s.policy])
+            elif isinstance(s, CustomVJP):
+                exempt.update(s.args)
+                exempt.update(s.results)
+                visit(s.fwd, stack)
+    visit(prog.body, [])
+    return policies, exempt
+
+
+def defined_ids(body) -> set[str]:
+    """Every id a body defines, its regions' and blocks' bodies included (not bwd rules)."""
+    return {s.out for s, _, _, ctx in walk(body) if isinstance(s, Op) and ctx != "bwd"} | {
+        r for s, _, _, ctx in walk(body) if not isinstance(s, Op) and ctx != "bwd" for r in s.results}
+
+
+def free_vars(body) -> list[str]:
+    """Ids read by `body` that it does not define, in first-use order (a region or block reads
+    only its args)."""
+    defined, free = set(), []
+    for s in body:
+        for a in s.args:
+            if a not in defined and a not in free:
+                free.append(a)
+        defined |= defined_ids([s])
+    return free
+
+
+class Interpreter:
+    """Evaluates a program statement by statement; subclasses say what an op, a region and a
+    custom_vjp block are (one framework each). `record`: a dict that receives every op value."""
+    record: dict | None = None
+
+    def op(self, s: Op, args: list, nondiff):
+        raise NotImplementedError
+
+    def region(self, s: Checkpoint, path: str):
+        """A callable taking the region's args and returning its results."""
+        raise NotImplementedError
+
+    def block(self, s: CustomVJP, path: str, args: list) -> list:
+        raise NotImplementedError
+
+    def region_fn(self, s: Checkpoint, path: str):
+        """The region's body as a function of its args (no checkpoint)."""
+        def fn(*args):
+            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+            return tuple(e[r] for r in s.results)
+        return fn
+
+    def inline(self, s: CustomVJP, path: str, args: list) -> list:
+        """A custom_vjp block's primal: its fwd run inline."""
+        e = self.body(s.fwd, dict(zip(s.args, args)), s.nondiff, path + ".fwd")
+        return [e[r] for r in s.results]
+
+    def body(self, body, env: dict, nondiff=None, path="body"):
+        for i, s in enumerate(body):
+            p = f"{path}[{i}]"
+            if isinstance(s, Op):
+                env[s.out] = self.op(s, [env[a] for a in s.args], nondiff)
+                if self.record is not None:
+                    self.record[s.out] = env[s.out]
+            elif isinstance(s, Checkpoint):
+                env.update(zip(s.results, self.region(s, p)(*[env[a] for a in s.args])))
+            else:
+                env.update(zip(s.results, self.block(s, p, [env[a] for a in s.args])))
+        return env

@@ -1,11 +1,12 @@
 """Observation: what one pipeline saw when it ran one program. Pipelines fill it; oracles read it."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Stage = Literal["validation", "lowering", "forward", "backward", "second_order", "setup"]
+from conformance.verdict import Stage
+
 
 
 class ErrorInfo(BaseModel):
@@ -26,6 +27,15 @@ class Residual(BaseModel):
     bytes: int
     memory: str | None = None   # memory kind where known (device, pinned_host)
     copies: int = 1             # how many saved arrays held this value
+
+    def describe(self) -> str:
+        """One line: value class, checkpoint names, dtype and shape (v1/v2['a']:float32[3, 4])."""
+        return ("/".join(self.cls) or "?") + (f"{self.names}" if self.names else "") + f":{self.dtype}{self.shape}"
+
+
+def residual_digest(residuals: list[Residual]) -> dict:
+    """What findings keep of a saved-residual set: each residual described, and the total bytes."""
+    return {"saved": [r.describe() for r in residuals], "saved_bytes": sum(r.bytes for r in residuals)}
 
 
 class CustomRuleLog(BaseModel):

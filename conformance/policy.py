@@ -1,9 +1,10 @@
-"""Framework-neutral checkpoint policy vocabulary.
+"""Checkpoint policies: each kind declared once, with its one documented meaning.
 
-Each policy answers, for one value produced inside a region, "save" or "recompute"
-(or "offload": saved, but in host memory). Op kinds are the IR's op names; a name
-op (`name`) carries its checkpoint name. Pipelines translate a policy to
-jax.checkpoint_policies members or to PyTorch SAC policy_fns.
+Each policy answers, for one value produced inside a region, "save", "recompute" or
+"offload" (saved, in host memory): `decide`. That is the meaning every oracle uses; the
+PyTorch policy_fn is a thin adapter over it (aten op -> IR op kind, name, batched), and
+the JAX side has one translation table (conformance/pipelines/jax_table.py) to
+jax.checkpoint_policies members. Op facts (which ops are dots) come from the op table.
 
 | kind                         | jax.checkpoint_policies member                 |
 |------------------------------|------------------------------------------------|
@@ -18,12 +19,17 @@ jax.checkpoint_policies members or to PyTorch SAC policy_fns.
 | offload_dots_no_batch        | offload_dot_with_no_batch_dims(src, dst)       |
 | save_and_offload_names       | save_and_offload_only_these_names(...)         |
 | ops                          | custom callable: save outputs of these op kinds|
+
+Program layer: imports the op table and pydantic only.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from dataclasses import dataclass
+from typing import Annotated, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from conformance.ops import OPS
 
 
 class _P(BaseModel):
@@ -90,55 +96,103 @@ Policy = Annotated[
 ]
 Both.model_rebuild()
 
-POLICY_KINDS = ("everything", "nothing", "dots", "dots_no_batch", "save_only_names",
-                "save_any_names_but_these", "save_anything_except_names", "both",
-                "offload_dots_no_batch", "save_and_offload_names", "ops")
+
+def _is_dot(op, batched):
+    d = OPS.get(op)
+    return d is not None and d.dot
+
+
+def _is_dot_no_batch(op, batched):
+    d = OPS.get(op)
+    return d is not None and d.dot_no_batch and not batched
+
+
+def _either(a: str, b: str) -> str:
+    return "save" if "save" in (a, b) else "offload" if "offload" in (a, b) else "recompute"
+
+
+@dataclass(frozen=True)
+class KindDecl:
+    """One policy kind. `fields` says how the generator fills it: () a plain kind, ('names',),
+    ('saved', 'offloaded'), ('ops',) or ('a', 'b') for two sub-policies."""
+    model: type
+    decide: Callable      # (p, op, name, batched) -> 'save' | 'recompute' | 'offload'
+    fields: tuple[str, ...] = ()
+    offloads: bool = False
+
+    @property
+    def kind(self) -> str:
+        return self.model.model_fields["kind"].default
+
+
+KINDS: dict[str, KindDecl] = {}
+
+
+def _kind(model, decide, fields=(), offloads=False):
+    k = KindDecl(model, decide, fields, offloads)
+    KINDS[k.kind] = k
+
+
+# Declaration order is the generator's order (the first is the simplest).
+_kind(Nothing, lambda p, op, name, b: "recompute")
+_kind(SaveOnlyNames, lambda p, op, name, b: "save" if name is not None and name in p.names else "recompute",
+      ("names",))
+_kind(Everything, lambda p, op, name, b: "save")
+_kind(Dots, lambda p, op, name, b: "save" if _is_dot(op, b) else "recompute")
+_kind(DotsNoBatch, lambda p, op, name, b: "save" if _is_dot_no_batch(op, b) else "recompute")
+_kind(SaveAnyNamesButThese,
+      lambda p, op, name, b: "save" if name is not None and name not in p.names else "recompute", ("names",))
+_kind(SaveAnythingExceptNames,
+      lambda p, op, name, b: "recompute" if name is not None and name in p.names else "save", ("names",))
+_kind(Ops, lambda p, op, name, b: "save" if op in p.ops else "recompute", ("ops",))
+_kind(OffloadDotsNoBatch, lambda p, op, name, b: "offload" if _is_dot_no_batch(op, b) else "recompute",
+      offloads=True)
+_kind(SaveAndOffloadNames, lambda p, op, name, b: (
+    "save" if name is not None and name in p.saved else
+    "offload" if name is not None and name in p.offloaded else "recompute"), ("saved", "offloaded"), offloads=True)
+_kind(Both, lambda p, op, name, b: _either(decide(p.a, op, name, b), decide(p.b, op, name, b)), ("a", "b"))
+
+POLICY_KINDS = tuple(KINDS)
+
+
+def decide(p, op: str | None, name: str | None, batched: bool = False) -> str:
+    """The documented meaning: 'save', 'offload' or 'recompute' for a value produced by op kind
+    `op` (None: an op the IR does not know), with checkpoint name `name` for name ops."""
+    k = KINDS.get(p.kind)
+    if k is None:
+        raise ValueError(f"unknown policy kind {p.kind!r}")
+    return k.decide(p, op, name, batched)
+
+
+def decide_any(p, kinds: list[tuple[str | None, bool]], name: str | None) -> str:
+    """For a framework op that stands for several IR op kinds (aten.mul is scale and mul): the
+    most saving decision over them."""
+    out = "recompute"
+    for op, batched in kinds or [(None, False)]:
+        out = _either(out, decide(p, op, name, batched))
+    return out
 
 
 def policy_names(p) -> list[str]:
-    if p.kind in ("save_only_names", "save_any_names_but_these", "save_anything_except_names"):
-        return list(p.names)
-    if p.kind == "save_and_offload_names":
-        return list(p.saved) + list(p.offloaded)
-    if p.kind == "both":
-        return policy_names(p.a) + policy_names(p.b)
-    return []
+    """Every checkpoint name a policy mentions."""
+    out: list[str] = []
+    for f in KINDS[p.kind].fields:
+        v = getattr(p, f)
+        if f in ("a", "b"):
+            out += policy_names(v)
+        elif f != "ops":
+            out += list(v)
+    return out
 
 
-def decide(p, op: str, name: str | None, batch_dot: bool = False) -> str:
-    """Documented meaning: 'save', 'offload' or 'recompute' for a value produced by `op`
-    (with checkpoint name `name` when op == 'name')."""
-    k = p.kind
-    is_dot = op == "matmul"
-    if k == "everything":
-        return "save"
-    if k == "nothing":
-        return "recompute"
-    if k == "dots":
-        return "save" if is_dot else "recompute"
-    if k == "dots_no_batch":
-        return "save" if is_dot and not batch_dot else "recompute"
-    if k == "offload_dots_no_batch":
-        return "offload" if is_dot and not batch_dot else "recompute"
-    if k == "save_only_names":
-        return "save" if name is not None and name in p.names else "recompute"
-    if k == "save_any_names_but_these":
-        return "save" if name is not None and name not in p.names else "recompute"
-    if k == "save_anything_except_names":
-        return "recompute" if name is not None and name in p.names else "save"
-    if k == "save_and_offload_names":
-        if name is not None and name in p.saved:
-            return "save"
-        if name is not None and name in p.offloaded:
-            return "offload"
-        return "recompute"
-    if k == "ops":
-        return "save" if op in p.ops else "recompute"
-    if k == "both":
-        da, db = decide(p.a, op, name, batch_dot), decide(p.b, op, name, batch_dot)
-        if "save" in (da, db):
-            return "save"
-        if "offload" in (da, db):
-            return "offload"
-        return "recompute"
-    raise ValueError(f"unknown policy kind {k!r}")
+def offloads(p) -> bool:
+    return KINDS[p.kind].offloads or any(offloads(getattr(p, f)) for f in KINDS[p.kind].fields if f in ("a", "b"))
+
+
+def text(p) -> str:
+    """The policy as one line of pseudo-code (reports and comments)."""
+    args = []
+    for f in KINDS[p.kind].fields:
+        v = getattr(p, f)
+        args.append(text(v) if f in ("a", "b") else f"{f}={list(v)!r}")
+    return f"{p.kind}({', '.join(args)})"

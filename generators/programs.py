@@ -12,16 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, validate
-from conformance.policy import (Both, Dots, DotsNoBatch, Everything, Nothing, OffloadDotsNoBatch, Ops,
-                                SaveAndOffloadNames, SaveAnyNamesButThese, SaveAnythingExceptNames,
-                                SaveOnlyNames)
+from conformance import ops as O
+from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, free_vars, validate
+from conformance.policy import KINDS
 from generators.irgrad import vjp_ops
 
 NAME_POOL = ("a", "b", "c")
-UNARY_OPS = ("sin", "cos", "tanh", "exp", "sigmoid", "square", "neg", "scale")
-POLICY_OPS = ("sin", "cos", "tanh", "exp", "mul", "add", "matmul", "name")
-MAX_MAG = 50.0
 
 
 @dataclass
@@ -71,28 +67,29 @@ def _shape(draw, rank=None):
     return tuple(draw(st.integers(1, 4), label="dim") for _ in range(r))
 
 
+def policy_ops() -> list[str]:
+    """Op kinds an `ops` policy may name: every op the generator emits outside custom rules."""
+    return [o for f in O.generated_families(False) for o in O.family_ops(f, False)]
+
+
 def policies(names=NAME_POOL, allow_offload=True, depth=0):
-    """Strategy for framework-neutral policies."""
+    """Strategy for framework-neutral policies, one branch per declared policy kind."""
     nm = st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True)
-    simple = [
-        st.just(Nothing()),
-        nm.map(lambda n: SaveOnlyNames(names=n)),
-        st.just(Everything()),
-        st.just(Dots()),
-        st.just(DotsNoBatch()),
-        nm.map(lambda n: SaveAnyNamesButThese(names=n)),
-        nm.map(lambda n: SaveAnythingExceptNames(names=n)),
-        st.lists(st.sampled_from(POLICY_OPS), min_size=1, max_size=3, unique=True).map(lambda o: Ops(ops=o)),
-    ]
-    if allow_offload:
-        simple.append(st.just(OffloadDotsNoBatch()))
-        simple.append(st.tuples(nm, nm).map(lambda t: SaveAndOffloadNames(
-            saved=t[0], offloaded=[n for n in t[1] if n not in t[0]])))
-    base = st.one_of(*simple)
-    if depth >= 1:
-        return base
-    return st.one_of(base, st.tuples(policies(names, allow_offload, 1), policies(names, allow_offload, 1))
-                     .map(lambda t: Both(a=t[0], b=t[1])))
+    fill = {"names": nm, "saved": nm, "offloaded": nm,
+            "ops": st.lists(st.sampled_from(policy_ops()), min_size=1, max_size=3, unique=True)}
+    branches = []
+    for k in KINDS.values():
+        if (k.offloads and not allow_offload) or (("a" in k.fields) and depth >= 1):
+            continue
+        if "a" in k.fields:
+            sub = policies(names, allow_offload, depth + 1)
+            branches.append(st.tuples(sub, sub).map(lambda t, m=k.model: m(a=t[0], b=t[1])))
+        elif k.fields == ("saved", "offloaded"):
+            branches.append(st.tuples(nm, nm).map(lambda t, m=k.model: m(
+                saved=t[0], offloaded=[n for n in t[1] if n not in t[0]])))
+        else:
+            branches.append(st.fixed_dictionaries({f: fill[f] for f in k.fields}).map(lambda kw, m=k.model: m(**kw)))
+    return st.one_of(*branches)
 
 
 class _Gen:
@@ -101,6 +98,8 @@ class _Gen:
         self.cfg = cfg
         dtype = draw(st.sampled_from(cfg.dtypes), label="dtype")
         self.b = Builder(draw, cfg, dtype)
+        self.scope: list[Val] = []
+        self.nondiff: list[float] = []
 
     # -- values --------------------------------------------------------------
     def pick(self, scope: list[Val], pred=lambda v: True) -> Val | None:
@@ -113,89 +112,46 @@ class _Gen:
             return c[-1]
         return self.draw(st.sampled_from(c), label="operand")
 
-    def op(self, kind, args: list[Val], out_shape, mag, **params) -> tuple[Op, Val]:
+    def op(self, kind, args: list[Val], mag, **params) -> tuple[Op, Val]:
         o = self.b.fresh()
-        self.b.types[o] = (tuple(out_shape), args[0].dtype)
-        return Op(op=kind, args=[a.id for a in args], params=params, out=o), Val(o, tuple(out_shape), args[0].dtype, mag)
+        shape = O.infer(kind, [a.shape for a in args], params, self.nondiff)
+        self.b.types[o] = (tuple(shape), args[0].dtype)
+        return Op(op=kind, args=[a.id for a in args], params=params, out=o), Val(o, tuple(shape), args[0].dtype, mag)
+
+    # -- the Chooser the op table's generator hints draw with ----------------------------
+    def int(self, lo, hi, label):
+        return self.draw(st.integers(lo, hi), label=label)
+
+    def choice(self, seq, label):
+        return self.draw(st.sampled_from(list(seq)), label=label)
+
+    def perm(self, n, label):
+        return list(self.draw(st.permutations(list(range(n))), label=label))
+
+    def operand(self, pred):
+        return self.pick(self.scope, pred)
+
+    def new_input(self, shape):
+        v = self.b.new_input(shape)
+        self.scope.append(v)
+        return v
+
+    def checkpoint_name(self):
+        return self.draw(st.sampled_from(NAME_POOL), label="name")
 
     def gen_op(self, scope: list[Val], in_fwd: bool, nondiff: list[float]) -> tuple[Op, Val]:
-        d = self.draw
-        choices = ["unary", "name", "binary", "matmul", "reduce", "layout"]
-        if in_fwd and nondiff:
-            choices.append("nondiff_scale")
-        kind = d(st.sampled_from(choices), label="op_kind")
+        """One op, by the op table: a family, an op of it, then its own hint draws the rest."""
+        self.scope, self.nondiff = scope, nondiff
+        family = self.choice(O.generated_families(in_fwd, bool(nondiff)), "op_kind")
+        kind = self.choice(O.family_ops(family, in_fwd, bool(nondiff)), family)
         x = self.pick(scope)
-        if kind == "unary":
-            u = d(st.sampled_from(UNARY_OPS), label="unary")
-            if u == "exp" and x.mag > 3:
-                u = "tanh"
-            if u in ("sin", "cos", "tanh", "sigmoid"):
-                return self.op(u, [x], x.shape, 1.0)
-            if u == "exp":
-                return self.op(u, [x], x.shape, math.exp(x.mag))
-            if u == "square":
-                if x.mag ** 2 > MAX_MAG:
-                    return self.op("tanh", [x], x.shape, 1.0)
-                return self.op(u, [x], x.shape, x.mag ** 2)
-            if u == "neg":
-                return self.op(u, [x], x.shape, x.mag)
-            c = d(st.sampled_from([2.0, 0.5, -1.5]), label="scale")
-            return self.op("scale", [x], x.shape, x.mag * abs(c), c=c)
-        if kind == "name":
-            n = d(st.sampled_from(NAME_POOL), label="name")
-            return self.op("name", [x], x.shape, x.mag, name=n)
-        if kind == "nondiff_scale":
-            ix = d(st.integers(0, len(nondiff) - 1), label="nondiff_index")
-            return self.op("nondiff_scale", [x], x.shape, x.mag * abs(nondiff[ix]), index=ix)
-        if kind == "binary":
-            y = self.pick(scope, lambda v: v.shape == x.shape and v.dtype == x.dtype)
-            b = d(st.sampled_from(["mul", "add", "sub"]), label="binary")
-            mag = x.mag * y.mag if b == "mul" else x.mag + y.mag
-            if mag > MAX_MAG:
-                return self.op("tanh", [x], x.shape, 1.0)
-            return self.op(b, [x, y], x.shape, mag)
-        if kind == "matmul":
-            if len(x.shape) not in (2, 3):
-                # make a matrix out of it: broadcast up to rank 2
-                shape = (d(st.integers(1, 4), label="dim"),) + (x.shape if len(x.shape) == 1 else (d(st.integers(1, 4), label="dim"),))
-                return self.op("broadcast", [x], shape, x.mag, shape=list(shape))
-            k = x.shape[-1]
-            nn = d(st.integers(1, 4), label="dim")
-            want = (k, nn) if len(x.shape) == 2 else (x.shape[0], k, nn)
-            y = self.pick(scope, lambda v: v.shape == want and v.dtype == x.dtype)
-            if y is None:
-                y = self.b.new_input(want)
-                scope.append(y)
-            mag = x.mag * y.mag * k
-            if mag > MAX_MAG:
-                return self.op("sin", [x], x.shape, 1.0)
-            out = x.shape[:-1] + (nn,)
-            return self.op("matmul", [x, y], out, mag)
-        if kind == "reduce":
-            r = d(st.sampled_from(["sum", "mean"]), label="reduce")
-            if not x.shape:
-                return self.op("neg", [x], x.shape, x.mag)
-            ax = d(st.one_of(st.none(), st.integers(0, len(x.shape) - 1)), label="axis")
-            shape = () if ax is None else tuple(s for i, s in enumerate(x.shape) if i != ax)
-            n = math.prod(x.shape) if ax is None else x.shape[ax]
-            mag = x.mag * (n if r == "sum" else 1)
-            if mag > MAX_MAG:
-                r = "mean"
-                mag = x.mag
-            return self.op(r, [x], shape, mag, axis=ax)
-        # layout
-        lk = d(st.sampled_from(["transpose", "reshape", "broadcast"]), label="layout")
-        if lk == "transpose" and len(x.shape) >= 2:
-            perm = list(d(st.permutations(list(range(len(x.shape)))), label="perm"))
-            return self.op("transpose", [x], tuple(x.shape[i] for i in perm), x.mag, perm=perm)
-        if lk == "reshape" and x.shape:
-            n = math.prod(x.shape)
-            shape = [n] if len(x.shape) > 1 else [1, n]
-            return self.op("reshape", [x], tuple(shape), x.mag, shape=shape)
-        if len(x.shape) < 3:
-            shape = (d(st.integers(1, 3), label="dim"),) + x.shape
-            return self.op("broadcast", [x], shape, x.mag, shape=list(shape))
-        return self.op("sin", [x], x.shape, 1.0)
+        plan = O.OPS[kind].gen(self, x)
+        if plan is None:
+            return self.op(O.FALLBACK_OP, [x], 1.0)
+        other, args, params, mag = plan
+        if mag > O.MAX_MAG:
+            return self.op(O.FALLBACK_OP, [x], 1.0)
+        return self.op(other or kind, args, mag, **params)
 
     # -- statements ------------------------------------------------------------
     def gen_body(self, scope: list[Val], depth: int, n: int, in_cvjp: bool) -> list:
@@ -233,11 +189,11 @@ class _Gen:
         defined = [v for v in defined if v not in new_inputs]
         scope.extend(new_inputs)
         if not defined:  # only new inputs appeared: add a trivial op
-            s, v = self.op("sin", [inner_scope[-1]], inner_scope[-1].shape, 1.0)
+            s, v = self.op(O.FALLBACK_OP, [inner_scope[-1]], 1.0)
             body.append(s)
             defined = [v]
         exports = self._exports(defined)
-        args = _free_vars(body)
+        args = free_vars(body)
         pol = d(policies(allow_offload=self.cfg.offload_policies), label="policy")
         pcse = d(st.booleans().map(lambda b: not b), label="prevent_cse")
         scope.extend(exports)
@@ -256,7 +212,7 @@ class _Gen:
         defined = [v for v in inner[len(scope):] if not v.id.startswith("x")]
         scope.extend(v for v in inner[len(scope):] if v.id.startswith("x"))
         exports = self._exports(defined)
-        args = _free_vars(fwd)
+        args = free_vars(fwd)
         cts = [self.b.fresh("g") for _ in exports]
         for c, e in zip(cts, exports):
             self.b.types[c] = self.b.types[e.id]
@@ -268,7 +224,7 @@ class _Gen:
             k = d(st.integers(0, len(args) - 1), label="nonstandard_arg")
             if bwd_results[k] is not None:
                 o = self.b.fresh("b")
-                bwd.append(Op(op="scale", args=[bwd_results[k]], params={"c": 3.0}, out=o))
+                bwd.append(Op(op=O.SCALE_OP, args=[bwd_results[k]], params={"c": 3.0}, out=o))
                 bwd_results[k] = o
         order = {a: i for i, a in enumerate(args + [s.out for s in fwd])}
         residuals = sorted(used, key=order.__getitem__)
@@ -280,40 +236,6 @@ class _Gen:
         return CustomVJP(args=args, fwd=fwd, results=[e.id for e in exports], residuals=residuals, cts=cts,
                          bwd=bwd, bwd_results=bwd_results, nondiff=nondiff, symbolic_zeros=sz,
                          optimize_remat=orm)
-
-
-def _free_vars(body) -> list[str]:
-    """Ids read by `body` that it does not define, in first-use order."""
-    defined, free = set(), []
-
-    def visit(b):
-        for s in b:
-            for a in s.args:
-                if a not in defined and a not in free:
-                    free.append(a)
-            if isinstance(s, Op):
-                defined.add(s.out)
-            elif isinstance(s, Checkpoint):
-                # its args were counted; its body only reads its args
-                defined.update(s.results)
-                _mark_defined(s.body, defined)
-            elif isinstance(s, CustomVJP):
-                defined.update(s.results)
-                _mark_defined(s.fwd, defined)
-    visit(body)
-    return free
-
-
-def _mark_defined(body, defined):
-    for s in body:
-        if isinstance(s, Op):
-            defined.add(s.out)
-        elif isinstance(s, Checkpoint):
-            defined.update(s.results)
-            _mark_defined(s.body, defined)
-        elif isinstance(s, CustomVJP):
-            defined.update(s.results)
-            _mark_defined(s.fwd, defined)
 
 
 @st.composite

@@ -13,19 +13,18 @@ Pure functions over observations; they import no framework.
   checkpoint regions that an enclosing policy saves (`policy_named`), which both
   frameworks must keep if their backward reads them. A class that also holds a value
   any pipeline may keep for reasons of its own (a program input, a value outside every
-  region, a region's or custom_vjp block's argument or result: the exemptions of
-  `oracles.residuals.check_policy`) is left out, since value-equal aliases would
+  region, a region's or custom_vjp block's argument or result: `conformance.ir.region_context`) is left out, since value-equal aliases would
   otherwise make a partitioner's legitimate choice (save the input, recompute its
   broadcast) look like a dropped named residual. Without the program, all named
   classes are compared (strict; use it between pipelines of one framework).
 """
 from __future__ import annotations
 
-from conformance.ir import Checkpoint, CustomVJP, Op, Program
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, checkpoint_name_of, is_name, region_context
 from conformance.observation import Observation
 from conformance.policy import decide
 from oracles import gradients, residuals
-from oracles.verdict import Verdict
+from conformance.verdict import Verdict
 
 
 def compare_grads(program: Program, torch_obs: Observation, jax_obs: Observation,
@@ -49,8 +48,8 @@ def policy_named(program: Program) -> set[str]:
     def visit(body, stack):
         for s in body:
             if isinstance(s, Op):
-                if s.op == "name" and stack and any(
-                        decide(p, "name", s.params["name"]) != "recompute" for p in stack):
+                if is_name(s) and stack and any(
+                        decide(p, s.op, checkpoint_name_of(s)) != "recompute" for p in stack):
                     out.add(s.out)
             elif isinstance(s, Checkpoint):
                 visit(s.body, stack + [s.policy])
@@ -73,7 +72,7 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
     the program is given)."""
     if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
         ids = policy_named(program)
-        _, exempt = residuals._region_context(program)
+        _, exempt = region_context(program)
         v = residuals.compare(_restrict(torch_obs, ids, exempt), _restrict(jax_obs, ids, exempt),
                               named_only=True)
         v.detail = {**v.detail, "scope": "policy_named"} if v.detail else v.detail

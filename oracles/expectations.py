@@ -140,3 +140,20 @@ class Expectations:
 
     def matching(self, pipeline, versions, device, dtypes, features) -> list[Entry]:
         return [e for e in self.entries if e.matches(pipeline, versions, device, dtypes, features)]
+
+
+def stale(expectations: Expectations, pipelines, hits: dict) -> list[dict]:
+    """Entries that name a pipeline of the run but never matched a program, or matched and
+    never fired (never raised; the divergence no longer happens). `hits`: id -> Counter of
+    'fired' / 'idle'."""
+    out = []
+    for e in expectations.entries:
+        if not any(fnmatch.fnmatchcase(p, g) for p in pipelines for g in e.pipelines):
+            continue
+        h = hits.get(e.id) or {}
+        if not h:
+            out.append({"id": e.id, "kind": e.kind, "why": "never matched a program in this run"})
+        elif not h.get("fired"):
+            what = "never raised" if e.raises else "the divergence no longer happens"
+            out.append({"id": e.id, "kind": e.kind, "why": f"matched {h.get('idle', 0)} programs but {what}"})
+    return out

@@ -12,7 +12,7 @@ import numpy as np
 
 from conformance.ir import Program
 from conformance.observation import Observation
-from oracles.verdict import Verdict
+from conformance.verdict import Verdict
 
 # (rtol, atol) per dtype and comparison; atol is scaled by the reference's magnitude.
 TOLERANCES = {

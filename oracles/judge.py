@@ -1,69 +1,20 @@
 """Judge one program's observations: every oracle, with the expectations applied.
 
-Roles, by convention on pipeline names:
-  ref:f64          value reference (float64, no checkpoint, custom rules kept)
-  <fw>:none        same-dtype no-checkpoint baseline of a framework (tight value check)
-  jax:remat2       residual, custom-rule and error reference for JAX rivals
-                   (jax:remat2:jit for jit rivals when it ran)
+Roles and comparisons come from the pipeline registry (conformance.pipelines): the value
+reference, each framework's same-dtype baseline, the residual/error reference, and the
+references each rival is compared with.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
+from conformance import pipelines as registry
 from conformance.ir import Program
 from conformance.observation import Observation
+from conformance.verdict import Verdict, symptom_check
 from oracles import cross_framework, gradients, residuals
 from oracles.expectations import Entry, Expectations
-from oracles.verdict import Verdict
-
-VALUE_REF = "ref:f64"
-# Error types the isolated executor reports for a worker that died or hung.
-CRASH_PREFIX = "crash:"      # e.g. crash:SIGSEGV, crash:SIGABRT, crash:exit-1
-TIMEOUT = "timeout"
-RESIDUAL_REF = "jax:remat2"
-
-
-def framework(pipeline: str) -> str:
-    return pipeline.split(":", 1)[0]
-
-
-def framework_of_ref() -> str:
-    # The value reference runs on JAX: its errors (e.g. a JAX-only custom_vjp option) say
-    # nothing about how a PyTorch pipeline must behave.
-    return "jax"
-
-
-def baseline_of(pipeline: str) -> str | None:
-    fw = framework(pipeline)
-    return {"jax": "jax:none", "torch": "torch:none"}.get(fw)
-
-
-def is_reference(pipeline: str) -> bool:
-    return pipeline == VALUE_REF or pipeline.endswith(":none")
-
-
-def comparison_refs(pipeline: str, names: set[str]) -> list[tuple[str, str]]:
-    """(reference pipeline, mode) pairs a rival is compared with beyond the value references.
-    mode 'same': same framework and semantics (all residuals, custom rules);
-    'eager': compiled PyTorch against eager PyTorch; 'cross': PyTorch against JAX
-    (values, and the named residuals the policy decides)."""
-    fw = framework(pipeline)
-    if fw == "jax":
-        if pipeline == RESIDUAL_REF:
-            return []
-        if pipeline.endswith(":jit") and pipeline != RESIDUAL_REF + ":jit" and RESIDUAL_REF + ":jit" in names:
-            return [(RESIDUAL_REF + ":jit", "same")]
-        return [(RESIDUAL_REF, "same")]
-    if fw == "torch" and not pipeline.endswith(":none"):
-        out = []
-        if ":compile-" in pipeline:
-            eager = "torch:eager-sac" + (":prefer" if pipeline.endswith(":prefer") else "")
-            if eager in names:
-                out.append((eager, "eager"))
-        out.append((RESIDUAL_REF, "cross"))
-        return out
-    return []
 
 
 @dataclass
@@ -112,7 +63,8 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     j = Judgement()
     feats = set(program.features())
     dtypes = {t[1] for t in program.types().values()}
-    ref = observations.get(VALUE_REF)
+    value_ref = registry.value_reference()
+    ref = observations.get(value_ref)
     names = set(observations)
 
     for name, obs in observations.items():
@@ -130,8 +82,8 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
 
         # -- crashes and hangs (isolated runs) --------------------------------------------
         err = obs.error
-        if err is not None and (err.type.startswith(CRASH_PREFIX) or err.type == TIMEOUT):
-            check = "timeout" if err.type == TIMEOUT else "crash"
+        if err is not None and symptom_check(err.type):
+            check = symptom_check(err.type)
             j.verdicts.append(Verdict(check=check, pipeline=name, reference="expectations", status="fail",
                                       error_type=err.type, detail={"got": err.model_dump()}))
             continue
@@ -140,10 +92,10 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         if raises:
             e = raises[0]
             ok = bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))
-            if not ok and err is not None and name != VALUE_REF and ref is not None and ref.error is not None \
+            if not ok and err is not None and name != value_ref and ref is not None and ref.error is not None \
                     and (ref.error.type, ref.error.stage) == (err.type, err.stage):
                 # the reference fails the same way first: its own verdict carries the finding
-                j.verdicts.append(Verdict(check="error", pipeline=name, reference=VALUE_REF, status="pass",
+                j.verdicts.append(Verdict(check="error", pipeline=name, reference=value_ref, status="pass",
                                           error_type=err.type, detail={"got": err.model_dump()}))
                 continue
             if not ok and err is not None and _excused_error(err, diverges):
@@ -163,27 +115,27 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
                             "got": err.model_dump() if err else None}))
             continue
         if err is not None:
-            same_as_ref = (name != VALUE_REF and ref is not None and ref.error is not None
+            same_as_ref = (name != value_ref and ref is not None and ref.error is not None
                            and ref.error.type == err.type and ref.error.stage == err.stage)
-            v = Verdict(check="error", pipeline=name, reference=VALUE_REF if same_as_ref else "expectations",
+            v = Verdict(check="error", pipeline=name, reference=value_ref if same_as_ref else "expectations",
                         status="pass" if same_as_ref else "fail", error_type=err.type,
                         detail={"got": err.model_dump()})
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
             continue
-        if (ref is not None and ref.error is not None and name != VALUE_REF and not is_reference(name)
-                and framework(name) == framework_of_ref()):
+        if (ref is not None and ref.error is not None and name != value_ref and not registry.is_reference(name)
+                and registry.framework_of(name) == registry.framework_of(value_ref)):
             # The value reference failed where this pipeline did not: the reference's own error
             # verdict carries the finding (an expected error is enforced by that entry for every
             # pipeline it names); there is nothing to compare values with.
-            j.verdicts.append(Verdict(check="error", pipeline=name, reference=VALUE_REF, status="skipped",
+            j.verdicts.append(Verdict(check="error", pipeline=name, reference=value_ref, status="skipped",
                                       detail={"reference_error": ref.error.model_dump()}))
             continue
-        if is_reference(name):
+        if registry.is_reference(name):
             continue
 
         # -- values ---------------------------------------------------------------------
-        base = observations.get(baseline_of(name) or "")
+        base = observations.get(registry.baseline_of(name) or "")
         if base is not None:
             v = gradients.compare(program, obs, base, "tight")
             _apply_diverges(j, v, diverges)
@@ -198,7 +150,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             v = residuals.check_policy(program, obs, ref)
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
-        for rname, mode in comparison_refs(name, names):
+        for rname, mode in registry.comparisons(name, names):
             rref = observations.get(rname)
             if rref is None:
                 continue
@@ -210,13 +162,6 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             for v in checks:
                 _apply_diverges(j, v, diverges)
                 j.verdicts.append(v)
-    # jax:remat2 itself is judged against the policy too.
-    r2 = observations.get(RESIDUAL_REF)
-    if r2 is not None and r2.ok() and r2.residuals is not None:
-        entries = expectations.matching(RESIDUAL_REF, r2.versions, device, dtypes, feats)
-        v = residuals.check_policy(program, r2, ref)
-        _apply_diverges(j, v, [e for e in entries if e.diverges])
-        j.verdicts.append(v)
     return j
 
 

@@ -9,10 +9,11 @@ from collections import Counter
 
 import numpy as np
 
-from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
+from conformance.ir import Op, Program, checkpoint_name_of, primal_ops, region_context, walk
+from conformance.ops import OPS
 from conformance.observation import Observation, Residual
 from conformance.policy import decide
-from oracles.verdict import Verdict
+from conformance.verdict import Verdict
 
 
 def _named(res: list[Residual]) -> Counter:
@@ -24,7 +25,7 @@ def _other(res: list[Residual]) -> Counter:
 
 
 def describe(res: list[Residual]) -> list[str]:
-    return [("/".join(r.cls) or "?") + f"{r.names or ''}:{r.dtype}{r.shape}" for r in res]
+    return [r.describe() for r in res]
 
 
 def compare(obs: Observation, ref: Observation, named_only: bool = False) -> Verdict:
@@ -55,45 +56,15 @@ def compare(obs: Observation, ref: Observation, named_only: bool = False) -> Ver
     return v
 
 
-def _region_context(program: Program) -> tuple[dict[str, list], set[str]]:
-    """value id -> enclosing region policies (outermost first); ids that are not protected
-    by the policy (inputs, region args/results, custom_vjp args/results, top-level values)."""
-    policies: dict[str, list] = {}
-    exempt: set[str] = {i.id for i in program.inputs}
-
-    def visit(body, stack):
-        for s in body:
-            if isinstance(s, Op):
-                policies[s.out] = list(stack)
-                if not stack:
-                    exempt.add(s.out)
-            elif isinstance(s, Checkpoint):
-                exempt.update(s.args)
-                exempt.update(s.results)
-                visit(s.body, stack + [s.policy])
-            elif isinstance(s, CustomVJP):
-                exempt.update(s.args)
-                exempt.update(s.results)
-                visit(s.fwd, stack)
-    visit(program.body, [])
-    return policies, exempt
-
-
-_DERIVATIVE_FACTORS = {
-    "sin": lambda a, y: [np.cos(a)], "cos": lambda a, y: [np.sin(a), -np.sin(a)],
-    "tanh": lambda a, y: [1 - y * y], "sigmoid": lambda a, y: [y * (1 - y)],
-}
-
-
 def _outside_factors(program: Program, policies: dict, values: dict) -> list[np.ndarray]:
     """Values that ops outside every region may save for their own backward (cos(x) for
     sin(x), ...), which can equal a program value inside a region by coincidence."""
     out = []
     for s, _, _, ctx in walk(program.body):
-        if (isinstance(s, Op) and ctx != "bwd" and not policies.get(s.out) and s.op in _DERIVATIVE_FACTORS
-                and s.args[0] in values and s.out in values):
+        factors = OPS[s.op].outside_factors if isinstance(s, Op) else None
+        if (factors and ctx != "bwd" and not policies.get(s.out) and s.args[0] in values and s.out in values):
             a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], np.float64)
-            out += _DERIVATIVE_FACTORS[s.op](a, y)
+            out += factors(a, y)
     return out
 
 
@@ -115,11 +86,11 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     if not obs.ok() or obs.residuals is None:
         v.status = "skipped"
         return v
-    policies, exempt = _region_context(program)
+    policies, exempt = region_context(program)
     values = (ref.values or {}) if ref is not None else {}
     factors = _outside_factors(program, policies, values) if values else []
     types = program.types()
-    ops = {s.out: s for s, _, _, ctx in walk(program.body) if isinstance(s, Op) and ctx != "bwd"}
+    ops = primal_ops(program)
     bad = []
     for r in obs.residuals:
         if not r.cls:
@@ -130,9 +101,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
                 ok_to_save = True
                 break
             s = ops[i]
-            batch = s.op == "matmul" and len(types[s.args[0]][0]) == 3
-            name = s.params.get("name") if s.op == "name" else None
-            if any(decide(p, s.op, name, batch) != "recompute" for p in policies[i]):
+            batched = OPS[s.op].batched([types[a][0] for a in s.args])
+            if any(decide(p, s.op, checkpoint_name_of(s), batched) != "recompute" for p in policies[i]):
                 ok_to_save = True
                 break
         if not ok_to_save and factors and r.cls[0] in values and _aliases(values[r.cls[0]], factors):

@@ -38,10 +38,9 @@ def _delegate(name, program, inputs, device) -> Observation:
 
 
 class Fault(Pipeline):
-    framework = "fault"
-
     def __init__(self, name: str, fault: str):
-        self.name, self.fault = name, fault
+        super().__init__(registry.Spec(name, "fault", "Fault"))
+        self.fault = fault
 
     def versions(self):
         return {"fault": "1"}

@@ -1,6 +1,6 @@
 """Deliberately broken pipelines (test-only). Each proves one oracle can fail."""
 from conformance.observation import ErrorInfo
-from conformance.pipelines import register_instance
+from conformance.pipelines import derive, register_instance
 from conformance.pipelines.jax_pipelines import JaxRemat
 
 
@@ -85,7 +85,7 @@ MUTANTS = {
 
 def register_all():
     for name, (cls, _, _) in MUTANTS.items():
-        register_instance(cls(name=name, variant="remat2"))
+        register_instance(cls(derive("jax:remat3", name, variant="remat2")))
 
 
 register_all()

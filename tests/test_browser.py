@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import report
+from conformance.reporting import render
+from conformance.reporting.build import build
+from conformance.reporting.inputs import load_run
 
 FIX = Path(__file__).parent / "fixtures"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -29,8 +31,8 @@ def _chromium() -> str:
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
     out = tmp_path_factory.mktemp("rep")
-    rep = report.build([report.load_run(FIX / "run_a")], [report.load_run(FIX / "base")], with_repro=True)
-    report.write(rep, out)
+    rep = build([load_run(FIX / "run_a")], [load_run(FIX / "base")], with_repro=True)
+    render.write(rep, out)
     return out / "report.html", rep
 
 

@@ -9,16 +9,17 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from conformance import report
 from conformance.cli import main as cli_main
-from conformance.report import ReportInputError, build, load_run
+from conformance.reporting import render
+from conformance.reporting.build import build
+from conformance.reporting.inputs import REPORT_SCHEMA_VERSION, ReportInputError, load_run
 
 FIX = Path(__file__).parent / "fixtures"
 
 
 def test_report_against_baseline(tmp_path):
     rep = build([load_run(FIX / "run_a")], [load_run(FIX / "base")], with_repro=False)
-    assert rep["schema_version"] == report.REPORT_SCHEMA_VERSION
+    assert rep["schema_version"] == REPORT_SCHEMA_VERSION
     st_ = {(x["check"], x["pipeline"]): x["status"] for x in rep["findings"]}
     assert st_ == {("error", "ref:f64"): "new", ("error", "jax:remat3"): "persisting"}
     assert [(x["check"], x["pipeline"]) for x in rep["fixed"]] == [("residuals", "jax:remat3")]
@@ -28,7 +29,7 @@ def test_report_against_baseline(tmp_path):
     assert cell[("jax:remat3", "error")]["status"] == "fail" and cell[("jax:remat3", "gradient")]["status"] == "pass"
     assert set(rep["checks"]) == {"gradient", "residuals", "custom_rule", "error", "crash", "timeout"}
     assert len(rep["trend"]) == 2 and rep["trend"][-1]["label"] == "this run"
-    paths = report.write(rep, tmp_path / "out")
+    paths = render.write(rep, tmp_path / "out")
     assert sorted(p.name for p in paths) == ["junit.xml", "report.html", "report.json", "report.md"]
     json.loads((tmp_path / "out" / "report.json").read_text())
     suite = ET.parse(tmp_path / "out" / "junit.xml").getroot()
@@ -47,7 +48,7 @@ def test_report_embeds_repro_scripts_for_both_frameworks():
     assert set(f["repro"]) == {"jax", "torch"}
     assert "jax.checkpoint(fn, **kw)" in f["repro"]["jax"] and "create_selective_checkpoint_contexts" in f["repro"]["torch"]
     assert "with checkpoint(policy=nothing_saveable)" in f["pseudo_code"]
-    html = report.render_html(rep, {})
+    html = render.render_html(rep, {})
     assert "Standalone repro script (torch)" in html
 
 
@@ -88,7 +89,7 @@ def test_schema_mismatch_is_a_documented_error(tmp_path, capsys):
 
 def test_baseline_can_be_a_previous_report(tmp_path):
     rep = build([load_run(FIX / "run_a")], with_repro=False)
-    report.write(rep, tmp_path / "prev", with_plots=False)
+    render.write(rep, tmp_path / "prev", with_plots=False)
     rep2 = build([load_run(FIX / "run_a")], [load_run(tmp_path / "prev", allow_report=True)], with_repro=False)
     assert {x["status"] for x in rep2["findings"]} == {"persisting"} and rep2["fixed"] == []
 
@@ -162,8 +163,8 @@ def test_fuzz_merger_accepts_or_raises_documented_error(tmp_path_factory, data):
     try:
         runs = [load_run(d / "r")]
         rep = build(runs, with_repro=False)
-        report.render_md(rep)
-        report.render_junit(rep)
-        report.render_html(rep, {})
+        render.render_md(rep)
+        render.render_junit(rep)
+        render.render_html(rep, {})
     except ReportInputError as e:
         assert e.file and e.field and e.reason

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from conformance import repro
-from conformance.cli import load_program_file, main as cli_main
+from conformance.cli import main as cli_main
+from conformance.loading import load_program_file
 
 REG = Path(__file__).parent / "regressions"
 SEED = REG / "b324b466757472b7.json"            # real: remat3 + symbolic_zeros fwd with names: must raise, does not
@@ -62,7 +63,7 @@ def test_scripts_import_only_framework_numpy_stdlib(fw):
 
 def test_jax_repro_reproduces_real_finding(tmp_path):
     src = gen(SEED, "jax")
-    assert 'jax.config.update(k, v)' in src and '"jax_remat3": True' in src
+    assert 'jax.config.update(k, v)' in src and "'jax_remat3': True" in src
     assert "jax.checkpoint(fn, **kw)" in src and "symbolic_zeros=True" in src and 'checkpoint_name(' in src
     rc, out = run_script(src, tmp_path)
     assert rc == 1, out
@@ -125,23 +126,6 @@ def test_cli_repro_writes_file_and_rejects_bad_input(tmp_path, capsys):
     assert cli_main(["repro", str(SEED), "--framework", "torch", "--pipeline", "jax:remat3"]) == 2
     err = capsys.readouterr().err
     assert "not a torch pipeline" in err and "Traceback" not in err
-
-
-def test_tables_match_pipelines():
-    from conformance.pipelines import jax_pipelines as jp
-    assert repro.JAX_VARIANT_FLAGS == jp.VARIANT_FLAGS
-    assert repro.JAX_OP_PRIMS == jp.OP_PRIMS
-    try:
-        from conformance.pipelines import torch_pipelines as tp
-    except ImportError:
-        return
-    for op, packets in tp.OP_ATEN.items():
-        got = repro.TORCH_OP_ATEN[op]
-        if got == ("*DOTS",):
-            assert packets == tp.DOTS
-        else:
-            assert sorted(str(p).replace("aten.", "A.") for p in packets) == sorted(
-                g.replace("torch.ops.rc.tag", "rc.tag") if g.startswith("torch") else g for g in got) or op == "name"
 
 
 def test_pseudo_code_is_readable():

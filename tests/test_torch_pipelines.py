@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from conformance import pipelines as P  # noqa: E402
 from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, validate  # noqa: E402
+from conformance.pipelines import torch_lowering as TL  # noqa: E402
 from conformance.pipelines import torch_pipelines as TP  # noqa: E402
 from conformance.policy import Both, Dots, DotsNoBatch, Everything, Nothing, Ops, SaveOnlyNames  # noqa: E402
 from generators.programs import Config, cases, input_values  # noqa: E402
@@ -19,7 +20,7 @@ from oracles import cross_framework as X  # noqa: E402
 from oracles import gradients as G  # noqa: E402
 from oracles import residuals as R  # noqa: E402
 
-TORCH = [n for n in P.REGISTRY if n.startswith("torch:")]
+TORCH = [n for n in P.SPECS if P.framework_of(n) == "torch"]
 EAGER = ["torch:none", "torch:eager-sac", "torch:eager-sac:prefer"]
 AOT = ["torch:compile-aot_eager", "torch:compile-aot_eager:prefer",
        "torch:compile-aot_eager+default-partitioner", "torch:compile-aot_eager+default-partitioner:prefer"]
@@ -90,25 +91,34 @@ def named_classes(obs):
 def test_registry_lists_torch_pipelines():
     for n in ["torch:none", "torch:eager-sac", "torch:compile-aot_eager",
               "torch:compile-aot_eager+default-partitioner", "torch:compile-inductor"]:
-        assert n in P.REGISTRY and n + ":prefer" in P.REGISTRY or n == "torch:none"
+        assert n in P.SPECS and n + ":prefer" in P.SPECS or n == "torch:none"
         assert P.get(n).framework == "torch"
-    assert P.get("torch:none").reference
+    assert P.is_reference("torch:none") and P.baseline_of("torch:compile-inductor") == "torch:none"
+    assert P.comparisons("torch:compile-aot_eager:prefer", set(P.SPECS)) == [
+        ("torch:eager-sac:prefer", "eager"), ("jax:remat2", "cross")]
 
 
 def test_policy_mapping():
+    """The SAC adapter: aten op -> IR op kind (and batched), then the one policy meaning."""
     A = torch.ops.aten
     C = torch.utils.checkpoint.CheckpointPolicy
-    fn = TP.policy_fn(SaveOnlyNames(names=["h"]))
-    assert fn(None, TP.TAG, torch.zeros(1), "h") == C.MUST_SAVE
-    assert fn(None, TP.TAG, torch.zeros(1), "g") == C.MUST_RECOMPUTE
-    assert TP.policy_fn(SaveOnlyNames(names=["h"]), prefer=True)(None, TP.TAG, None, "h") == C.PREFER_SAVE
-    assert TP.torch_decide(Dots(), A.bmm.default, ()) == "save"
-    assert TP.torch_decide(DotsNoBatch(), A.bmm.default, ()) == "recompute"
-    assert TP.torch_decide(DotsNoBatch(), A.mm.default, ()) == "save"
-    assert TP.torch_decide(Ops(ops=["sin", "add"]), A.add.Tensor, ()) == "save"
-    assert TP.torch_decide(Ops(ops=["sin"]), A.cos.default, ()) == "recompute"
-    assert TP.torch_decide(Everything(), A.view.default, ()) == "save"
-    assert TP.torch_decide(Both(a=Nothing(), b=Dots()), A.mm.default, ()) == "save"
+
+    def d(policy, op, *args, names=("h", "g")):
+        return TL.policy_fn(policy, list(names))(None, op, *args)
+    fn = TL.policy_fn(SaveOnlyNames(names=["h"]), ["g", "h"])
+    assert fn(None, TL.TAG, torch.zeros(1), "h") == C.MUST_SAVE
+    assert fn(None, TL.TAG, torch.zeros(1), "g") == C.MUST_RECOMPUTE
+    assert TL.policy_fn(SaveOnlyNames(names=["h"]), ["h"], prefer=True)(None, TL.TAG, None, "h") == C.PREFER_SAVE
+    assert d(Dots(), A.bmm.default) == C.MUST_SAVE
+    assert d(DotsNoBatch(), A.bmm.default) == C.MUST_RECOMPUTE
+    assert d(DotsNoBatch(), A.mm.default) == C.MUST_SAVE
+    assert d(Ops(ops=["sin", "add"]), A.add.Tensor) == C.MUST_SAVE
+    assert d(Ops(ops=["sin"]), A.cos.default) == C.MUST_RECOMPUTE
+    assert d(Ops(ops=["scale"]), A.mul.Tensor) == C.MUST_SAVE      # aten.mul is both scale and mul
+    assert d(Everything(), A.view.default) == C.MUST_SAVE
+    assert d(Everything(), A.clone.default) == C.MUST_SAVE          # an op the IR does not know
+    assert d(Ops(ops=["sin"]), A.clone.default) == C.MUST_RECOMPUTE
+    assert d(Both(a=Nothing(), b=Dots()), A.mm.default) == C.MUST_SAVE
 
 
 # ---- values --------------------------------------------------------------------------------------
@@ -197,7 +207,8 @@ class DropOneResidual(TP.TorchSAC):
 def test_mutant_dropping_a_residual_is_detected(compile):
     prog = named_program()
     inp = inputs_for(prog)
-    mutant = DropOneResidual(name="torch:mutant-drop-residual", compile=compile)
+    like = "torch:compile-aot_eager" if compile else "torch:eager-sac"
+    mutant = DropOneResidual(P.derive(like, "torch:mutant-drop-residual"))
     obs = mutant.run(prog, inp)
     assert obs.ok()
     jax_obs = P.get("jax:remat2").run(prog, inp)

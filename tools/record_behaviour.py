@@ -41,24 +41,9 @@ def sample_programs(n: int, seed: int):
     return out[:n]
 
 
-def behaviour(prog, inputs, pipelines: str) -> dict:
-    from conformance.cli import parse_pipelines
-    from conformance.runner import InProcessExecutor
-    from oracles.expectations import Expectations
-    from oracles.judge import judge
-    names = parse_pipelines(pipelines)
-    obs = InProcessExecutor().run(prog, inputs, names)
-    j = judge(prog, obs, Expectations.load())
-    return {
-        "verdicts": sorted([v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts),
-        "residuals": {n: sorted(f"{'/'.join(r.cls) or '?'}{r.names}:{r.dtype}{r.shape}x{r.copies}"
-                                for r in o.residuals) for n, o in sorted(obs.items()) if o.residuals is not None},
-        "errors": {n: [o.error.type, o.error.stage] for n, o in sorted(obs.items()) if o.error is not None},
-    }
-
-
 def main() -> int:
-    from conformance.cli import load_program_file
+    from conformance.loading import load_program_file
+    from tests.behaviour import behaviour
     from conformance.findings import encode_inputs
     from generators.programs import input_values
     cases = []
@@ -77,7 +62,8 @@ def main() -> int:
         print(cid, file=sys.stderr)
         out.append({"id": cid, "pipelines": pipes, "program": prog.to_json_obj(),
                     "inputs": {k: v.model_dump() for k, v in encode_inputs(inputs).items()},
-                    **behaviour(prog, inputs, pipes)})
+                    **{k: (list(map(list, v)) if k == "verdicts" else v)
+                       for k, v in behaviour(prog, inputs, pipes).items()}})
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps({"doc": __doc__.strip().splitlines()[0], "cases": out}, indent=1, sort_keys=True) + "\n")
     print(f"wrote {OUT} ({len(out)} cases)", file=sys.stderr)

@@ -1,58 +1,211 @@
-"""Pipeline registry. Frameworks are imported lazily, only when a pipeline of theirs is used:
-one registry line per pipeline, one class per pipeline (in the framework's own module)."""
+"""The pipeline registry: every pipeline declared once, as data.
+
+An entry names the framework, the class that runs it (in the framework's own module,
+imported lazily, so the rest loads without that framework), its variant settings (JAX
+flags, jit, torch.compile backend and partitioner, PREFER_* hints), its role, and which
+references it is compared with. The judge, campaign, CLI, repro and report read these
+entries; nothing outside this module parses pipeline names.
+
+Roles:
+  value      the value reference (float64, no checkpoint, custom rules kept)
+  baseline   a framework's same-dtype no-checkpoint run (the tight value check)
+  reference  the residual, custom-rule and error reference (judged itself against the policy)
+  rival      everything else: judged against the value references, the policy and `compare`
+
+This package may import the IR, the observation type and, lazily, its framework modules.
+"""
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field, replace
 
 from conformance.pipelines.base import Pipeline
 
-# name -> (module, class, constructor kwargs)
-REGISTRY: dict[str, tuple[str, str, dict]] = {
-    "ref:f64": ("conformance.pipelines.jax_pipelines", "JaxReference", {}),
-    "jax:none": ("conformance.pipelines.jax_pipelines", "JaxNoRemat", {}),
-    "jax:remat2": ("conformance.pipelines.jax_pipelines", "JaxRemat", {"variant": "remat2"}),
-    "jax:remat2:jit": ("conformance.pipelines.jax_pipelines", "JaxRemat", {"variant": "remat2", "jit": True}),
-    "jax:remat3": ("conformance.pipelines.jax_pipelines", "JaxRemat", {"variant": "remat3"}),
-    "jax:remat3:jit": ("conformance.pipelines.jax_pipelines", "JaxRemat", {"variant": "remat3", "jit": True}),
-    "jax:remat3+cvjp3": ("conformance.pipelines.jax_pipelines", "JaxRemat", {"variant": "remat3+cvjp3"}),
-    "jax:remat3+cvjp3:jit": ("conformance.pipelines.jax_pipelines", "JaxRemat", {"variant": "remat3+cvjp3", "jit": True}),
-    # torch
-    "torch:none": ("conformance.pipelines.torch_pipelines", "TorchNoRemat", {}),
-    "torch:eager-sac": ("conformance.pipelines.torch_pipelines", "TorchSAC", {}),
-    "torch:eager-sac:prefer": ("conformance.pipelines.torch_pipelines", "TorchSAC", {"prefer": True}),
-    "torch:compile-aot_eager": ("conformance.pipelines.torch_pipelines", "TorchSAC", {"compile": "aot_eager"}),
-    "torch:compile-aot_eager:prefer": ("conformance.pipelines.torch_pipelines", "TorchSAC", {"compile": "aot_eager", "prefer": True}),
-    "torch:compile-aot_eager+default-partitioner": ("conformance.pipelines.torch_pipelines", "TorchSAC", {"compile": "aot_eager", "partitioner": "default"}),
-    "torch:compile-aot_eager+default-partitioner:prefer": ("conformance.pipelines.torch_pipelines", "TorchSAC", {"compile": "aot_eager", "partitioner": "default", "prefer": True}),
-    "torch:compile-inductor": ("conformance.pipelines.torch_pipelines", "TorchSAC", {"compile": "inductor"}),
-    "torch:compile-inductor:prefer": ("conformance.pipelines.torch_pipelines", "TorchSAC", {"compile": "inductor", "prefer": True}),
+VALUE, BASELINE, REFERENCE, RIVAL = "value", "baseline", "reference", "rival"
+MODULES = {"jax": "conformance.pipelines.jax_pipelines", "torch": "conformance.pipelines.torch_pipelines"}
+FRAMEWORKS = tuple(MODULES)
+# JAX remat variant -> the flags it runs under. Every run sets all of them and restores them after.
+JAX_VARIANT_FLAGS: dict[str, dict[str, bool]] = {
+    "remat2": {"jax_remat3": False, "jax_custom_vjp3": False},
+    "remat3": {"jax_remat3": True, "jax_custom_vjp3": False},
+    "remat3+cvjp3": {"jax_remat3": True, "jax_custom_vjp3": True},
 }
 
-# Added automatically to every run: the value reference, the same-dtype no-remat
-# reference, and the residual/error reference.
-REFERENCES = ("ref:f64", "jax:none", "jax:remat2")
-# Added to runs that include PyTorch pipelines: the same-dtype baseline and the eager SAC
-# reference that compiled PyTorch is compared with.
-TORCH_REFERENCES = ("torch:none", "torch:eager-sac")
-DEFAULT_PIPELINES = ("jax:remat2:jit", "jax:remat3", "jax:remat3:jit", "jax:remat3+cvjp3", "jax:remat3+cvjp3:jit")
+
+@dataclass(frozen=True)
+class Compare:
+    """Compare a rival with the first of `refs` that ran. mode 'same': same framework and
+    semantics (all residuals, custom rules); 'eager': compiled against eager PyTorch; 'cross':
+    PyTorch against JAX (values, and the named residuals the policy decides)."""
+    refs: tuple[str, ...]
+    mode: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    framework: str
+    cls: str
+    role: str = RIVAL
+    remat: bool = True
+    f64: bool = False
+    jit: bool = False
+    variant: str = "remat2"          # JAX: the remat variant (its flags)
+    compile: str | None = None       # torch: the torch.compile backend
+    partitioner: str = "min_cut"     # torch aot_eager: min_cut or default
+    prefer: bool = False             # torch: PREFER_* instead of MUST_*
+    compare: tuple[Compare, ...] = ()
+    added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
+    default: bool = False            # in the default set of rivals
+    repro_default: bool = False      # the framework's pipeline for repros of bare programs
+
+    @property
+    def flags(self) -> dict[str, bool]:
+        return dict(JAX_VARIANT_FLAGS[self.variant]) if self.framework == "jax" else {}
+
+    def kwargs(self) -> dict:
+        return {k: getattr(self, k) for k in ("remat", "f64", "jit", "variant", "compile", "partitioner", "prefer")}
+
+
+def _jax_rivals():
+    out = []
+    for variant in JAX_VARIANT_FLAGS:
+        for jit in (False, True):
+            name = f"jax:{variant}" + (":jit" if jit else "")
+            if name == "jax:remat2":
+                continue
+            refs = ("jax:remat2:jit", "jax:remat2") if jit and variant != "remat2" else ("jax:remat2",)
+            out.append(Spec(name, "jax", "JaxRemat", variant=variant, jit=jit, compare=(Compare(refs, "same"),),
+                            default=True, repro_default=name == "jax:remat3"))
+    return out
+
+
+def _torch_rivals():
+    out = []
+    cross = Compare(("jax:remat2",), "cross")
+    for prefer in (False, True):
+        sfx = ":prefer" if prefer else ""
+        eager = Compare(("torch:eager-sac" + sfx,), "eager")
+        out.append(Spec("torch:eager-sac" + sfx, "torch", "TorchSAC", prefer=prefer, compare=(cross,),
+                        added_with=frozenset() if prefer else frozenset({"torch"}), repro_default=not prefer))
+        for backend, part, label in (("aot_eager", "min_cut", "aot_eager"),
+                                     ("aot_eager", "default", "aot_eager+default-partitioner"),
+                                     ("inductor", "min_cut", "inductor")):
+            out.append(Spec(f"torch:compile-{label}{sfx}", "torch", "TorchSAC", compile=backend, partitioner=part,
+                            prefer=prefer, compare=(eager, cross)))
+    return out
+
+
+_ALL = frozenset(FRAMEWORKS)
+SPECS: dict[str, Spec] = {s.name: s for s in [
+    Spec("ref:f64", "jax", "JaxReference", role=VALUE, remat=False, f64=True, added_with=_ALL),
+    Spec("jax:none", "jax", "JaxNoRemat", role=BASELINE, remat=False, added_with=_ALL),
+    Spec("jax:remat2", "jax", "JaxRemat", role=REFERENCE, added_with=_ALL),
+    *_jax_rivals(),
+    Spec("torch:none", "torch", "TorchNoRemat", role=BASELINE, remat=False, added_with=frozenset({"torch"})),
+    *_torch_rivals(),
+]}
+
+# Added automatically to every run, and to runs with PyTorch rivals.
+REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == _ALL)
+TORCH_REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == frozenset({"torch"}))
+DEFAULT_PIPELINES = tuple(n for n, s in SPECS.items() if s.default)
 
 _extra: dict[str, Pipeline] = {}   # test-only pipelines (mutants, fault injection)
+_extra_specs: dict[str, Spec] = {}
+_cache: dict[str, Pipeline] = {}
 
 
 class UnknownPipeline(ValueError):
     pass
 
 
+def derive(like: str, name: str, **changes) -> Spec:
+    """A spec for a test-only pipeline that takes its settings, role and comparisons from `like`."""
+    return replace(spec(like), name=name, added_with=frozenset(), default=False, repro_default=False, **changes)
+
+
 def register_instance(p: Pipeline) -> None:
-    """Register a ready pipeline object (used by the harness's own tests for mutants)."""
+    """Register a ready pipeline object (the harness's own tests: mutants, fault injection)."""
     _extra[p.name] = p
+    _extra_specs[p.name] = p.spec
 
 
 def known_names() -> list[str]:
-    return list(REGISTRY) + list(_extra)
+    return list(SPECS) + list(_extra)
 
 
-_cache: dict[str, Pipeline] = {}
+def spec(name: str) -> Spec:
+    s = SPECS.get(name) or _extra_specs.get(name)
+    if s is None:
+        raise UnknownPipeline(f"unknown pipeline {name!r}; known: {', '.join(known_names())}")
+    return s
+
+
+def framework_of(name: str) -> str:
+    """The framework a pipeline runs on; for a name from another harness version, its prefix."""
+    s = SPECS.get(name) or _extra_specs.get(name)
+    return s.framework if s else name.split(":", 1)[0]
+
+
+def value_reference() -> str:
+    return next(n for n, s in SPECS.items() if s.role == VALUE)
+
+
+def baseline(framework: str) -> str | None:
+    """The framework's same-dtype no-checkpoint pipeline."""
+    return next((n for n, s in SPECS.items() if s.role == BASELINE and s.framework == framework), None)
+
+
+def baseline_of(name: str) -> str | None:
+    return baseline(framework_of(name))
+
+
+def role_of(name: str) -> str | None:
+    s = SPECS.get(name) or _extra_specs.get(name)
+    return s.role if s else None
+
+
+def runs_in(name: str, framework: str) -> bool:
+    """Whether a repro script of `framework` can run the pipeline: its own, or the value
+    reference (a float64 no-checkpoint run exists in every framework)."""
+    return framework_of(name) == framework or role_of(name) == VALUE
+
+
+def residual_reference(framework: str) -> str | None:
+    return next((n for n, s in SPECS.items() if s.role == REFERENCE and s.framework == framework), None)
+
+
+def is_reference(name: str) -> bool:
+    """Value references and baselines: never judged themselves."""
+    s = SPECS.get(name)
+    return s is not None and s.role in (VALUE, BASELINE)
+
+
+def repro_default(framework: str) -> str:
+    return next(n for n, s in SPECS.items() if s.repro_default and s.framework == framework)
+
+
+def comparisons(name: str, present) -> list[tuple[str, str]]:
+    """(reference, mode) pairs a pipeline is compared with, given the pipelines that ran."""
+    s = SPECS.get(name) or _extra_specs.get(name)
+    out = []
+    for c in (s.compare if s else ()):
+        ref = next((r for r in c.refs if r in present), None)
+        if ref is not None and ref != name:
+            out.append((ref, c.mode))
+    return out
+
+
+def run_set(rivals: list[str]) -> list[str]:
+    """The pipelines a run needs: the references its rivals' frameworks bring, the references
+    the rivals are compared with, then the rivals."""
+    fws = {framework_of(r) for r in rivals} | {"jax"}
+    names = [n for n, s in SPECS.items() if s.added_with & fws]
+    for r in rivals:
+        for c in spec(r).compare:
+            names.append(c.refs[-1])
+    return list(dict.fromkeys(names + list(rivals)))
 
 
 def get(name: str) -> Pipeline:
@@ -60,9 +213,7 @@ def get(name: str) -> Pipeline:
         return _extra[name]
     if name in _cache:
         return _cache[name]
-    if name not in REGISTRY:
-        raise UnknownPipeline(f"unknown pipeline {name!r}; known: {', '.join(known_names())}")
-    mod, cls, kw = REGISTRY[name]
-    p = getattr(importlib.import_module(mod), cls)(name=name, **kw)
+    s = spec(name)
+    p = getattr(importlib.import_module(MODULES[s.framework]), s.cls)(s)
     _cache[name] = p
     return p

@@ -12,10 +12,15 @@ from conformance.observation import Observation
 
 
 class Pipeline:
-    name: str = ""
-    framework: str = ""
-    # True for pipelines whose results are the references (never judged against themselves).
-    reference: bool = False
+    """One registry entry made runnable. `spec` (a conformance.pipelines.Spec) holds its settings."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.name = spec.name
+
+    @property
+    def framework(self) -> str:
+        return self.spec.framework
 
     def available(self) -> tuple[bool, str]:
         """(usable here, why not)."""

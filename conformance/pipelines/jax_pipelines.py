@@ -18,10 +18,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 
-from conformance.ir import Checkpoint, CustomVJP, Op, Program, node_index  # noqa: E402
-from conformance.jax_names import OP_PRIMS, VARIANT_FLAGS  # noqa: E402,F401
+from conformance.ir import Checkpoint, CustomVJP, Interpreter, Op, Program, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation  # noqa: E402
+from conformance.pipelines import jax_table  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
+from conformance.pipelines.tables import compile_table, unlowered  # noqa: E402
 from conformance.residuals import canonicalise  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -46,85 +47,18 @@ def jax_flags(flags: dict[str, bool]):
             jax.config.update(k, v)
 
 
+NAMESPACE: dict = {"jax": jax, "jnp": jnp, "lax": jax.lax, "cp": jax.checkpoint_policies,
+                   "checkpoint_name": checkpoint_name}
+exec(jax_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
+OPS = compile_table(jax_table.OPS, NAMESPACE)
+
+
 def jax_policy(p):
-    cp = jax.checkpoint_policies
-    k = p.kind
-    if k == "everything":
-        return cp.everything_saveable
-    if k == "nothing":
-        return cp.nothing_saveable
-    if k == "dots":
-        return cp.dots_saveable
-    if k == "dots_no_batch":
-        return cp.dots_with_no_batch_dims_saveable
-    if k == "save_only_names":
-        return cp.save_only_these_names(*p.names)
-    if k == "save_any_names_but_these":
-        return cp.save_any_names_but_these(*p.names)
-    if k == "save_anything_except_names":
-        return cp.save_anything_except_these_names(*p.names)
-    if k == "both":
-        return cp.save_from_both_policies(jax_policy(p.a), jax_policy(p.b))
-    if k == "offload_dots_no_batch":
-        return cp.offload_dot_with_no_batch_dims("device", "pinned_host")
-    if k == "save_and_offload_names":
-        return cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=list(p.saved), names_which_can_be_offloaded=list(p.offloaded),
-            offload_src="device", offload_dst="pinned_host")
-    if k == "ops":
-        prims = {pr for o in p.ops for pr in OP_PRIMS.get(o, ())}
-
-        def policy(prim, *_, **__):
-            return prim.name in prims
-        return policy
-    raise ValueError(f"unknown policy kind {k!r}")
+    """The JAX policy object for an IR policy, from the JAX table."""
+    return eval(jax_table.policy_source(p), NAMESPACE)   # noqa: S307 - the harness's own table
 
 
-def _op(s: Op, a: list, nondiff) -> Any:
-    o, p = s.op, s.params
-    x = a[0]
-    if o == "sin":
-        return jnp.sin(x)
-    if o == "cos":
-        return jnp.cos(x)
-    if o == "tanh":
-        return jnp.tanh(x)
-    if o == "exp":
-        return jnp.exp(x)
-    if o == "sigmoid":
-        return jax.nn.sigmoid(x)
-    if o == "square":
-        return jnp.square(x)
-    if o == "neg":
-        return -x
-    if o == "scale":
-        return x * jnp.asarray(p["c"], x.dtype)
-    if o == "nondiff_scale":
-        return x * jnp.asarray(nondiff[p["index"]], x.dtype)
-    if o == "add":
-        return x + a[1]
-    if o == "sub":
-        return x - a[1]
-    if o == "mul":
-        return x * a[1]
-    if o == "matmul":
-        return jnp.matmul(x, a[1])
-    if o == "sum":
-        return jnp.sum(x, axis=p["axis"])
-    if o == "mean":
-        return jnp.mean(x, axis=p["axis"])
-    if o == "transpose":
-        return jnp.transpose(x, p["perm"])
-    if o == "reshape":
-        return jnp.reshape(x, p["shape"])
-    if o == "broadcast":
-        return jnp.broadcast_to(x, p["shape"])
-    if o == "name":
-        return checkpoint_name(x, p["name"])
-    raise ValueError(f"unknown op {o!r}")
-
-
-class Lowering:
+class Lowering(Interpreter):
     """Interprets a program with jax.numpy.
 
     remat: apply checkpoint regions (else run their bodies inline).
@@ -138,33 +72,19 @@ class Lowering:
         self.cast_f64 = cast_f64
         self.logs: dict[str, CustomRuleLog] = {}
 
-    def body(self, body, env: dict, nondiff=None, path="body"):
-        for i, s in enumerate(body):
-            p = f"{path}[{i}]"
-            if isinstance(s, Op):
-                env[s.out] = _op(s, [env[a] for a in s.args], nondiff)
-                if self.record is not None:
-                    self.record[s.out] = env[s.out]
-            elif isinstance(s, Checkpoint):
-                outs = self.region(s, p)(*[env[a] for a in s.args])
-                env.update(zip(s.results, outs))
-            elif isinstance(s, CustomVJP):
-                if self.custom:
-                    outs = self.custom_vjp(s, p)(*s.nondiff, *[env[a] for a in s.args])
-                else:
-                    e = dict(zip(s.args, [env[a] for a in s.args]))
-                    self.body(s.fwd, e, s.nondiff, p + ".fwd")
-                    outs = [e[r] for r in s.results]
-                env.update(zip(s.results, outs))
-        return env
+    def op(self, s: Op, args: list, nondiff):
+        return OPS[s.op](args, s.params, nondiff)
 
     def region(self, s: Checkpoint, path: str):
-        def fn(*args):
-            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
-            return tuple(e[r] for r in s.results)
+        fn = self.region_fn(s, path)
         if not self.remat:
             return fn
         return jax.checkpoint(fn, policy=jax_policy(s.policy), prevent_cse=s.prevent_cse)
+
+    def block(self, s: CustomVJP, path: str, args: list) -> list:
+        if not self.custom:
+            return self.inline(s, path, args)
+        return self.custom_vjp(s, path)(*s.nondiff, *args)
 
     def custom_vjp(self, s: CustomVJP, path: str):
         nnd = len(s.nondiff)
@@ -228,16 +148,7 @@ def _device(device: str):
 
 
 class JaxBase(Pipeline):
-    framework = "jax"
-    cast_f64 = False
-    remat = False
-    jit = False
-    variant = "remat2"
-
-    def __init__(self, name: str, **kw):
-        self.name = name
-        for k, v in kw.items():
-            setattr(self, k, v)
+    """A JAX pipeline; its registry entry (spec) says remat, f64, jit and the remat variant."""
 
     def versions(self) -> dict[str, str]:
         import jaxlib
@@ -253,21 +164,22 @@ class JaxBase(Pipeline):
         return out
 
     def available(self) -> tuple[bool, str]:
-        missing = [f for f, ok in flags_supported().items() if not ok and VARIANT_FLAGS[self.variant].get(f)]
+        missing = [f for f, ok in flags_supported().items() if not ok and self.spec.flags.get(f)]
         if missing:
             return False, f"jax {jax.__version__} lacks flags {missing}"
         return True, ""
 
     def flags(self) -> dict[str, bool]:
         sup = flags_supported()
-        return {k: v for k, v in VARIANT_FLAGS[self.variant].items() if sup[k]}
+        return {k: v for k, v in self.spec.flags.items() if sup[k]}
 
     # ---------------------------------------------------------------------------
     def run(self, program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> Observation:
         obs = Observation(pipeline=self.name, device=device, versions=self.versions(), flags=self.flags())
         ok, why = self.available()
-        if not ok:
-            obs.unsupported = why
+        missing = unlowered(program, jax_table.OPS)
+        if not ok or missing:
+            obs.unsupported = why or f"no JAX lowering for ops {missing}"
             return obs
         with jax_flags(self.flags()), jax.default_device(_device(device)):
             self._run(program, inputs, obs)
@@ -276,7 +188,7 @@ class JaxBase(Pipeline):
     def _arrays(self, program: Program, inputs):
         out = {}
         for i in program.inputs:
-            dt = "float64" if self.cast_f64 else i.dtype
+            dt = "float64" if self.spec.f64 else i.dtype
             out[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype=dt))
         return out
 
@@ -286,7 +198,7 @@ class JaxBase(Pipeline):
         arrays = self._arrays(program, inputs)
         diff_ids = [i.id for i in program.inputs if i.diff]
         const = {i.id: arrays[i.id] for i in program.inputs if not i.diff}
-        low = Lowering(program, remat=self.remat, cast_f64=self.cast_f64)
+        low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
 
         def loss_fn(*d):
             env = dict(const)
@@ -306,7 +218,7 @@ class JaxBase(Pipeline):
         d = [arrays[i] for i in diff_ids]
         stage = "lowering"
         try:
-            if self.jit:
+            if self.spec.jit:
                 with timed(t, "lowering"):
                     fwd_c = jax.jit(fwd).lower(*d).compile()
                 stage = "forward"
@@ -328,7 +240,7 @@ class JaxBase(Pipeline):
             obs.loss = float(loss)
             obs.outputs = [_tolist(o) for o in outs]
             obs.grads = {i: _tolist(g) for i, g in zip(diff_ids, grads)}
-            if not self.cast_f64:
+            if not self.spec.f64:
                 with timed(t, "residuals"):
                     leaves = [x for x in jax.tree.leaves(vjp_fn) if hasattr(x, "shape")]
                     obs.residuals = self._canonical(program, leaves)
@@ -339,7 +251,7 @@ class JaxBase(Pipeline):
                     gs = jax.grad(lambda *x: loss_fn(*x)[0], argnums=tuple(range(len(d))))(*d)
                     return sum(jnp.sum(g).astype(jnp.float64) for g in gs)
                 g2 = jax.grad(l2, argnums=tuple(range(len(d))))
-                if self.jit:
+                if self.spec.jit:
                     g2 = jax.jit(g2)
                 with timed(t, "second_order"):
                     grads2 = g2(*d)
@@ -374,8 +286,6 @@ def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool 
 
 class JaxReference(JaxBase):
     """ref:f64: float64, no checkpoint at all, custom rules kept. Records every node's value."""
-    reference = True
-    cast_f64 = True
 
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
@@ -385,9 +295,7 @@ class JaxReference(JaxBase):
 
 class JaxNoRemat(JaxBase):
     """jax:none: the program's own dtypes, no checkpoint: the tight same-dtype baseline."""
-    reference = True
 
 
 class JaxRemat(JaxBase):
     """jax.checkpoint under one of the remat variants, eager or jit."""
-    remat = True

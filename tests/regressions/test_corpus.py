@@ -24,7 +24,7 @@ def _key_str(key) -> str:
 
 
 def _entries():
-    from conformance.cli import load_program_file
+    from conformance.loading import load_program_file
     out = []
     for path in sorted(HERE.glob("*.json")):
         if path.name == "status.json":
@@ -44,13 +44,11 @@ def _entries():
 
 @pytest.mark.parametrize("path,prog,inputs,finding", _entries())
 def test_regression(path, prog, inputs, finding):
-    from conformance import pipelines as reg
-    from conformance.campaign import needed_pipelines
+    from conformance.campaign import replay_pipelines
     from conformance.runner import InProcessExecutor
     from oracles.expectations import Expectations
     from oracles.judge import judge
-    names = needed_pipelines(finding.key(), list(reg.REFERENCES) + [finding.pipeline])
-    names = list(dict.fromkeys(list(reg.REFERENCES) + names))
+    names = replay_pipelines(finding.key())
     obs = InProcessExecutor(finding.device).run(prog, inputs, names)
     j = judge(prog, obs, Expectations.load(), finding.device)
     hit = [v for v in j.failures() if v.key() == finding.key()]

@@ -1,4 +1,4 @@
-"""Isolated execution: pipelines run in supervised worker processes.
+"""The supervising side of isolated execution: `IsolatedExecutor` and its worker handle.
 
 `IsolatedExecutor` has the interface of `runner.InProcessExecutor`
 (`run(program, inputs, names) -> {name: Observation}`, `close()`), but each pipeline runs in a
@@ -33,16 +33,11 @@ that the pipeline is set up, so framework imports do not count; they have `setup
 The worst case for one program is therefore `len(names) * timeout`; the campaign checks its
 budget and shrink limits between programs.
 
-Test-only pipelines: a spawned worker knows only the registry's pipelines. Modules named in
-`plugins` (or in the environment variable REMAT_CONFORMANCE_PLUGINS, comma-separated) are
-imported in the worker, and by `load_plugins()` in the supervisor, before anything runs; they
-register their pipelines on import (`pipelines.register_instance`).
+Plugins (test-only pipelines) are described in conformance.isolation.protocol.
 """
 from __future__ import annotations
 
-import base64
 import contextlib
-import importlib
 import json
 import multiprocessing as mp
 import os
@@ -50,217 +45,23 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 import weakref
 from multiprocessing.connection import wait as mp_wait
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from conformance.verdict import CRASH_OOM, STAGES, TIMEOUT, crash_type
+from conformance.isolation.protocol import ProtocolError, _dumps, encode_inputs, load_plugins, looks_oom
+from conformance.isolation.worker import _worker_limits, _worker_main
 from conformance.observation import ErrorInfo, Observation
 
-PLUGINS_ENV = "REMAT_CONFORMANCE_PLUGINS"
 MEMORY_ENV = "REMAT_CONFORMANCE_WORKER_MEMORY_GB"
 DEFAULT_MEMORY_LIMIT = 16 * 2**30
-STAGES = ("setup", "validation", "lowering", "forward", "backward", "second_order")
 TAIL_BYTES = 3000
-# Error text that means the pipeline ran out of memory (Python, XLA, torch, C++).
-OOM_MARKERS = ("MemoryError", "RESOURCE_EXHAUSTED", "std::bad_alloc", "Cannot allocate memory",
-               "OutOfMemoryError", "out of memory", "Out of memory")
 
 
-class ProtocolError(RuntimeError):
-    pass
-
-
-def load_plugins(modules: Sequence[str] | None = None) -> list[str]:
-    """Import plugin modules (default: $REMAT_CONFORMANCE_PLUGINS). Returns their names."""
-    if modules is None:
-        modules = [m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",") if m.strip()]
-    for m in modules:
-        importlib.import_module(m)
-    return list(modules)
-
-
-# ---------------------------------------------------------------------------------------
-# Encoding (both sides)
-def encode_inputs(inputs: dict[str, np.ndarray]) -> dict[str, dict]:
-    out = {}
-    for k, v in inputs.items():
-        a = np.asarray(v)   # tobytes() is C order whatever the layout (ascontiguousarray would make 0-d 1-d)
-        out[k] = {"dtype": str(a.dtype), "shape": list(a.shape), "data": base64.b64encode(a.tobytes()).decode()}
-    return out
-
-
-def decode_inputs(obj: Any, program) -> dict[str, np.ndarray]:
-    """Inputs from their JSON form, checked against the program's inputs (ValueError if wrong)."""
-    if not isinstance(obj, dict):
-        raise ValueError("inputs: must be an object")
-    types = {i.id: i for i in program.inputs}
-    if set(obj) != set(types):
-        raise ValueError(f"inputs: ids {sorted(obj)} do not match the program's {sorted(types)}")
-    out = {}
-    for k, d in obj.items():
-        t = types[k]
-        if (not isinstance(d, dict) or d.get("dtype") not in ("float16", "float32", "float64")
-                or d.get("shape") != list(t.shape) or not isinstance(d.get("data"), str)):
-            raise ValueError(f"inputs.{k}: not a float array of the program's shape {t.shape}")
-        raw = base64.b64decode(d["data"], validate=True)
-        a = np.frombuffer(raw, dtype=d["dtype"])
-        if a.size != int(np.prod(t.shape, dtype=np.int64)):
-            raise ValueError(f"inputs.{k}: {a.size} elements, expected shape {t.shape}")
-        out[k] = a.reshape(t.shape).copy()
-    return out
-
-
-def _json_default(o):
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    if hasattr(o, "item"):
-        return o.item()
-    return str(o)
-
-
-def _dumps(obj) -> bytes:
-    return json.dumps(obj, default=_json_default, separators=(",", ":")).encode()
-
-
-def looks_oom(text: str) -> bool:
-    return any(m in text for m in OOM_MARKERS)
-
-
-# ---------------------------------------------------------------------------------------
-# Worker side
-_STAGE = None   # shared RawValue('i'): index into STAGES of the stage the pipeline is in, -1 none
-
-
-def _mark(stage: str | None) -> None:
-    if _STAGE is not None:
-        _STAGE.value = STAGES.index(stage) if stage in STAGES else -1
-
-
-def _install_stage_marker() -> None:
-    """Wrap pipelines.base.timed (which every pipeline uses around its stages) so that the
-    supervisor can tell in which stage a worker crashed or hung. Done before any pipeline
-    module is imported, so their `from ... import timed` picks up the wrapper."""
-    from conformance.pipelines import base
-    orig = base.timed
-
-    @contextlib.contextmanager
-    def timed(timings, key):
-        if key in STAGES:
-            _mark(key)
-        with orig(timings, key):
-            yield
-    base.timed = timed
-
-
-def _watch_parent(ppid: int) -> None:
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != ppid:
-            os._exit(70)
-
-
-def _worker_main(conn, cfg: dict, stage_value) -> None:
-    """Entry point of a worker process (spawn context)."""
-    global _STAGE
-    _STAGE = stage_value
-    try:   # a daemonic process may not start children; the frameworks' compile pools may
-        mp.current_process().daemon = False
-    except Exception:
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        os.setpgid(0, 0)
-    except OSError:
-        pass
-    fd = os.open(cfg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    import faulthandler
-    faulthandler.enable(file=sys.stderr, all_threads=False)
-    threading.Thread(target=_watch_parent, args=(cfg["ppid"],), daemon=True, name="parent-watch").start()
-    if cfg.get("memory_limit"):
-        import resource
-        lim = int(cfg["memory_limit"])
-        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-    _install_stage_marker()
-    from conformance import pipelines as registry
-    from conformance.ir import Limits
-    load_plugins(cfg.get("plugins", []))
-    limits = Limits(**cfg["limits"]) if cfg.get("limits") else None
-    for name in cfg.get("preload", []):
-        try:
-            registry.get(name)
-        except Exception:
-            pass   # reported when the pipeline is asked for
-    conn.send_bytes(_dumps({"type": "ready", "pid": os.getpid()}))
-    while True:
-        try:
-            req = json.loads(conn.recv_bytes())
-        except EOFError:
-            return
-        if req.get("type") == "exit":
-            return
-        if req.get("type") == "run":
-            reply, recycle = _handle(conn, req, limits)
-            conn.send_bytes(_dumps(reply))
-            if recycle:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(0)
-
-
-def _handle(conn, req: dict, limits) -> tuple[dict, bool]:
-    from conformance import pipelines as registry
-    from conformance.ir import ProgramError, load_program
-    from conformance.runner import run_one
-    name, device, rid = req["name"], req["device"], req["id"]
-    _mark("validation")
-    obs = Observation(pipeline=name, device=device)
-    try:
-        program = load_program(json.loads(req["program"]), limits)
-        inputs = decode_inputs(req["inputs"], program)
-    except (ProgramError, ValueError, TypeError) as e:
-        obs.error = ErrorInfo(type=f"HarnessError:{type(e).__name__}", message=f"worker: invalid request: {e}"[:4000],
-                              stage="validation")
-        return {"type": "result", "id": rid, "obs": obs.model_dump()}, False
-    _mark("setup")
-    try:
-        registry.get(name)
-    except Exception:
-        pass   # run_one reports it as a HarnessError
-    conn.send_bytes(_dumps({"type": "begin", "id": rid}))
-    recycle = False
-    try:
-        obs = run_one(name, program, inputs, device)
-    except MemoryError as e:   # run_one catches Exception; this is for safety
-        obs = Observation(pipeline=name, device=device)
-        obs.error = ErrorInfo(type="crash:oom", message=f"MemoryError: {e}", stage="setup")
-    except Exception as e:     # e.g. an unknown pipeline name (run_one lets registry errors through)
-        obs = Observation(pipeline=name, device=device)
-        obs.error = ErrorInfo(type=f"HarnessError:{type(e).__name__}", message=str(e)[:4000], stage="setup")
-    finally:
-        stage = STAGES[_STAGE.value] if _STAGE is not None and _STAGE.value >= 0 else "setup"
-        _mark(None)
-    if obs.error is not None and not obs.error.type.startswith("crash:") and looks_oom(
-            f"{obs.error.type} {obs.error.message[:2000]}"):
-        # Out of memory under the worker's limit: a crash of the pipeline; the worker's heap is
-        # suspect, so it is replaced after replying.
-        obs.error = ErrorInfo(type="crash:oom", message=f"out of memory in the worker ({obs.error.type}, stage "
-                              f"{obs.error.stage}): {obs.error.message}"[:4000],
-                              stage=obs.error.stage if obs.error.stage != "setup" else stage)
-        recycle = True
-    return {"type": "result", "id": rid, "obs": obs.model_dump()}, recycle
-
-
-# ---------------------------------------------------------------------------------------
-# Supervisor side
 class _Worker:
     def __init__(self, ctx, cfg: dict):
         self.log = cfg["log"]
@@ -341,7 +142,7 @@ class _TimedOut(Exception):
 def _describe_exit(code: int | None) -> tuple[str, str]:
     """(error type, words) for a worker's exit code."""
     if code is None:
-        return "crash:unknown", "the worker stopped answering"
+        return crash_type("unknown"), "the worker stopped answering"
     if code < 0:
         try:
             sig = signal.Signals(-code).name
@@ -350,8 +151,8 @@ def _describe_exit(code: int | None) -> tuple[str, str]:
         words = f"the worker was killed by {sig}"
         if sig == "SIGKILL":
             words += " (the kernel's OOM killer, or an external kill)"
-        return f"crash:{sig}", words
-    return f"crash:exit-{code}", f"the worker exited with status {code}"
+        return crash_type(sig), words
+    return crash_type(f"exit-{code}"), f"the worker exited with status {code}"
 
 
 class IsolatedExecutor:
@@ -504,7 +305,7 @@ class IsolatedExecutor:
         tail = w.tail()
         type_, words = _describe_exit(code)
         if looks_oom(tail):
-            type_ = "crash:oom"
+            type_ = CRASH_OOM
             words += " after running out of memory"
         self.crashes += 1
         msg = f"{name}: {words} {when} (exit status {code}); stage {stage}"
@@ -526,7 +327,7 @@ class IsolatedExecutor:
             return obs
         except _TimedOut:
             w = self._worker
-            obs = self._fail(name, "timeout", f"{name}: the worker did not start within {self.start_timeout:.0f}s\n"
+            obs = self._fail(name, TIMEOUT, f"{name}: the worker did not start within {self.start_timeout:.0f}s\n"
                              + w.tail(), "setup")
             self.timeouts += 1
             self._replace(w)
@@ -557,7 +358,7 @@ class IsolatedExecutor:
                          f"{stage}); the worker was killed")
                     if tail:
                         m += f"\n--- worker stderr (tail) ---\n{tail[-TAIL_BYTES:]}"
-                    return self._fail(name, "timeout", m, stage)
+                    return self._fail(name, TIMEOUT, m, stage)
                 except _Died:
                     stage = w.stage_name()
                     obs = self._crash_obs(name, w, stage, "while running" if began else "while setting up")
@@ -573,7 +374,7 @@ class IsolatedExecutor:
                 if msg.get("type") == "result":
                     busy = False
                     obs = Observation.model_validate(msg["obs"])
-                    if obs.error is not None and obs.error.type == "crash:oom":
+                    if obs.error is not None and obs.error.type == CRASH_OOM:
                         self.crashes += 1
                         tail = w.tail()
                         if tail:
@@ -596,11 +397,3 @@ class IsolatedExecutor:
                 w.kill()
                 self._worker = None
                 self._box[0] = None
-
-
-def _worker_limits():
-    """The worker validates programs again, as untrusted input; its bounds are loose (the
-    supervisor applied the user's limits) and stop only absurd sizes."""
-    from conformance.ir import Limits
-    return Limits(max_rank=8, max_dim=1 << 16, max_elements=1 << 26, max_depth=64, max_statements=100_000,
-                  max_name_length=4096, max_inputs=1024)

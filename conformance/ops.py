@@ -1,0 +1,429 @@
+"""The op table: every IR op declared once.
+
+A declaration says everything the harness needs to know about an op that is not
+framework-specific: arity and parameters, shape inference (validation), its derivative
+as IR statements (custom-rule bwd bodies), program features, the generator's hints
+(family, how to draw operands and params, the magnitude of its output), the values an op
+saves for its own backward (residual oracle), the policy classes it belongs to (dots),
+and how pseudo-code prints it. Each framework adds one table `op -> source template`
+(conformance/pipelines/*_table.py); the pipelines compile those templates and the repro
+emitters paste them, so a lowering and its repro cannot drift apart.
+
+This module is part of the program layer: it imports numpy and nothing of the project.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+NAME_OP = "name"   # checkpoint_name(x, name): the op whose params carry a checkpoint name
+ND_INDEX = "index"  # the param of in-rule ops that selects a custom_vjp nondiff argument
+MAX_MAG = 50.0      # generator: outputs stay below this magnitude
+GEN_MAX_DIM = 64    # generator: dimensions stay within ir.Limits' default
+FALLBACK_OP = "tanh"  # generator: bounded, any shape; used where an op's hint does not apply
+ACC_OP = "add"        # derivative rules: accumulates cotangents
+SCALE_OP = "scale"    # x * c (params: c); the generator's deliberately non-standard bwd rules
+
+
+class ParamError(ValueError):
+    """An op whose args or params do not type-check. `field` is relative to the op (args, params.c)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field, self.reason = field, reason
+
+
+@dataclass(frozen=True)
+class OpDecl:
+    name: str
+    arity: int
+    family: str                      # generator's first-level choice; families appear in declaration order
+    infer: Callable                  # (shapes, params, nondiff) -> output shape; raises ParamError
+    params: tuple[str, ...] = ()
+    vjp: Callable | None = None      # (d: Vjp, s: Op) -> None; None: not allowed inside custom rules
+    gen: Callable | None = None      # (c: Chooser, x) -> (op, args, params, mag) | None; None: not generated
+    features: tuple[str, ...] = ()   # program features an occurrence gives
+    batched_feature: str | None = None   # feature instead of features[0] when the op is batched
+    outside_factors: Callable | None = None  # (a, y) -> arrays the op saves for its own backward
+    pseudo: str | None = None        # pseudo-code template; default: name(x, k=v, ...)
+    dot: bool = False                # saved by the dots policies (JAX: dot_general, conv_general_dilated)
+    dot_no_batch: bool = False       # saved by the dots-without-batch-dims policies when not batched
+    in_rules_only: bool = False      # only inside custom_vjp fwd/bwd rules
+    nonsmooth: bool = False          # derivative jumps where its input crosses 0
+
+    def batched(self, shapes) -> bool:
+        return self.batched_feature is not None and len(shapes[0]) == 3
+
+
+OPS: dict[str, OpDecl] = {}
+FEATURE_DOC: dict[str, str] = {}
+
+
+def define(name: str, arity: int, family: str, infer, **kw) -> OpDecl:
+    d = OpDecl(name, arity, family, infer, **kw)
+    OPS[name] = d
+    return d
+
+
+def feature(name: str, doc: str) -> str:
+    FEATURE_DOC[name] = doc
+    return name
+
+
+# ---- validation helpers ------------------------------------------------------------------------
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(p, k):
+    if not (isinstance(p[k], (int, float)) and not isinstance(p[k], bool) and math.isfinite(p[k])):
+        raise ParamError(f"params.{k}", "must be a finite number")
+
+
+def _axis(p, k, rank, allow_none=False):
+    ax = p[k]
+    if ax is None and allow_none:
+        return
+    if not _int(ax) or not (0 <= ax < rank):
+        raise ParamError(f"params.{k}", f"axis {ax!r} out of range for rank {rank}")
+
+
+def _shape_param(p, k):
+    shp = p[k]
+    if not isinstance(shp, list) or not all(_int(d) and d >= 1 for d in shp):
+        raise ParamError(f"params.{k}", f"not a shape: {shp!r}")
+    return tuple(shp)
+
+
+def _same(shapes, p, nd):
+    return shapes[0]
+
+
+def _equal(shapes, p, nd):
+    if shapes[0] != shapes[1]:
+        raise ParamError("args", f"needs equal shapes, got {list(shapes[0])} and {list(shapes[1])}")
+    return shapes[0]
+
+
+def bcast_ok(src, dst) -> bool:
+    return len(src) <= len(dst) and all(a == b or a == 1 for a, b in zip(reversed(src), reversed(dst)))
+
+
+# ---- generator helpers -------------------------------------------------------------------------
+# A Chooser (generators/programs.py) draws: int(lo, hi, label), choice(seq, label), perm(n, label),
+# operand(pred) -> value or None, new_input(shape) -> value, checkpoint_name(), nondiff (list).
+def _bounded(c, x):
+    return None, [x], {}, 1.0
+
+
+def _keep(c, x):
+    return None, [x], {}, x.mag
+
+
+def _gen_exp(c, x):
+    return None if x.mag > 3 else (None, [x], {}, math.exp(x.mag))
+
+
+def _gen_square(c, x):
+    return None, [x], {}, x.mag ** 2
+
+
+def _gen_scale(c, x):
+    k = c.choice([2.0, 0.5, -1.5], "scale")
+    return None, [x], {"c": k}, x.mag * abs(k)
+
+
+def _gen_binary(kind):
+    def gen(c, x):
+        y = c.operand(lambda v: v.shape == x.shape and v.dtype == x.dtype)
+        return None, [x, y], {}, (x.mag * y.mag if kind == "mul" else x.mag + y.mag)
+    return gen
+
+
+def _gen_name(c, x):
+    return None, [x], {"name": c.checkpoint_name()}, x.mag
+
+
+def _gen_nondiff_scale(c, x):
+    if not c.nondiff:
+        return None
+    ix = c.int(0, len(c.nondiff) - 1, "nondiff_index")
+    return None, [x], {ND_INDEX: ix}, x.mag * abs(c.nondiff[ix])
+
+
+def _gen_matmul(c, x):
+    if len(x.shape) not in (2, 3):   # make a matrix out of it first
+        shape = [c.int(1, 4, "dim")] + (list(x.shape) if len(x.shape) == 1 else [c.int(1, 4, "dim")])
+        return "broadcast", [x], {"shape": shape}, x.mag
+    k, n = x.shape[-1], c.int(1, 4, "dim")
+    want = (k, n) if len(x.shape) == 2 else (x.shape[0], k, n)
+    y = c.operand(lambda v: v.shape == want and v.dtype == x.dtype) or c.new_input(want)
+    return None, [x, y], {}, x.mag * y.mag * k
+
+
+def _gen_reduce(kind):
+    def gen(c, x):
+        if not x.shape:
+            return None
+        ax = c.choice([None] + list(range(len(x.shape))), "axis")
+        mag = x.mag * (math.prod(x.shape) if ax is None else x.shape[ax]) if kind == "sum" else x.mag
+        if mag > MAX_MAG:
+            return "mean", [x], {"axis": ax}, x.mag
+        return None, [x], {"axis": ax}, mag
+    return gen
+
+
+def _gen_transpose(c, x):
+    if len(x.shape) < 2:
+        return None
+    return None, [x], {"perm": c.perm(len(x.shape), "perm")}, x.mag
+
+
+def _gen_reshape(c, x):
+    if not x.shape:
+        return None
+    n = math.prod(x.shape)
+    if n > GEN_MAX_DIM:
+        return None
+    return None, [x], {"shape": [n] if len(x.shape) > 1 else [1, n]}, x.mag
+
+
+def _gen_broadcast(c, x):
+    if len(x.shape) >= 3:
+        return None
+    return None, [x], {"shape": [c.int(1, 3, "dim")] + list(x.shape)}, x.mag
+
+
+
+
+
+
+
+
+# ---- derivatives (reverse mode, as IR statements) ------------------------------------------------
+# A Vjp (generators/irgrad.py) offers emit(op, args, **params) -> id, acc(x, g), ct(s), types.
+def _vjp_unary(rule):
+    def vjp(d, s):
+        g = d.ct(s)
+        d.acc(s.args[0], rule(d, s, g, s.args[0]))
+    return vjp
+
+
+def _vjp_tanh(d, s, g, a):
+    return d.emit("sub", [g, d.emit("mul", [d.emit("mul", [g, s.out]), s.out])])
+
+
+def _vjp_sigmoid(d, s, g, a):
+    gy = d.emit("mul", [g, s.out])
+    return d.emit("sub", [gy, d.emit("mul", [gy, s.out])])
+
+
+def _vjp_binary(kind):
+    def vjp(d, s):
+        g, (a, b) = d.ct(s), s.args
+        if kind == "mul":
+            d.acc(a, d.emit("mul", [g, b]))
+            d.acc(b, d.emit("mul", [g, a]))
+        else:
+            d.acc(a, g)
+            d.acc(b, g if kind == "add" else d.emit("neg", [g]))
+    return vjp
+
+
+def _vjp_matmul(d, s):
+    g, (a, b) = d.ct(s), s.args
+    perm = [1, 0] if len(d.types[a][0]) == 2 else [0, 2, 1]
+    d.acc(a, d.emit("matmul", [g, d.emit("transpose", [b], perm=perm)]))
+    d.acc(b, d.emit("matmul", [d.emit("transpose", [a], perm=perm), g]))
+
+
+def _vjp_reduce(d, s):
+    g, a = d.ct(s), s.args[0]
+    shp, ax = list(d.types[a][0]), s.params["axis"]
+    kd = [1] * len(shp) if ax is None else [1 if i == ax else n for i, n in enumerate(shp)]
+    n = math.prod(shp) if ax is None else shp[ax]
+    b = d.emit("broadcast", [d.emit("reshape", [g], shape=kd)], shape=shp) if shp else g
+    d.acc(a, d.emit("scale", [b], c=1.0 / n) if s.op == "mean" else b)
+
+
+def _inv(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _vjp_broadcast(d, s):
+    g, a = d.ct(s), s.args[0]
+    src, dst = list(d.types[a][0]), list(s.params["shape"])
+    cur = g
+    for _ in range(len(dst) - len(src)):
+        cur = d.emit("sum", [cur], axis=0)
+    cur_shape = dst[len(dst) - len(src):]
+    for ax in range(len(src) - 1, -1, -1):
+        if src[ax] == 1 and cur_shape[ax] != 1:
+            cur = d.emit("sum", [cur], axis=ax)
+            cur_shape = cur_shape[:ax] + cur_shape[ax + 1:]
+    if cur_shape != src:
+        cur = d.emit("reshape", [cur], shape=src)
+    d.acc(a, cur)
+
+
+
+
+
+
+
+
+# ---- shape inference -------------------------------------------------------------------------------
+def _infer_scale(shapes, p, nd):
+    _number(p, "c")
+    return shapes[0]
+
+
+def _infer_nondiff_scale(shapes, p, nd):
+    ix = p[ND_INDEX]
+    if not _int(ix) or not (0 <= ix < len(nd)):
+        raise ParamError(f"params.{ND_INDEX}", f"no nondiff argument {ix!r} (block has {len(nd)})")
+    return shapes[0]
+
+
+def _infer_name(shapes, p, nd):
+    n = p["name"]
+    if not isinstance(n, str) or not n or not n.isidentifier():
+        raise ParamError("params.name", f"name must be a non-empty identifier, got {n!r}")
+    return shapes[0]
+
+
+def _infer_matmul(shapes, p, nd):
+    a, b = shapes
+    if len(a) == 2 and len(b) == 2 and a[1] == b[0]:
+        return (a[0], b[1])
+    if len(a) == 3 and len(b) == 3 and a[0] == b[0] and a[2] == b[1]:
+        return (a[0], a[1], b[2])
+    raise ParamError("args", f"matmul needs (m,k)@(k,n) or (b,m,k)@(b,k,n), got {list(a)}@{list(b)}")
+
+
+def _infer_reduce(shapes, p, nd):
+    _axis(p, "axis", len(shapes[0]), allow_none=True)
+    return () if p["axis"] is None else tuple(d for i, d in enumerate(shapes[0]) if i != p["axis"])
+
+
+def _infer_transpose(shapes, p, nd):
+    perm, s0 = p["perm"], shapes[0]
+    if not isinstance(perm, list) or not all(_int(i) for i in perm) or sorted(perm) != list(range(len(s0))):
+        raise ParamError("params.perm", f"not a permutation of rank {len(s0)}: {perm!r}")
+    return tuple(s0[i] for i in perm)
+
+
+def _infer_reshape(shapes, p, nd):
+    shp = _shape_param(p, "shape")
+    if math.prod(shp) != math.prod(shapes[0]):
+        raise ParamError("params.shape", f"cannot reshape {list(shapes[0])} to {list(shp)}")
+    return shp
+
+
+def _infer_broadcast(shapes, p, nd):
+    shp = _shape_param(p, "shape")
+    if not bcast_ok(shapes[0], shp):
+        raise ParamError("params.shape", f"cannot broadcast {list(shapes[0])} to {list(shp)}")
+    return shp
+
+
+
+
+
+
+
+
+# ---- the declarations --------------------------------------------------------------------------------
+define("sin", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("cos", [a])])),
+       gen=_bounded, outside_factors=lambda a, y: [np.cos(a)])
+define("cos", 1, "unary", _same,
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("neg", [d.emit("sin", [a])])])),
+       gen=_bounded, outside_factors=lambda a, y: [np.sin(a), -np.sin(a)])
+define("tanh", 1, "unary", _same, vjp=_vjp_unary(_vjp_tanh), gen=_bounded, outside_factors=lambda a, y: [1 - y * y])
+define("exp", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, s.out])), gen=_gen_exp)
+define("sigmoid", 1, "unary", _same, vjp=_vjp_unary(_vjp_sigmoid), gen=_bounded,
+       outside_factors=lambda a, y: [y * (1 - y)])
+define("square", 1, "unary", _same,
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [d.emit("mul", [g, a])], c=2.0)), gen=_gen_square)
+define("neg", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("neg", [g])), gen=_keep, pseudo="-{x}")
+define("scale", 1, "unary", _infer_scale, params=("c",),
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [g], c=s.params["c"])), gen=_gen_scale, pseudo="{x} * {c}")
+define(NAME_OP, 1, "name", _infer_name, params=("name",), vjp=_vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
+       pseudo="checkpoint_name({x}, {name})")
+define("add", 2, "binary", _equal, vjp=_vjp_binary("add"), gen=_gen_binary("add"), pseudo="{x} + {y}")
+define("sub", 2, "binary", _equal, vjp=_vjp_binary("sub"), gen=_gen_binary("sub"), pseudo="{x} - {y}")
+define("mul", 2, "binary", _equal, vjp=_vjp_binary("mul"), gen=_gen_binary("mul"), pseudo="{x} * {y}")
+define("matmul", 2, "matmul", _infer_matmul, vjp=_vjp_matmul, gen=_gen_matmul, pseudo="{x} @ {y}", dot=True,
+       dot_no_batch=True, features=(feature("matmul", "a matrix product"),),
+       batched_feature=feature("batch_matmul", "a batched matrix product"))
+_RED = feature("reduction", "sum or mean")
+define("sum", 1, "reduce", _infer_reduce, params=("axis",), vjp=_vjp_reduce, gen=_gen_reduce("sum"), features=(_RED,))
+define("mean", 1, "reduce", _infer_reduce, params=("axis",), vjp=_vjp_reduce, gen=_gen_reduce("mean"),
+       features=(_RED,))
+_LAYOUT = feature("layout", "transpose, reshape or broadcast")
+define("transpose", 1, "layout", _infer_transpose, params=("perm",),
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("transpose", [g], perm=_inv(s.params["perm"]))),
+       gen=_gen_transpose, features=(_LAYOUT,))
+define("reshape", 1, "layout", _infer_reshape, params=("shape",),
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("reshape", [g], shape=list(d.types[a][0]))),
+       gen=_gen_reshape, features=(_LAYOUT,))
+define("broadcast", 1, "layout", _infer_broadcast, params=("shape",), vjp=_vjp_broadcast, gen=_gen_broadcast,
+       features=(_LAYOUT,))
+define("nondiff_scale", 1, "nondiff", _infer_nondiff_scale, params=(ND_INDEX,),
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("nondiff_scale", [g], **{ND_INDEX: s.params[ND_INDEX]})),
+       gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True)
+
+
+def _generated(d: OpDecl, in_rule: bool, nondiff: bool) -> bool:
+    return (d.gen is not None and (not d.in_rules_only or (in_rule and nondiff))
+            and (not in_rule or d.vjp is not None))
+
+
+def generated_families(in_rule: bool, nondiff: bool = False) -> list[str]:
+    """Generator families in declaration order (the first is the simplest). In a custom rule
+    (`in_rule`) only ops with a derivative; in-rule-only ops where the block has nondiff args."""
+    out = []
+    for d in OPS.values():
+        if _generated(d, in_rule, nondiff) and d.family not in out:
+            out.append(d.family)
+    return out
+
+
+def family_ops(family: str, in_rule: bool, nondiff: bool = False) -> list[str]:
+    return [d.name for d in OPS.values() if d.family == family and _generated(d, in_rule, nondiff)]
+
+
+def infer(op: str, shapes: list[tuple], params: dict, nondiff: list[float]) -> tuple:
+    """Output shape of one op, validating arity and params; raises ParamError."""
+    d = OPS.get(op)
+    if d is None:
+        raise ParamError("op", f"unknown op {op!r}; known: {sorted(OPS)}")
+    if len(shapes) != d.arity:
+        raise ParamError("args", f"{op} takes {d.arity} args, got {len(shapes)}")
+    extra, missing = set(params) - set(d.params), set(d.params) - set(params)
+    if extra:
+        raise ParamError("params", f"unexpected params {sorted(extra)} for {op}")
+    if missing:
+        raise ParamError("params", f"missing params {sorted(missing)} for {op}")
+    return tuple(d.infer([tuple(s) for s in shapes], params, nondiff))
+
+
+def fill(template: str, args: list[str], params: dict[str, str], nondiff: str | None = None) -> str:
+    """A source template with its placeholders filled: {x}, {y} are the args, {<param>} the
+    params' source text, {nondiff} the selected nondiff value."""
+    names = dict(zip(("x", "y"), args))
+    return template.format(**names, **params, nondiff=nondiff or "")
+
+
+def pseudo(op: str, args: list[str], params: dict[str, Any]) -> str:
+    d = OPS[op]
+    if d.pseudo:
+        return fill(d.pseudo, args, {k: repr(v) for k, v in params.items()})
+    kw = ", ".join(f"{k}={v!r}" for k, v in params.items())
+    return f"{op}({', '.join(args)}{', ' + kw if kw else ''})"

@@ -1,0 +1,73 @@
+"""The JAX lowering table: op -> jax.numpy source, policy kind -> jax.checkpoint_policies
+source, and the primitives an `ops` policy saves. Plain data (no jax import): the JAX
+pipelines compile it, the repro emitter pastes it.
+
+Names the templates may use: jax, jnp, lax, cp (jax.checkpoint_policies), checkpoint_name,
+and PRELUDE's helpers.
+"""
+from __future__ import annotations
+
+from conformance.pipelines.tables import Lowering, op_source
+from conformance.policy import KINDS
+
+L = Lowering
+OPS: dict[str, Lowering] = {
+    "sin": L("jnp.sin({x})", ("sin",)),
+    "cos": L("jnp.cos({x})", ("cos",)),
+    "tanh": L("jnp.tanh({x})", ("tanh",)),
+    "exp": L("jnp.exp({x})", ("exp",)),
+    "sigmoid": L("jax.nn.sigmoid({x})", ("logistic",)),
+    "square": L("jnp.square({x})", ("square", "integer_pow")),
+    "neg": L("-{x}", ("neg",)),
+    "scale": L("{x} * jnp.asarray({c}, {x}.dtype)", ("mul",)),
+    "nondiff_scale": L("{x} * jnp.asarray({nondiff}, {x}.dtype)", ("mul",)),
+    "add": L("{x} + {y}", ("add",)),
+    "sub": L("{x} - {y}", ("sub",)),
+    "mul": L("{x} * {y}", ("mul",)),
+    "matmul": L("jnp.matmul({x}, {y})", ("dot_general",)),
+    "sum": L("jnp.sum({x}, axis={axis})", ("reduce_sum",)),
+    "mean": L("jnp.mean({x}, axis={axis})", ("reduce_sum", "div")),
+    "transpose": L("jnp.transpose({x}, {perm})", ("transpose",)),
+    "reshape": L("jnp.reshape({x}, {shape})", ("reshape",)),
+    "broadcast": L("jnp.broadcast_to({x}, {shape})", ("broadcast_in_dim",)),
+    "name": L("checkpoint_name({x}, {name})", ("name",)),
+}
+
+# Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,
+# {prims} the JAX primitives of an `ops` policy's op kinds.
+POLICIES: dict[str, str] = {
+    "everything": "cp.everything_saveable",
+    "nothing": "cp.nothing_saveable",
+    "dots": "cp.dots_saveable",
+    "dots_no_batch": "cp.dots_with_no_batch_dims_saveable",
+    "save_only_names": "cp.save_only_these_names(*{names})",
+    "save_any_names_but_these": "cp.save_any_names_but_these(*{names})",
+    "save_anything_except_names": "cp.save_anything_except_these_names(*{names})",
+    "both": "cp.save_from_both_policies({a}, {b})",
+    "offload_dots_no_batch": "cp.offload_dot_with_no_batch_dims('device', 'pinned_host')",
+    "save_and_offload_names": ("cp.save_and_offload_only_these_names(names_which_can_be_saved={saved}, "
+                               "names_which_can_be_offloaded={offloaded}, offload_src='device', "
+                               "offload_dst='pinned_host')"),
+    "ops": "save_prims({prims})",
+}
+
+PRELUDE = '''
+def save_prims(prims):
+    """A custom policy: save the outputs of these JAX primitives."""
+    return lambda prim, *_, **__: prim.name in prims
+'''
+
+
+def policy_source(p) -> str:
+    """A policy as JAX source."""
+    fields = {}
+    for f in KINDS[p.kind].fields:
+        v = getattr(p, f)
+        fields[f] = policy_source(v) if f in ("a", "b") else repr(list(v))
+    if p.kind == "ops":
+        fields["prims"] = repr(sorted({pr for o in p.ops for pr in OPS[o].policy_ops}))
+    return POLICIES[p.kind].format(**fields)
+
+
+def op_text(op: str, args: list[str], params: dict, nondiff: str | None) -> str:
+    return op_source(OPS, op, args, params, nondiff)

@@ -1,0 +1,186 @@
+"""PyTorch lowering of the IR: the torch table compiled, the checkpoint_name analogue, the SAC
+policy adapter, and the interpreter (regions as torch.utils.checkpoint with a SAC context,
+custom_vjp blocks as torch.autograd.Function). Only the torch modules import torch.
+
+- `name` ops are a custom identity op `rc::tag(x, name)` (a clone, with a fake and an
+  autograd rule passing the gradient through); SAC policy_fns see the name as args[1].
+- checkpoint regions are `torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
+  context_fn=partial(create_selective_checkpoint_contexts, policy_fn),
+  respect_saved_tensors_hooks=True)`, nested as the program nests them. `prevent_cse` has
+  no PyTorch counterpart and is ignored.
+- custom_vjp blocks are `torch.autograd.Function`s (forward runs fwd, saves the residuals
+  with `ctx.save_for_backward`, backward runs bwd); `symbolic_zeros` is
+  `ctx.set_materialize_grads(False)`: a None cotangent is logged as a symbolic zero and
+  treated as zeros. nondiff args are plain python floats. `optimize_remat` is JAX-only and
+  ignored. Custom-rule logs are only written in eager execution (dynamo rejects side
+  effects in a traced backward). perturbed flags (ctx.needs_input_grad) are logged, as in
+  JAX, only for symbolic_zeros blocks with some perturbed arg.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from conformance.ir import Checkpoint, CustomVJP, Interpreter, Op, Program, walk
+from conformance.observation import CustomRuleLog
+from conformance.pipelines import torch_table
+from conformance.pipelines.tables import compile_table
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+# ---- the checkpoint_name analogue ---------------------------------------------------------
+@torch.library.custom_op("rc::tag", mutates_args=())
+def tag(x: torch.Tensor, name: str) -> torch.Tensor:
+    return x.clone()
+
+
+@tag.register_fake
+def _tag_fake(x, name):
+    return torch.empty_like(x)
+
+
+tag.register_autograd(lambda ctx, g: (g, None), setup_context=lambda ctx, inputs, output: None)
+TAG = torch.ops.rc.tag.default
+
+A = torch.ops.aten
+NAMESPACE: dict = {"torch": torch, "A": A, "tag": torch.ops.rc.tag, "CheckpointPolicy": CheckpointPolicy}
+exec(torch_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
+OPS = compile_table(torch_table.OPS, NAMESPACE)
+KINDS_OF: dict = eval(torch_table.kinds_of_source(), NAMESPACE)   # noqa: S307
+TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
+
+
+def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None):
+    """The SAC policy_fn of a region with policy p, for a program with these checkpoint names."""
+    return NAMESPACE["sac_policy"](torch_table.region_decisions(p, names), KINDS_OF, TAG_PACKET, prefer, calls)
+
+
+class Lowering(Interpreter):
+    """Interprets a program with torch.
+
+    remat: apply checkpoint regions (else run their bodies inline).
+    custom: use torch.autograd.Function for blocks (else run fwd inline: primal semantics).
+    prefer: PREFER_* instead of MUST_* in policy_fns.
+    record: when a dict, every op's value is stored there.
+    """
+
+    def __init__(self, prog: Program, remat: bool, custom: bool = True, prefer: bool = False,
+                 record: dict | None = None, policy_calls: list | None = None, diff_residuals: bool = False):
+        self.prog, self.remat, self.custom, self.prefer, self.record = prog, remat, custom, prefer, record
+        self.diff_residuals = diff_residuals
+        self.policy_calls = policy_calls
+        self.logs: dict[str, CustomRuleLog] = {}
+        self.types = prog.types()
+        self._fns: dict[str, Any] = {}
+        self._ctx_fns: dict[str, Any] = {}
+        names = torch_table.program_names(prog)
+        # Build autograd.Function classes and SAC context_fns before any tracing: dynamo
+        # graph-breaks on type() and on context_fns that are closures created while tracing.
+        for s, _, path, _ in walk(prog.body):
+            if isinstance(s, CustomVJP) and custom:
+                self.function(s, path)
+            elif isinstance(s, Checkpoint) and remat:
+                self._ctx_fns[path] = functools.partial(
+                    create_selective_checkpoint_contexts, policy_fn(s.policy, names, prefer, policy_calls))
+
+    def op(self, s: Op, args: list, nondiff):
+        return OPS[s.op](args, s.params, nondiff)
+
+    def block(self, s: CustomVJP, path: str, args: list) -> list:
+        if not self.custom:
+            return self.inline(s, path, args)
+        res = []
+        if self.diff_residuals:
+            # Residuals computed by ordinary, differentiated ops and passed in: under double
+            # backward the bwd rule is then differentiated through them, as in JAX. (Tensors a
+            # Function computes and saves itself are constants to double backward.)
+            e = self.body(s.fwd, dict(zip(s.args, args)), s.nondiff, path + ".fwd")
+            res = [e[r] for r in s.residuals]
+        outs = self.function(s, path).apply(*s.nondiff, *args, *res)
+        return outs if isinstance(outs, tuple) else (outs,)
+
+    def region(self, s: Checkpoint, path: str):
+        fn = self.region_fn(s, path)
+        if not self.remat:
+            return fn
+        ctx_fn = self._ctx_fns[path]
+
+        def ck(*args):
+            return checkpoint(fn, *args, use_reentrant=False, context_fn=ctx_fn,
+                              respect_saved_tensors_hooks=True)
+        return ck
+
+    def function(self, s: CustomVJP, path: str):
+        if path in self._fns:
+            return self._fns[path]
+        nnd = len(s.nondiff)
+        nargs = len(s.args)
+        log = self.logs.setdefault(path, CustomRuleLog())
+        low = self
+        types = self.types
+
+        def forward(ctx, *args):
+            nondiff, arrs = args[:nnd], args[nnd:]
+            if not torch.compiler.is_compiling():
+                log.fwd_traces += 1
+                flags = [bool(b) for b in ctx.needs_input_grad[nnd:nnd + nargs]]
+                # JAX calls a custom_vjp fwd rule (and logs perturbed flags) only when some
+                # arg is perturbed; torch always runs forward: log the same cases.
+                if s.symbolic_zeros and any(flags):
+                    if flags not in log.perturbed:
+                        log.perturbed.append(flags)
+            if s.symbolic_zeros:
+                ctx.set_materialize_grads(False)
+            if low.diff_residuals:
+                arrs, res_in = arrs[:nargs], arrs[nargs:]
+            e = low.body(s.fwd, dict(zip(s.args, arrs)), list(nondiff), path + ".fwd")
+            ctx.save_for_backward(*(res_in if low.diff_residuals else [e[r] for r in s.residuals]))
+            ctx.nondiff = list(nondiff)
+            outs = tuple(e[r] for r in s.results)
+            return outs if len(outs) > 1 else outs[0]
+
+        def backward(ctx, *cts):
+            res = ctx.saved_tensors
+            cts = list(cts)
+            dev = res[0].device if res else next((c.device for c in cts if c is not None), None)
+            if s.symbolic_zeros:
+                zs = [c is None for c in cts]
+                if not torch.compiler.is_compiling():
+                    log.bwd_calls += 1
+                    if zs not in log.symbolic_zero_cts:
+                        log.symbolic_zero_cts.append(zs)
+                cts = [torch.zeros(types[r][0], dtype=DTYPES[types[r][1]], device=dev) if c is None else c
+                       for c, r in zip(cts, s.results)]
+            elif not torch.compiler.is_compiling():
+                log.bwd_calls += 1
+            e = dict(zip(s.residuals, res))
+            e.update(zip(s.cts, cts))
+            e = low.body(s.bwd, e, ctx.nondiff, path + ".bwd")
+            outs = []
+            for r, a in zip(s.bwd_results, s.args):
+                shp, dt = types[a]
+                outs.append(torch.zeros(shp, dtype=DTYPES[dt], device=dev) if r is None else e[r])
+            extra = (None,) * len(s.residuals) if low.diff_residuals else ()
+            return (None,) * nnd + tuple(outs) + extra
+
+        cls = type(f"CustomVJP_{path.replace('[', '_').replace(']', '').replace('.', '_')}",
+                   (torch.autograd.Function,),
+                   {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+        self._fns[path] = cls
+        return cls
+
+
+def node_values(program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> dict[str, np.ndarray]:
+    """Every primal value of the program, evaluated by torch without checkpoint (program dtype)."""
+    env = {i.id: torch.as_tensor(np.asarray(inputs[i.id], dtype=i.dtype), device=device) for i in program.inputs}
+    rec = dict(env)
+    with torch.no_grad():
+        Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
+    return {k: v.detach().cpu().numpy() for k, v in rec.items()}
+
+

@@ -1,0 +1,98 @@
+"""The PyTorch lowering table: op -> torch source, and the aten overload packets a SAC
+policy_fn sees for it. Plain data (no torch import): the PyTorch pipelines compile it, the
+repro emitter pastes it.
+
+Names the templates may use: torch, A (torch.ops.aten), tag (the checkpoint_name analogue,
+a custom identity op carrying the name), and PRELUDE's helpers.
+"""
+from __future__ import annotations
+
+from conformance.ir import is_name, walk
+from conformance.ops import NAME_OP
+from conformance.pipelines.tables import Lowering, op_source
+from conformance.policy import decide
+
+L = Lowering
+OPS: dict[str, Lowering] = {
+    "sin": L("torch.sin({x})", ("A.sin",)),
+    "cos": L("torch.cos({x})", ("A.cos",)),
+    "tanh": L("torch.tanh({x})", ("A.tanh",)),
+    "exp": L("torch.exp({x})", ("A.exp",)),
+    "sigmoid": L("torch.sigmoid({x})", ("A.sigmoid",)),
+    "square": L("torch.square({x})", ("A.pow", "A.square")),
+    "neg": L("torch.neg({x})", ("A.neg",)),
+    "scale": L("{x} * float({c})", ("A.mul",)),
+    "nondiff_scale": L("{x} * float({nondiff})", ("A.mul",)),
+    "add": L("{x} + {y}", ("A.add",)),
+    "sub": L("{x} - {y}", ("A.sub",)),
+    "mul": L("{x} * {y}", ("A.mul",)),
+    "matmul": L("torch.matmul({x}, {y})", ("A.mm", "A.addmm", "A.mv", "A.dot"), ("A.bmm", "A.baddbmm")),
+    "sum": L("torch.sum({x}, dim={axis})", ("A.sum",)),
+    "mean": L("torch.mean({x}, dim={axis})", ("A.mean",)),
+    "transpose": L("torch.permute({x}, {perm})", ("A.permute",)),
+    "reshape": L("torch.reshape({x}, {shape})", ("A.view", "A._unsafe_view", "A.reshape")),
+    "broadcast": L("torch.broadcast_to({x}, {shape})", ("A.expand",)),
+    "name": L("tag({x}, {name})", ("torch.ops.rc.tag",)),
+}
+
+# The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),
+# whose decisions for a region are precomputed into a table (`decisions`, from
+# region_decisions) keyed by (IR op kind, batched) and (name op, checkpoint name).
+PRELUDE = '''
+def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None):
+    """A SAC policy_fn: aten op -> IR op kinds (kinds_of), then the region's decisions."""
+    P = CheckpointPolicy
+    table = ({"save": P.PREFER_SAVE, "recompute": P.PREFER_RECOMPUTE, "offload": P.PREFER_CPU_OFFLOAD} if prefer
+             else {"save": P.MUST_SAVE, "recompute": P.MUST_RECOMPUTE, "offload": P.MUST_CPU_OFFLOAD})
+
+    def policy_fn(ctx, op, *args, **kwargs):
+        packet = getattr(op, "overloadpacket", op)
+        if packet is tag_packet:
+            ds = [decisions[("name", args[1])]]
+        else:
+            ds = [decisions[k] for k in kinds_of.get(packet, [(None, False)])]
+        d = "save" if "save" in ds else "offload" if "offload" in ds else "recompute"
+        if calls is not None and not torch.compiler.is_compiling():
+            calls.append((str(op), bool(ctx.is_recompute), d))
+        return table[d]
+    return policy_fn
+'''
+
+
+def kinds_of_source() -> str:
+    """Source of a dict: aten overload packet -> [(IR op kind, batched)], from the table."""
+    by: dict[str, list] = {}
+    for op, low in OPS.items():
+        if op == NAME_OP:
+            continue
+        for pk in low.policy_ops:
+            by.setdefault(pk, []).append((op, False))
+        for pk in low.batched_ops:
+            by.setdefault(pk, []).append((op, True))
+    return "{" + ", ".join(f"{pk}: {v!r}" for pk, v in by.items()) + "}"
+
+
+TAG_PACKET = OPS[NAME_OP].policy_ops[0]
+
+
+def region_decisions(policy, names: list[str]) -> dict:
+    """Every decision a region's policy_fn can need: per (op kind, batched), the unknown op
+    (None, False), and per checkpoint name of the program."""
+    out: dict = {(None, False): decide(policy, None, None)}
+    for op, low in OPS.items():
+        if op == NAME_OP:
+            continue
+        for batched in ([False, True] if low.batched_ops else [False]):
+            out[(op, batched)] = decide(policy, op, None, batched)
+    for n in names:
+        out[("name", n)] = decide(policy, NAME_OP, n)
+    return out
+
+
+def program_names(prog) -> list[str]:
+    return sorted({s.params["name"] for s, _, _, _ in walk(prog.body) if is_name(s)})
+
+
+def op_text(op: str, args: list[str], params: dict, nondiff: str | None) -> str:
+    return op_source(OPS, op, args, params, nondiff)
+

@@ -1,0 +1,9 @@
+"""`remat-conformance report`: merge campaign output directories into a regression report.
+
+inputs reads and validates run directories, build merges them (with baselines) into the
+report.json object, render writes it as HTML, Markdown, JUnit and JSON, command is the CLI.
+
+This package sits on top: it may import conformance.findings, conformance.ir,
+conformance.store, oracles, and conformance.repro (for embedded scripts); it must not
+import conformance.cli.
+"""

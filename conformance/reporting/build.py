@@ -1,0 +1,226 @@
+"""Merge runs and baselines into the report object (report.json): grid, findings, trend."""
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from conformance.verdict import CHECK_RANK, CHECKS
+from conformance.reporting.inputs import READS_SCHEMA, REPORT_SCHEMA_VERSION, ReportInputError, RunData
+
+# Version keys that do not make two runs different matrix cells.
+_NOT_CELL = {"python", "numpy", "remat-conformance"}
+
+
+def _cells(runs: list[RunData]) -> None:
+    """Label runs that differ in framework versions or device (matrix cells); shards share a label."""
+    def sig(r):
+        v = {k: x for k, x in (r.info.versions if r.info else {}).items() if k not in _NOT_CELL}
+        return (r.info.options.device if r.info else "cpu", tuple(sorted(v.items())))
+    sigs = {sig(r) for r in runs}
+    if len(sigs) <= 1:
+        return
+    keys = sorted({k for s in sigs for k, _ in s[1]})
+    varying = [k for k in keys if len({dict(s[1]).get(k) for s in sigs}) > 1]
+    for r in runs:
+        dev, v = sig(r)
+        v = dict(v)
+        r.cell = " ".join([f"{k} {v.get(k, '-')}" for k in varying] + ([dev] if len({s[0] for s in sigs}) > 1 else []))
+
+
+def _row(pipeline: str, cell: str) -> str:
+    return f"{pipeline} @ {cell}" if cell else pipeline
+
+
+def _status(counts: Counter, has_finding: bool) -> str:
+    if has_finding or counts.get("fail"):
+        return "fail"
+    if counts.get("expected"):
+        return "expected"
+    if counts.get("pass"):
+        return "pass"
+    if counts.get("unsupported"):
+        return "unsupported"
+    return "skipped" if counts else "none"
+
+
+def _stale(runs: list[RunData]) -> list[dict]:
+    from oracles.expectations import Expectations, ExpectationsError, stale
+    src = next((r.info.options.expectations for r in runs if r.info and r.info.options.expectations
+                and Path(r.info.options.expectations).exists()), None)
+    try:
+        exp = Expectations.load(src)
+    except ExpectationsError as e:
+        return [{"id": "<expectations>", "why": f"cannot read: {e}"}]
+    hits: dict[str, Counter] = defaultdict(Counter)
+    for r in runs:
+        for rec in r.results:
+            if rec.type == "result":
+                for eid, how in rec.expectations.items():
+                    hits[eid][how] += 1
+    return stale(exp, {p for r in runs if r.info for p in r.info.options.pipelines}, hits)
+
+
+def _repros(f) -> dict[str, str]:
+    from conformance.findings import decode_inputs
+    from conformance.ir import Program
+    from conformance import repro
+    out = {}
+    try:
+        prog = Program.model_validate(f.program)
+        inputs = decode_inputs(f.inputs) if f.inputs else None
+    except Exception as e:  # noqa: BLE001 - a report still renders without a repro
+        return {"error": f"repro unavailable: {type(e).__name__}: {e}"}
+    for fw in repro.frameworks_for(f):
+        try:
+            out[fw] = repro.generate(prog, inputs, f, fw, filename=f"repro_{f.program_hash}_{fw}.py")
+        except Exception as e:  # noqa: BLE001
+            out[fw] = f"# repro unavailable for {fw}: {type(e).__name__}: {e}\n"
+    return out
+
+
+def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
+    from conformance import repro
+    try:
+        code = repro.pseudo_code(f.program)
+    except Exception as e:  # noqa: BLE001
+        code = f"# program cannot be rendered: {e}"
+    obs = f.detail.get("observations") if isinstance(f.detail.get("observations"), dict) else {}
+    sides = {p: {"error": d.get("error"), "saved": d.get("saved"), "grads": d.get("grads"),
+                 "saved_bytes": d.get("saved_bytes")}
+             for p, d in obs.items() if isinstance(d, dict)}
+    detail = {k: v for k, v in f.detail.items() if k != "observations"}
+    return {
+        "status": status, "key": list(f.key()), "check": f.check, "pipeline": f.pipeline, "reference": f.reference,
+        "error_type": f.error_type, "signature": f.signature, "features": f.features, "count": f.count,
+        "program_hash": f.program_hash, "size": f.size, "original_size": f.original_size,
+        "expectation": f.expectation, "versions": f.versions, "flags": f.flags, "device": f.device, "cells": cells,
+        "pseudo_code": code, "detail": detail, "sides": sides,
+        "repro_command": f"remat-conformance repro corpus/{f.program_hash}.json --framework "
+                         f"{repro.frameworks_for(f)[0]}",
+        "repro": _repros(f) if with_repro else {},
+        "finding": f.model_dump(mode="json"),
+    }
+
+
+def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_repro: bool = True) -> dict:
+    """The whole report as one JSON-serialisable object (report.json)."""
+    from conformance import __version__
+    baselines = baselines or []
+    if not inputs:
+        raise ReportInputError("<args>", "RESULTS_DIR", "at least one results directory is needed")
+    _cells(inputs)
+    warnings = [w for r in inputs for w in r.warnings]
+    harnesses = sorted({r.info.harness for r in inputs if r.info})
+    if len(harnesses) > 1:
+        warnings.append(f"merged runs of different harness versions {harnesses} (same schema "
+                        f"version {READS_SCHEMA}: counts are comparable, generators may differ)")
+    # grid
+    grid: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    rows: list[str] = []
+    programs = 0
+    for r in inputs:
+        for p in (r.info.options.pipelines if r.info else []):
+            if _row(p, r.cell) not in rows:
+                rows.append(_row(p, r.cell))
+        for rec in r.results:
+            if rec.type != "result":
+                continue
+            programs += 1
+            for check, pipeline, _ref, status, _et in rec.verdicts:
+                row = _row(pipeline, r.cell)
+                if row not in rows:
+                    rows.append(row)
+                grid[(row, check)][status] += 1
+    # findings: one per signature and cell, smallest program kept; grouped by behaviour key
+    merged: dict[tuple, Any] = {}
+    cells_of: dict[tuple, list[str]] = defaultdict(list)
+    for r in inputs:
+        for f in r.findings:
+            k = (f.signature, r.cell)
+            if k in merged:
+                g = merged[k]
+                keep = f if (f.size or 1 << 30) < (g.size or 1 << 30) else g
+                keep = keep.model_copy(update={"count": g.count + f.count})
+                merged[k] = keep
+            else:
+                merged[k] = f
+            if r.cell not in cells_of[k]:
+                cells_of[k].append(r.cell)
+    base_keys: set[tuple] = set()
+    base_findings: dict[tuple, Any] = {}
+    for b in baselines:
+        for f in b.findings:
+            base_keys.add(f.key())
+            base_findings.setdefault(f.key(), f)
+    cur_keys = {f.key() for f in merged.values()}
+    ran = {p for r in inputs if r.info for p in r.info.options.pipelines} | {row for row in rows}
+    findings = []
+    for (sig, cell), f in merged.items():
+        status = "persisting" if f.key() in base_keys else "new"
+        findings.append(_finding_obj(f, status, cells_of[(sig, cell)], with_repro))
+    findings.sort(key=lambda x: (CHECK_RANK.get(x["check"], 9), x["status"] != "new", -x["count"], x["signature"]))
+    for i, x in enumerate(findings, 1):
+        x["id"] = f"F{i}"
+        x["rank"] = i
+    fixed, not_run = [], []
+    for k, f in sorted(base_findings.items(), key=lambda kv: (CHECK_RANK.get(kv[0][0], 9), kv[0])):
+        if k in cur_keys:
+            continue
+        (fixed if f.pipeline in ran else not_run).append(_finding_obj(f, "fixed" if f.pipeline in ran else "not_run",
+                                                                       [], False))
+    for i, x in enumerate(fixed + not_run, 1):
+        x["id"] = f"X{i}"
+    grid_rows = []
+    finding_cells: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for x in findings:
+        for c in x["cells"] or [""]:
+            finding_cells[(_row(x["pipeline"], c), x["check"])].append(x["id"])
+    for row in rows:
+        for check in CHECKS:
+            cnt = grid.get((row, check), Counter())
+            ids = finding_cells.get((row, check), [])
+            grid_rows.append({"pipeline": row, "check": check, "counts": dict(sorted(cnt.items())),
+                              "status": _status(cnt, bool(ids)), "findings": ids})
+    # saved-residual bytes per policy and pipeline (from the findings' observations)
+    rb: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for x in findings + fixed:
+        pol = "+".join(sorted(ft.split(":", 1)[1] for ft in x["features"] if ft.startswith("policy:"))) or "no policy"
+        for p, s in x["sides"].items():
+            if s.get("saved_bytes") is not None:
+                rb[(pol, p)].append(s["saved_bytes"])
+    residual_bytes = [{"policy": pol, "pipeline": p, "bytes": max(v), "findings": len(v)}
+                      for (pol, p), v in sorted(rb.items())]
+    # trend over baselines then this run
+    trend = []
+    for b in baselines + [None]:
+        fs = b.findings if b is not None else [type("F", (), {"check": x["check"]}) for x in findings]
+        trend.append({"label": b.label if b is not None else "this run",
+                      "counts": {c: sum(1 for f in fs if f.check == c) for c in CHECKS}})
+    return {
+        "schema_version": REPORT_SCHEMA_VERSION,
+        "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "harness": __version__,
+        "inputs": [{"dir": str(r.dir), "harness": r.info.harness if r.info else None, "schema_version": READS_SCHEMA,
+                    "started": r.info.started if r.info else None, "versions": r.info.versions if r.info else {},
+                    "device": r.info.options.device if r.info else None,
+                    "pipelines": r.info.options.pipelines if r.info else [], "cell": r.cell,
+                    "programs": sum(1 for x in r.results if x.type == "result"), "findings": len(r.findings)}
+                   for r in inputs],
+        "baselines": [{"dir": str(b.dir), "label": b.label, "findings": len(b.findings)} for b in baselines],
+        "warnings": warnings,
+        "checks": list(CHECKS),
+        "pipelines": rows,
+        "grid": grid_rows,
+        "totals": {"programs": programs, "findings": len(findings),
+                   "new": sum(1 for x in findings if x["status"] == "new"),
+                   "persisting": sum(1 for x in findings if x["status"] == "persisting"),
+                   "fixed": len(fixed), "not_run": len(not_run)},
+        "findings": findings,
+        "fixed": fixed,
+        "not_run": not_run,
+        "stale_expectations": _stale(inputs),
+        "residual_bytes": residual_bytes,
+        "trend": trend,
+    }

@@ -1,0 +1,178 @@
+"""Report inputs: run directories (run.json, results.jsonl, findings.json) and baseline reports.
+
+Any problem with an input is a ReportInputError naming the file, the field and the reason.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+REPORT_SCHEMA_VERSION = 1
+# Input schema versions this harness reads (run.json, results.jsonl records, findings.json entries).
+READS_SCHEMA = 1
+
+
+class ReportInputError(ValueError):
+    """An input the report cannot use. `file` is the path, `field` the JSON path in it."""
+
+    def __init__(self, file: str, field: str, reason: str):
+        super().__init__(f"{file}: {field}: {reason}")
+        self.file, self.field, self.reason = file, field, reason
+
+
+# ---- input schemas ------------------------------------------------------------------------------
+class _Opts(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    pipelines: list[str] = Field(default_factory=list)
+    device: str = "cpu"
+    expectations: str | None = None
+    seed: int | None = None
+    budget: float | None = None
+
+
+class _Run(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    schema_version: int
+    harness: str = "?"
+    options: _Opts = Field(default_factory=_Opts)
+    versions: dict[str, str] = Field(default_factory=dict)
+    started: str | None = None
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    schema_version: int = READS_SCHEMA
+    verdicts: list[tuple[str, str, str, str, str]] = Field(default_factory=list)
+    expectations: dict[str, str] = Field(default_factory=dict)
+    t: float = 0.0
+
+
+def _loc(err) -> str:
+    return "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err["loc"]).lstrip(".") or "<root>"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except OSError as e:
+        raise ReportInputError(str(path), "<file>", e.strerror or str(e)) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f"line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else "<file>"
+        raise ReportInputError(str(path), where, f"not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    except RecursionError:
+        raise ReportInputError(str(path), "<root>", "nesting too deep") from None
+
+
+def _check_version(path: Path, where: str, sv) -> None:
+    if sv != READS_SCHEMA:
+        raise ReportInputError(str(path), where, f"schema_version {sv!r} is not readable by this harness "
+                                                 f"(it reads schema_version {READS_SCHEMA}); rebuild the report "
+                                                 f"with the harness version that wrote this directory")
+
+
+@dataclass
+class RunData:
+    dir: Path
+    info: _Run | None
+    results: list[_Result] = field(default_factory=list)
+    findings: list = field(default_factory=list)          # conformance.findings.Finding
+    warnings: list[str] = field(default_factory=list)
+    report: dict | None = None   # a previous report.json (baselines only)
+    cell: str = ""
+
+    @property
+    def label(self) -> str:
+        if self.info and self.info.started:
+            return f"{self.dir.name} ({self.info.started[:16]})"
+        if self.report:
+            return f"{self.dir.name} ({str(self.report.get('generated', ''))[:16]})"
+        return self.dir.name
+
+
+def load_run(d: str | Path, allow_report: bool = False) -> RunData:
+    """Read and validate one run directory (or, for baselines, a report directory)."""
+    from conformance.findings import Finding
+    from conformance.ir import ProgramError, load_program
+    from conformance.store import StoreError, read_jsonl
+    d = Path(d)
+    if not d.is_dir():
+        raise ReportInputError(str(d), "<dir>", "not a directory")
+    runp, resp, findp, repp = d / "run.json", d / "results.jsonl", d / "findings.json", d / "report.json"
+    if allow_report and not runp.exists() and repp.exists():
+        obj = _read_json(repp)
+        if not isinstance(obj, dict):
+            raise ReportInputError(str(repp), "<root>", "must be a JSON object")
+        if obj.get("schema_version") != REPORT_SCHEMA_VERSION:
+            raise ReportInputError(str(repp), "schema_version", f"{obj.get('schema_version')!r} is not readable "
+                                                                f"(this harness reads report schema {REPORT_SCHEMA_VERSION})")
+        rd = RunData(d, None, report=obj)
+        for k, f in enumerate(obj.get("findings") or []):
+            try:
+                rd.findings.append(Finding.model_validate(f.get("finding") if isinstance(f, dict) else f))
+            except (ValidationError, AttributeError) as e:
+                raise ReportInputError(str(repp), f"findings[{k}].finding", _why(e)) from None
+        return rd
+    if not runp.exists():
+        raise ReportInputError(str(d), "run.json", "missing: not a campaign output directory "
+                                                   "(expected run.json, results.jsonl, findings.json)")
+    obj = _read_json(runp)
+    if not isinstance(obj, dict):
+        raise ReportInputError(str(runp), "<root>", "must be a JSON object")
+    _check_version(runp, "schema_version", obj.get("schema_version"))
+    try:
+        info = _Run.model_validate(obj)
+    except ValidationError as e:
+        raise ReportInputError(str(runp), _loc(e.errors()[0]), e.errors()[0]["msg"]) from None
+    rd = RunData(d, info)
+    try:
+        records, warn = read_jsonl(resp)
+    except StoreError as e:
+        msg = str(e)
+        where = msg.split(": ")[1] if msg.count(": ") >= 2 else "<file>"
+        raise ReportInputError(str(resp), where, "not valid JSON") from None
+    except RecursionError:
+        raise ReportInputError(str(resp), "<file>", "nesting too deep") from None
+    if warn:
+        rd.warnings.append(warn)
+    for k, r in enumerate(records):
+        if not isinstance(r, dict):
+            raise ReportInputError(str(resp), f"record {k + 1}", "must be a JSON object")
+        if r.get("type") == "result":
+            _check_version(resp, f"record {k + 1}.schema_version", r.get("schema_version"))
+        try:
+            rd.results.append(_Result.model_validate(r))
+        except ValidationError as e:
+            raise ReportInputError(str(resp), f"record {k + 1}.{_loc(e.errors()[0])}", e.errors()[0]["msg"]) from None
+    if findp.exists():
+        fl = _read_json(findp)
+        if not isinstance(fl, list):
+            raise ReportInputError(str(findp), "<root>", "must be a list of findings")
+        for k, f in enumerate(fl):
+            if isinstance(f, dict):
+                _check_version(findp, f"[{k}].schema_version", f.get("schema_version", READS_SCHEMA))
+            try:
+                fd = Finding.model_validate(f)
+            except ValidationError as e:
+                raise ReportInputError(str(findp), f"[{k}].{_loc(e.errors()[0])}", e.errors()[0]["msg"]) from None
+            try:
+                load_program(fd.program)
+            except ProgramError as e:
+                raise ReportInputError(str(findp), f"[{k}].program.{e.field}", e.reason) from None
+            except RecursionError:
+                raise ReportInputError(str(findp), f"[{k}].program", "nesting too deep") from None
+            rd.findings.append(fd)
+    else:
+        rd.warnings.append(f"{findp}: missing (no findings recorded)")
+    return rd
+
+
+def _why(e) -> str:
+    if isinstance(e, ValidationError):
+        err = e.errors()[0]
+        return f"{_loc(err)}: {err['msg']}"
+    return str(e)

@@ -1,0 +1,169 @@
+"""Report outputs: plots, report.html (self-contained), report.md, junit.xml, report.json."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import conformance
+
+TEMPLATES = Path(conformance.__file__).with_name("templates")
+
+
+_COLORS = {"fail": "#d73a49", "expected": "#e3b341", "pass": "#2da44e", "unsupported": "#8c959f",
+           "skipped": "#d0d7de", "none": "#f6f8fa"}
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def plots(rep: dict) -> dict[str, str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgb
+    out = {}
+    rows, checks = rep["pipelines"], rep["checks"]
+    if rows:
+        cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
+        img = [[to_rgb(_COLORS[cell[(r, c)]["status"]]) for c in checks] for r in rows]
+        fig, ax = plt.subplots(figsize=(1.3 * len(checks) + 2, 0.38 * len(rows) + 1))
+        ax.imshow(img, aspect="auto")
+        ax.set_xticks(range(len(checks)), checks, rotation=30, ha="right")
+        ax.set_yticks(range(len(rows)), rows)
+        for i, r in enumerate(rows):
+            for j, c in enumerate(checks):
+                n = sum(cell[(r, c)]["counts"].values())
+                f = cell[(r, c)]["counts"].get("fail", 0)
+                if n:
+                    ax.text(j, i, f"{f}/{n}" if f else str(n), ha="center", va="center", fontsize=7)
+        ax.set_title("status by pipeline and check (failures/verdicts)")
+        out["grid"] = _png(fig)
+    if any(x["bytes"] for x in rep["residual_bytes"]):
+        pols = sorted({x["policy"] for x in rep["residual_bytes"]})
+        pipes = sorted({x["pipeline"] for x in rep["residual_bytes"]})
+        fig, ax = plt.subplots(figsize=(max(4, 1.6 * len(pols) + 2), 3))
+        w = 0.8 / max(1, len(pipes))
+        for k, p in enumerate(pipes):
+            vals = [next((x["bytes"] for x in rep["residual_bytes"] if x["policy"] == pol and x["pipeline"] == p), 0)
+                    for pol in pols]
+            ax.bar([i + k * w for i in range(len(pols))], vals, w, label=p)
+        ax.set_xticks([i + w * (len(pipes) - 1) / 2 for i in range(len(pols))], pols, rotation=15)
+        ax.set_ylabel("saved residual bytes")
+        ax.set_title("saved-residual bytes per policy and pipeline (findings' programs)")
+        ax.legend(fontsize=7)
+        out["residual_bytes"] = _png(fig)
+    if len(rep["trend"]) > 1:
+        fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(rep["trend"]) + 2), 3))
+        labels = [t["label"] for t in rep["trend"]]
+        bottom = [0] * len(labels)
+        for c in checks:
+            vals = [t["counts"].get(c, 0) for t in rep["trend"]]
+            if any(vals):
+                ax.bar(range(len(labels)), vals, bottom=bottom, label=c)
+                bottom = [a + b for a, b in zip(bottom, vals)]
+        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=7)
+        ax.set_ylabel("findings")
+        ax.set_title("findings over time")
+        ax.legend(fontsize=7)
+        out["trend"] = _png(fig)
+    return out
+
+
+# ---- outputs ---------------------------------------------------------------------------------------
+def _env():
+    import jinja2
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html"]),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson_pretty"] = lambda o: json.dumps(o, indent=1, sort_keys=True, default=str)
+    return env
+
+
+def render_html(rep: dict, figs: dict[str, str]) -> str:
+    grid = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
+    return _env().get_template("report.html.j2").render(rep=rep, figs=figs, grid=grid, colors=_COLORS)
+
+
+_MARK = {"fail": "❌", "expected": "⚠️", "pass": "✅", "unsupported": "➖", "skipped": "·", "none": " "}
+
+
+def render_md(rep: dict) -> str:
+    t = rep["totals"]
+    L = ["# remat-conformance report", "",
+         f"{t['programs']} programs checked in {len(rep['inputs'])} run(s); **{t['findings']} findings** "
+         f"({t['new']} new, {t['persisting']} persisting, {t['fixed']} fixed).", ""]
+    vs = sorted({f"{k} {v}" for i in rep["inputs"] for k, v in i["versions"].items() if k != "numpy"})
+    L.append("Versions: " + ", ".join(vs))
+    for w in rep["warnings"]:
+        L.append(f"> warning: {w}")
+    L += ["", "| pipeline | " + " | ".join(rep["checks"]) + " |", "|---|" + "---|" * len(rep["checks"])]
+    cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
+    for r in rep["pipelines"]:
+        L.append(f"| `{r}` | " + " | ".join(
+            _MARK[cell[(r, c)]["status"]] + (" " + ",".join(cell[(r, c)]["findings"]) if cell[(r, c)]["findings"] else "")
+            for c in rep["checks"]) + " |")
+    for title, items in (("New findings", [x for x in rep["findings"] if x["status"] == "new"]),
+                         ("Persisting findings", [x for x in rep["findings"] if x["status"] == "persisting"]),
+                         ("Fixed (not seen in this run)", rep["fixed"])):
+        L += ["", f"## {title}", ""]
+        if not items:
+            L.append("None.")
+        for x in items:
+            L.append(f"- **{x['id']}** [{x['check']}] `{x['pipeline']}` vs `{x['reference']}`"
+                     f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s); "
+                     f"features: {', '.join(x['features'])}; flags: `{json.dumps(x['flags'], sort_keys=True)}`; "
+                     f"repro: `{x['repro_command']}`")
+    L += ["", "## Stale expectations", ""]
+    L += [f"- `{s['id']}`: {s['why']}" for s in rep["stale_expectations"]] or ["None."]
+    return "\n".join(L) + "\n"
+
+
+def render_junit(rep: dict) -> str:
+    by_id = {x["id"]: x for x in rep["findings"]}
+    suite = ET.Element("testsuite", name="remat-conformance")
+    n = fails = skips = 0
+    for g in rep["grid"]:
+        n += 1
+        tc = ET.SubElement(suite, "testcase", classname=g["pipeline"], name=g["check"])
+        if g["findings"]:
+            fails += 1
+            xs = [by_id[i] for i in g["findings"]]
+            msg = "; ".join(f"{x['id']} vs {x['reference']} {x['error_type']}".strip() for x in xs)
+            fl = ET.SubElement(tc, "failure", message=msg, type=g["check"])
+            fl.text = "\n\n".join(
+                f"{x['id']} [{x['check']}] {x['pipeline']} vs {x['reference']} {x['error_type']} ({x['status']})\n"
+                f"features: {', '.join(x['features'])}\nversions: {json.dumps(x['versions'], sort_keys=True)}\n"
+                f"flags: {json.dumps(x['flags'], sort_keys=True)}\nrepro: {x['repro_command']}\n\n{x['pseudo_code']}"
+                for x in xs)
+        elif g["status"] in ("none", "skipped", "unsupported"):
+            skips += 1
+            ET.SubElement(tc, "skipped", message=f"no verdicts ({g['status']})")
+        out = ET.SubElement(tc, "system-out")
+        out.text = json.dumps(g["counts"], sort_keys=True)
+    suite.set("tests", str(n))
+    suite.set("failures", str(fails))
+    suite.set("skipped", str(skips))
+    suite.set("errors", "0")
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def write(rep: dict, out: str | Path, with_plots: bool = True) -> list[Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    figs = plots(rep) if with_plots else {}
+    files = {"report.json": json.dumps(rep, indent=1, sort_keys=True, default=str),
+             "report.md": render_md(rep), "junit.xml": render_junit(rep), "report.html": render_html(rep, figs)}
+    from conformance.store import atomic_write
+    paths = []
+    for name, text in files.items():
+        atomic_write(out / name, text)
+        paths.append(out / name)
+    return paths

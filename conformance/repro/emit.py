@@ -1,0 +1,159 @@
+"""The program as source: the dialect-independent emitter and the pseudo-code dialect.
+
+An emitter lowers the IR to straight-line source: ops through its dialect's lowering
+table, regions and custom_vjp blocks through its own `region` and `block`. Identifiers
+are derived from value ids when they are safe, `v_<k>` otherwise.
+"""
+from __future__ import annotations
+
+import json
+import keyword
+import re
+
+from conformance import ops as O
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
+from conformance.pipelines import jax_table
+
+_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions)_?\d+$")
+_RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoint", "log", "dt", "program",
+             "loss_fn", "run", "tag", "TAG_PACKET", "KINDS_OF", "CONST", "INPUTS", "DIFF", "sys", "re", "os", "env",
+             "inputs", "sac_policy", "save_prims", "checkpoint_name", "itertools", "Counter", "faulthandler", "LOG",
+             "NAMES", "REMAT", "F64", "PREFER", "SETTINGS", "all_values", "main", "res", "cts", "ctx",
+             "torch_checkpoint", "CheckpointPolicy", "create_selective_checkpoint_contexts", "compiled", "Saved",
+             "identify", "VALUE_REF"}
+
+
+def identifiers(prog: Program) -> dict[str, str]:
+    ids = [i.id for i in prog.inputs]
+    for s, _, _, _ in walk(prog.body):
+        if isinstance(s, Op):
+            ids.append(s.out)
+        elif isinstance(s, CustomVJP):
+            ids += list(s.cts)
+    out, used = {}, set()
+    for k, i in enumerate(ids):
+        n = i if (i.isidentifier() and i.isascii() and not keyword.iskeyword(i) and i not in _RESERVED
+                  and not _GENERATED.match(i) and not i.startswith("_")) else f"v_{k}"
+        while n in used:
+            n += "_"
+        used.add(n)
+        out[i] = n
+    return out
+
+
+class Emitter:
+    """Source for one dialect. Subclasses: op_text, region, block, zeros, value_input."""
+
+    def __init__(self, prog: Program):
+        self.prog = prog
+        self.n = identifiers(prog)
+        self.types = prog.types()
+        self.defs: list[str] = []
+        self.counter = 0
+
+    def next_id(self) -> int:
+        self.counter += 1
+        return self.counter
+
+    @staticmethod
+    def tuple_(xs: list[str]) -> str:
+        return "(" + ", ".join(xs) + ("," if len(xs) == 1 else "") + ")"
+
+    def op_text(self, op: str, args: list[str], params: dict, nondiff: str | None) -> str:
+        raise NotImplementedError
+
+    def block_names(self, s: CustomVJP):
+        """(nondiff params, args, results, residuals, cotangents, nondiff literals) of a block."""
+        return ([f"nd{i}" for i in range(len(s.nondiff))], [self.n[a] for a in s.args],
+                [self.n[r] for r in s.results], [self.n[r] for r in s.residuals], [self.n[c] for c in s.cts],
+                [repr(float(v)) for v in s.nondiff])
+
+    def op(self, s: Op, nd: list[str] | None, literal_nondiff=None) -> str:
+        nondiff = None
+        if O.ND_INDEX in s.params and O.OPS[s.op].in_rules_only:
+            ix = s.params[O.ND_INDEX]
+            nondiff = repr(float(literal_nondiff[ix])) if literal_nondiff is not None else nd[ix]
+        return self.op_text(s.op, [self.n[a] for a in s.args], s.params, nondiff)
+
+    def body(self, stmts, ind: str, path: str, nd: list[str] | None) -> list[str]:
+        lines = []
+        for i, s in enumerate(stmts):
+            p = f"{path}[{i}]"
+            if isinstance(s, Op):
+                lines.append(f"{ind}{self.n[s.out]} = {self.op(s, nd)}")
+            elif isinstance(s, Checkpoint):
+                lines += self.region(s, p, ind, nd)
+            elif isinstance(s, CustomVJP):
+                lines += self.block(s, p, ind)
+        return lines
+
+    def program(self) -> tuple[str, str]:
+        """(definitions, the body of `program(*diff_inputs)`)."""
+        lines = [f"    {self.n[i.id]} = CONST[{json.dumps(i.id)}]   # not differentiated"
+                 for i in self.prog.inputs if not i.diff]
+        lines += self.body(self.prog.body, "    ", "body", None)
+        lines.append(f"    return [{', '.join(self.n[o] for o in self.prog.outputs)}]")
+        return "\n\n".join(d.rstrip() + "\n" for d in self.defs), "\n".join(lines)
+
+    def values(self) -> str:
+        """Flattened primal: every op outside bwd rules, nondiff constants inlined."""
+        lines = [f"    {self.n[i.id]} = {self.value_input(json.dumps(i.id))}" for i in self.prog.inputs]
+        keys = [i.id for i in self.prog.inputs]
+
+        def visit(stmts, literal):
+            for s in stmts:
+                if isinstance(s, Op):
+                    lines.append(f"    {self.n[s.out]} = {self.op(s, None, literal)}")
+                    keys.append(s.out)
+                elif isinstance(s, Checkpoint):
+                    visit(s.body, literal)
+                elif isinstance(s, CustomVJP):
+                    visit(s.fwd, list(s.nondiff))
+        visit(self.prog.body, None)
+        lines.append("    env = {" + ", ".join(f"{json.dumps(k)}: {self.n[k]}" for k in keys) + "}")
+        return "\n".join(lines)
+
+    def value_input(self, key: str) -> str:
+        return f"inputs[{key}]"
+
+
+def policy_text(p) -> str:
+    """A policy as JAX spells it (pseudo-code and comments)."""
+    return jax_table.policy_source(p).replace("cp.", "")
+
+
+class PseudoEmitter(Emitter):
+    """Readable pseudo-Python for reports."""
+
+    def op_text(self, op, args, params, nondiff):
+        return O.pseudo(op, args, params)
+
+    def region(self, s, path, ind, nd):
+        head = f"{ind}with checkpoint(policy={policy_text(s.policy)}" + (
+            ", prevent_cse=False" if not s.prevent_cse else "") + f"):   # {path}"
+        return [head] + self.body(s.body, ind + "    ", path + ".body", nd) + [
+            f"{ind}    export {', '.join(self.n[r] for r in s.results)}"]
+
+    def block(self, s, path, ind):
+        nd, args, results, resid, cts, ndv = self.block_names(s)
+        opts = [f"{o}=True" for o in ("symbolic_zeros", "optimize_remat") if getattr(s, o)]
+        opts += [f"nondiff=[{', '.join(ndv)}]"] if ndv else []
+        out = [f"{ind}with custom_vjp({', '.join(opts)}):   # {path}", f"{ind}    def fwd({', '.join(args)}):"]
+        out += self.body(s.fwd, ind + "        ", path + ".fwd", nd)
+        out += [f"{ind}        return {self.tuple_(results)}, residuals={self.tuple_(resid)}",
+                f"{ind}    def bwd(residuals={self.tuple_(resid)}, cotangents={self.tuple_(cts)}):"]
+        out += self.body(s.bwd, ind + "        ", path + ".bwd", nd)
+        out += [f"{ind}        return {self.tuple_([self.n[r] if r else 'zeros' for r in s.bwd_results])}",
+                f"{ind}    export {', '.join(results)}"]
+        return out
+
+
+def pseudo_code(program) -> str:
+    """The program as readable pseudo-Python (for reports)."""
+    prog = program if isinstance(program, Program) else Program.model_validate(program)
+    e = PseudoEmitter(prog)
+    sig = ", ".join(f"{e.n[i.id]}: {i.dtype}{list(i.shape)}" + ("" if i.diff else " (no grad)") for i in prog.inputs)
+    lines = [f"def f({sig}):"] + e.body(prog.body, "    ", "body", None)
+    lines.append(f"    return {', '.join(e.n[o] for o in prog.outputs)}")
+    tail = "grad of grad of sum(outputs)" if prog.diff.order == 2 else "grad of sum(outputs)"
+    return "\n".join(lines) + f"\n# differentiated: {tail} w.r.t. " + ", ".join(e.n[i.id] for i in prog.diff_inputs())

@@ -1,0 +1,61 @@
+"""The JAX dialect: ops from the JAX lowering table, regions as jax.checkpoint with the
+policy's JAX source, custom_vjp blocks as jax.custom_vjp built where they are called."""
+from __future__ import annotations
+
+from conformance.pipelines import jax_table
+from conformance.repro.emit import Emitter
+
+SZ = "jax.custom_derivatives.SymbolicZero"
+
+
+class JaxEmitter(Emitter):
+    def op_text(self, op, args, params, nondiff):
+        return jax_table.op_text(op, args, params, nondiff)
+
+    def value_input(self, key):
+        return f"jnp.asarray(inputs[{key}])"
+
+    def zeros(self, vid: str) -> str:
+        shp, dtype = self.types[vid]
+        return f"jnp.zeros({tuple(shp)!r}, dt({dtype!r}))"
+
+    def region(self, s, path, ind, nd):
+        fn = f"region_{self.next_id()}"
+        args = [self.n[a] for a in s.args]
+        res = self.tuple_([self.n[r] for r in s.results])
+        src = [f"def {fn}({', '.join(args)}):", f"    \"\"\"Checkpoint region {path}.\"\"\""]
+        src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {res}", ""]
+        self.defs.append("\n".join(src))
+        pol = jax_table.policy_source(s.policy)
+        return [f"{ind}{res} = checkpoint({fn}, policy={pol}, prevent_cse={s.prevent_cse})({', '.join(args)})"]
+
+    def block(self, s, path, ind):
+        b = f"block_{self.next_id()}"
+        nd, args, results, resid, cts, ndv = self.block_names(s)
+        sig = ", ".join(nd + args)
+        ret = [self.n[r] if r else self.zeros(a) for r, a in zip(s.bwd_results, s.args)]
+        src = [f"# custom_vjp block {path} (symbolic_zeros={s.symbolic_zeros}, optimize_remat={s.optimize_remat}, "
+               f"nondiff args {ndv or 'none'})",
+               f"def {b}_rule({sig}):", "    \"\"\"The fwd statements: (results, residuals).\"\"\""]
+        src += self.body(s.fwd, "    ", path + ".fwd", nd)
+        src += [f"    return {self.tuple_(results)}, {self.tuple_(resid)}", "", "", f"def {b}_fwd({sig}):"]
+        if s.symbolic_zeros:
+            src += [f"    log({path!r}, \"perturbed\", [{', '.join(f'bool({a}.perturbed)' for a in args)}])",
+                    f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}"]
+        src += [f"    return {b}_rule({sig})", "", "", f"def {b}_bwd({', '.join(nd + ['res', 'cts'])}):"]
+        if resid:
+            src.append(f"    {self.tuple_(resid)} = res")
+        src.append(f"    {self.tuple_(cts)} = cts")
+        if s.symbolic_zeros:
+            src.append(f"    log({path!r}, \"symbolic_zero_cts\", [{', '.join(f'isinstance({c}, {SZ})' for c in cts)}])")
+            src += [f"    {c} = {self.zeros(r)} if isinstance({c}, {SZ}) else {c}" for c, r in zip(cts, s.results)]
+        src += self.body(s.bwd, "    ", path + ".bwd", nd) + [f"    return {self.tuple_(ret)}", "", ""]
+        kw = "".join(f", {o}=True" for o in ("symbolic_zeros", "optimize_remat") if getattr(s, o))
+        src += [f"def {b}_primal({sig}):", f"    return {b}_rule({sig})[0]", "", "",
+                f"def {b}(*args):",
+                "    \"\"\"The custom_vjp function, built where it is called (as the harness does).\"\"\"",
+                f"    log({path!r})",
+                f"    f = jax.custom_vjp({b}_primal" + (f", nondiff_argnums={tuple(range(len(nd)))!r})" if nd else ")"),
+                f"    f.defvjp({b}_fwd, {b}_bwd{kw})", "    return f(*args)", ""]
+        self.defs.append("\n".join(src))
+        return [f"{ind}{self.tuple_(results)} = {b}({', '.join(ndv + args)})"]

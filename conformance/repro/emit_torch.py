@@ -1,0 +1,64 @@
+"""The PyTorch dialect: ops from the torch lowering table, regions as torch.utils.checkpoint
+with a SAC policy_fn (the harness's adapter over its decisions for that region's policy),
+custom_vjp blocks as torch.autograd.Function with set_materialize_grads(False) for
+symbolic zeros."""
+from __future__ import annotations
+
+from conformance.pipelines import torch_table
+from conformance.repro.emit import Emitter
+
+
+class TorchEmitter(Emitter):
+    def __init__(self, prog):
+        super().__init__(prog)
+        self.names = torch_table.program_names(prog)
+
+    def op_text(self, op, args, params, nondiff):
+        return torch_table.op_text(op, args, params, nondiff)
+
+    def zeros(self, vid: str) -> str:
+        shp, dtype = self.types[vid]
+        return f"torch.zeros({tuple(shp)!r}, dtype=dt({dtype!r}))"
+
+    def region(self, s, path, ind, nd):
+        k = self.next_id()
+        fn = f"region_{k}"
+        args = [self.n[a] for a in s.args]
+        res = self.tuple_([self.n[r] for r in s.results])
+        src = [f"def {fn}({', '.join(args)}):", f"    \"\"\"Checkpoint region {path}.\"\"\""]
+        src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {res}", ""]
+        decisions = torch_table.region_decisions(s.policy, self.names)
+        src += [f"# what the region's policy decides: (IR op kind, batched) or ('name', checkpoint name)",
+                f"decisions_{k} = {decisions!r}",
+                f"ctx_{k} = {{p: partial(create_selective_checkpoint_contexts, sac_policy(decisions_{k}, KINDS_OF, "
+                f"TAG_PACKET, p)) for p in (False, True)}}", ""]
+        self.defs.append("\n".join(src))
+        return [f"{ind}{res} = checkpoint({fn}, ctx_{k}, {', '.join(args)})"]
+
+    def block(self, s, path, ind):
+        cls = f"Block{self.next_id()}"
+        nd, args, results, resid, cts, ndv = self.block_names(s)
+        ret = [self.n[r] if r else self.zeros(a) for r, a in zip(s.bwd_results, s.args)]
+        src = [f"class {cls}(torch.autograd.Function):",
+               f"    \"\"\"custom_vjp block {path} (symbolic_zeros={s.symbolic_zeros}, "
+               f"optimize_remat={s.optimize_remat}, nondiff args {ndv or 'none'}).\"\"\"",
+               "", "    @staticmethod", f"    def forward(ctx, {', '.join(nd + args)}):"]
+        if s.symbolic_zeros:
+            src += [f"        flags = [bool(b) for b in ctx.needs_input_grad[{len(nd)}:]]",
+                    "        if any(flags):", f"            log({path!r}, \"perturbed\", flags)",
+                    "        ctx.set_materialize_grads(False)   # symbolic zeros: None cotangents"]
+        src += self.body(s.fwd, "        ", path + ".fwd", nd)
+        src += [f"        ctx.save_for_backward({', '.join(resid)})", f"        ctx.nondiff = {self.tuple_(nd)}",
+                f"        return {results[0] if len(results) == 1 else ', '.join(results)}",
+                "", "    @staticmethod", f"    def backward(ctx, {', '.join(cts)}):"]
+        if resid:
+            src.append(f"        {self.tuple_(resid)} = ctx.saved_tensors")
+        if nd:
+            src.append(f"        {self.tuple_(nd)} = ctx.nondiff")
+        if s.symbolic_zeros:
+            src.append(f"        log({path!r}, \"symbolic_zero_cts\", [{', '.join(f'{c} is None' for c in cts)}])")
+            src += [f"        {c} = {self.zeros(r)} if {c} is None else {c}" for c, r in zip(cts, s.results)]
+        src += self.body(s.bwd, "        ", path + ".bwd", nd)
+        src += [f"        return {', '.join(['None'] * len(nd) + ret)}", "", ""]
+        self.defs.append("\n".join(src))
+        return [f"{ind}{', '.join(results)} = {cls}.apply({', '.join(ndv + args)})"]

@@ -1,0 +1,63 @@
+"""The standalone script: a plan, the program's source in one dialect, rendered into the
+dialect's template with the exact inputs and every pipeline's settings."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from conformance import pipelines as registry
+from conformance.ir import CustomVJP, checkpoint_name_of, primal_ops, walk
+from conformance.pipelines import jax_table, torch_table
+from conformance.repro.emit_jax import JaxEmitter
+from conformance.repro.emit_torch import TorchEmitter
+from conformance.repro.plan import must_not_save, plan, seen, settings, summary
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+EMITTERS = {"jax": JaxEmitter, "torch": TorchEmitter}
+
+
+def _fmt_array(a: np.ndarray) -> str:
+    data = a.astype(np.float64).tolist()
+    return f"np.array({json.dumps(data)}, dtype=np.{a.dtype})" if a.ndim else f"np.array({float(a)!r}, dtype=np.{a.dtype})"
+
+
+def _dialect(framework: str, prog) -> dict:
+    """What the template of one framework needs from its lowering table."""
+    if framework == "jax":
+        return {"prelude": jax_table.PRELUDE.strip()}
+    return {"prelude": torch_table.PRELUDE.strip(), "kinds_of": torch_table.kinds_of_source(),
+            "tag_packet": torch_table.TAG_PACKET}
+
+
+def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework: str = "jax",
+             pipeline: str | None = None, filename: str = "repro.py") -> str:
+    """The standalone reproducer's source."""
+    import jinja2
+    from conformance import __version__
+    from oracles.gradients import tolerance
+    if inputs is None:
+        from generators.programs import input_values
+        inputs = input_values(prog, 0)
+    pl = plan(prog, finding, framework, pipeline)
+    e = EMITTERS[framework](prog)
+    defs, body = e.program()
+    names = {i: checkpoint_name_of(s) for i, s in primal_ops(prog).items() if checkpoint_name_of(s)}
+    rtol, atol = tolerance(prog, "tight" if registry.role_of(pl.reference) == registry.BASELINE else "loose")
+    run_settings = {p: settings(p, framework, finding) for p in pl.run}
+    seen_versions, seen_lines = seen(finding, framework)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.get_template(f"repro_{framework}.py.j2").render(
+        harness=__version__, summary=summary(finding, pl, framework), filename=filename,
+        check=pl.check, pipeline=pl.pipeline, reference=pl.reference, run=pl.run,
+        settings="{\n" + "".join(f"    {json.dumps(p)}: {s!r},\n" for p, s in run_settings.items()) + "}",
+        value_ref=registry.value_reference(),
+        rtol=repr(rtol), atol=repr(atol), expect_raises=repr(pl.expect_raises), expect_why=pl.expect_why,
+        timeout=300 if pl.check != "timeout" else 120, names=repr(names),
+        must_not_save=repr(set(must_not_save(prog)) or set()), seen=seen_versions, seen_lines=seen_lines,
+        inputs=[(k, _fmt_array(np.asarray(inputs[k]))) for k in [i.id for i in prog.inputs]],
+        diff_ids=[e.n[i.id] for i in prog.diff_inputs()], diff_keys=[i.id for i in prog.diff_inputs()],
+        defs=defs, body=body, values_body=e.values(), order2=prog.diff.order == 2, has_names=bool(names),
+        blocks=[p for s, _, p, _ in walk(prog.body) if isinstance(s, CustomVJP)], **_dialect(framework, prog))

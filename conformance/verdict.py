@@ -1,0 +1,58 @@
+"""Verdicts and the one vocabulary of checks, statuses, stages and symptoms.
+
+A verdict is what an oracle concludes about one (program, pipeline, reference, check).
+Everything that names a check, a stage or a crash/timeout symptom takes it from here.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Triage order: silent wrong gradients first, then silently ignored policies and residual
+# differences, then custom-rule observations, error behaviour, crashes, timeouts.
+CHECKS = ("gradient", "residuals", "custom_rule", "error", "crash", "timeout")
+CHECK_RANK: dict[str, int] = {c: i for i, c in enumerate(CHECKS)}
+STATUSES = ("pass", "fail", "expected", "unsupported", "skipped")
+# Where a pipeline run failed, in the order a run goes through them.
+STAGES = ("setup", "validation", "lowering", "forward", "backward", "second_order")
+# Error types the isolated executor reports for a worker that died or hung.
+CRASH_PREFIX = "crash:"      # crash:SIGSEGV, crash:SIGABRT, crash:exit-1, crash:oom, ...
+CRASH_OOM = CRASH_PREFIX + "oom"
+TIMEOUT = "timeout"
+# Residual symptoms (a residual verdict's error_type).
+RESIDUAL_SYMPTOMS = ("missing", "extra", "named", "other", "saved_against_policy")
+
+Check = Literal[CHECKS]
+Status = Literal[STATUSES]
+Stage = Literal[STAGES]
+
+
+def crash_type(what: str) -> str:
+    return CRASH_PREFIX + what
+
+
+def symptom_check(error_type: str) -> str | None:
+    """The check an isolated-run error type belongs to: crash, timeout, or None (an ordinary error)."""
+    if error_type == TIMEOUT:
+        return "timeout"
+    return "crash" if error_type.startswith(CRASH_PREFIX) else None
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    check: Check
+    pipeline: str
+    reference: str            # a pipeline name, "policy" or "expectations"
+    status: Status
+    error_type: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+    expectation: str | None = None   # id of the expectation entry that matched, if any
+
+    def key(self) -> tuple[str, str, str, str]:
+        """What shrinking preserves: (check, pipeline, reference, error type)."""
+        return (self.check, self.pipeline, self.reference, self.error_type or "")
+
+    @property
+    def unexpected(self) -> bool:
+        return self.status == "fail"
