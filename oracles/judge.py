@@ -65,6 +65,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     dtypes = {t[1] for t in program.types().values()}
     value_ref = registry.value_reference()
     ref = observations.get(value_ref)
+    values = ref.values if ref is not None else None
     names = set(observations)
 
     for name, obs in observations.items():
@@ -137,11 +138,11 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         # -- values ---------------------------------------------------------------------
         base = observations.get(registry.baseline_of(name) or "")
         if base is not None:
-            v = gradients.compare(program, obs, base, "tight")
+            v = gradients.compare(program, obs, base, "tight", values)
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
         if ref is not None:
-            v = gradients.compare(program, obs, ref, "loose")
+            v = gradients.compare(program, obs, ref, "loose", values)
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
 
@@ -157,7 +158,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             if mode == "same":
                 checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref)]
             else:
-                checks = [cross_framework.compare_grads(program, obs, rref),
+                checks = [cross_framework.compare_grads(program, obs, rref, values=values),
                           cross_framework.compare_residuals(obs, rref, program)]
             for v in checks:
                 _apply_diverges(j, v, diverges)

@@ -32,6 +32,24 @@ def test_gradient_oracle_tight_and_loose():
     assert nan.status == "fail" and "non-finite" in nan.detail["reason"]
 
 
+def test_gradient_oracle_skips_programs_at_a_nonsmooth_kink(monkeypatch):
+    """An op declared nonsmooth whose input sits at its kink makes the value checks skip
+    (float32 and float64 may take either side); away from the kink they judge as usual."""
+    import dataclasses
+    from conformance import ops
+    from tests.programs import op, prog
+    monkeypatch.setitem(ops.OPS, "sin", dataclasses.replace(ops.OPS["sin"], nonsmooth=True))
+    p = prog([op("sin", ["x"], "y")])
+    ref, bad = obs("ref:f64", {"x": [1.0, 2.0]}), obs("jax:remat3", {"x": [1.0, 2.5]})
+    at_kink = {"x": [0.5, 1e-14, 1.0], "y": [0.0, 0.0, 0.0]}   # float64: the band is ~4e-13
+    away = {"x": [0.5, 0.2, 1.0], "y": [0.0, 0.0, 0.0]}
+    v = gradients.compare(p, bad, ref, "loose", at_kink)
+    assert v.status == "skipped" and v.detail["values"] == ["x"]
+    assert gradients.compare(p, bad, ref, "loose", away).status == "fail"
+    monkeypatch.setitem(ops.OPS, "sin", dataclasses.replace(ops.OPS["sin"], nonsmooth=False))
+    assert gradients.compare(p, bad, ref, "loose", at_kink).status == "fail"
+
+
 def test_residual_oracle_names_missing_and_extra():
     a = obs("jax:remat3", res=[R(["s", "na"], ["a"]), R(["x"])])
     b = obs("jax:remat2", res=[R(["s", "na"], ["a"]), R(["c", "nb"], ["b"]), R(["x"])])
