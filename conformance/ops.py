@@ -380,6 +380,13 @@ define("nondiff_scale", 1, "nondiff", _infer_nondiff_scale, params=(ND_INDEX,),
        gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True)
 
 
+_NONSMOOTH = feature("nonsmooth", "relu or step: a derivative that jumps at 0")
+define("relu", 1, "nonsmooth", _same, gen=_keep, nonsmooth=True, features=(_NONSMOOTH,),
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("step", [a])])))
+define("step", 1, "nonsmooth", _same, gen=_bounded, nonsmooth=True, features=(_NONSMOOTH,),
+       vjp=lambda d, s: None)   # piecewise constant: no cotangent for its argument
+
+
 def _generated(d: OpDecl, in_rule: bool, nondiff: bool) -> bool:
     return (d.gen is not None and (not d.in_rules_only or (in_rule and nondiff))
             and (not in_rule or d.vjp is not None))

@@ -31,6 +31,8 @@ OPS: dict[str, Lowering] = {
     "reshape": L("jnp.reshape({x}, {shape})", ("reshape",)),
     "broadcast": L("jnp.broadcast_to({x}, {shape})", ("broadcast_in_dim",)),
     "name": L("checkpoint_name({x}, {name})", ("name",)),
+    "relu": L("jax.nn.relu({x})", ("custom_jvp_call", "max")),
+    "step": L("({x} > 0).astype({x}.dtype)", ("gt", "convert_element_type")),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

@@ -33,6 +33,8 @@ OPS: dict[str, Lowering] = {
     "reshape": L("torch.reshape({x}, {shape})", ("A.view", "A._unsafe_view", "A.reshape")),
     "broadcast": L("torch.broadcast_to({x}, {shape})", ("A.expand",)),
     "name": L("tag({x}, {name})", ("torch.ops.rc.tag",)),
+    "relu": L("torch.relu({x})", ("A.relu",)),
+    "step": L("({x} > 0).to({x}.dtype)", ("A.gt", "A._to_copy")),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),
