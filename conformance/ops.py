@@ -387,6 +387,58 @@ define("step", 1, "nonsmooth", _same, gen=_bounded, nonsmooth=True, features=(_N
        vjp=lambda d, s: None)   # piecewise constant: no cotangent for its argument
 
 
+def _gen_slice(c, x):
+    if not x.shape:
+        return None
+    ax = c.int(0, len(x.shape) - 1, "axis")
+    start = c.int(0, x.shape[ax] - 1, "start")
+    stop = c.int(start + 1, x.shape[ax], "stop")
+    return None, [x], {"axis": ax, "start": start, "stop": stop}, x.mag
+
+
+def _gen_pad(c, x):
+    if not x.shape:
+        return None
+    ax = c.int(0, len(x.shape) - 1, "axis")
+    return None, [x], {"axis": ax, "before": c.int(0, 2, "before"), "after": c.int(1, 2, "after")}, x.mag
+
+
+def _vjp_slice(d, s):
+    p, n = s.params, d.types[s.args[0]][0][s.params["axis"]]
+    d.acc(s.args[0], d.emit("pad", [d.ct(s)], axis=p["axis"], before=p["start"], after=n - p["stop"]))
+
+
+def _vjp_pad(d, s):
+    p, n = s.params, d.types[s.args[0]][0][s.params["axis"]]
+    d.acc(s.args[0], d.emit("slice", [d.ct(s)], axis=p["axis"], start=p["before"], stop=p["before"] + n))
+
+
+def _infer_slice(shapes, p, nd):
+    s0 = shapes[0]
+    _axis(p, "axis", len(s0))
+    n = s0[p["axis"]]
+    st, sp = p["start"], p["stop"]
+    if not (_int(st) and _int(sp) and 0 <= st < sp <= n):
+        raise ParamError("params", f"need 0 <= start < stop <= {n}, got start={st!r} stop={sp!r}")
+    return tuple(sp - st if i == p["axis"] else d for i, d in enumerate(s0))
+
+
+def _infer_pad(shapes, p, nd):
+    s0 = shapes[0]
+    _axis(p, "axis", len(s0))
+    for k in ("before", "after"):
+        if not _int(p[k]) or not 0 <= p[k] <= 64:
+            raise ParamError(f"params.{k}", f"must be an integer in [0, 64], got {p[k]!r}")
+    return tuple(d + p["before"] + p["after"] if i == p["axis"] else d for i, d in enumerate(s0))
+
+
+_SLICING = feature("slicing", "slice or pad (a view, and its inverse, in PyTorch)")
+define("slice", 1, "slicing", _infer_slice, params=("axis", "start", "stop"), vjp=_vjp_slice, gen=_gen_slice,
+       features=(_SLICING,))
+define("pad", 1, "slicing", _infer_pad, params=("axis", "before", "after"), vjp=_vjp_pad, gen=_gen_pad,
+       features=(_SLICING,))
+
+
 def _generated(d: OpDecl, in_rule: bool, nondiff: bool) -> bool:
     return (d.gen is not None and (not d.in_rules_only or (in_rule and nondiff))
             and (not in_rule or d.vjp is not None))

@@ -33,6 +33,8 @@ OPS: dict[str, Lowering] = {
     "name": L("checkpoint_name({x}, {name})", ("name",)),
     "relu": L("jax.nn.relu({x})", ("custom_jvp_call", "max")),
     "step": L("({x} > 0).astype({x}.dtype)", ("gt", "convert_element_type")),
+    "slice": L("lax.slice_in_dim({x}, {start}, {stop}, axis={axis})", ("slice",)),
+    "pad": L("jnp.pad({x}, [(({before}, {after}) if i == {axis} else (0, 0)) for i in range({x}.ndim)])", ("pad",)),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

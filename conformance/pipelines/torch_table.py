@@ -35,6 +35,9 @@ OPS: dict[str, Lowering] = {
     "name": L("tag({x}, {name})", ("torch.ops.rc.tag",)),
     "relu": L("torch.relu({x})", ("A.relu",)),
     "step": L("({x} > 0).to({x}.dtype)", ("A.gt", "A._to_copy")),
+    "slice": L("torch.narrow({x}, {axis}, {start}, {stop} - {start})", ("A.slice", "A.narrow")),
+    "pad": L("torch.nn.functional.pad({x}, [0, 0] * ({x}.dim() - 1 - {axis}) + [{before}, {after}])",
+             ("A.constant_pad_nd",)),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),
