@@ -439,6 +439,27 @@ define("pad", 1, "slicing", _infer_pad, params=("axis", "before", "after"), vjp=
        features=(_SLICING,))
 
 
+def _gen_conv1d(c, x):
+    if len(x.shape) != 3:
+        return None
+    want = (c.int(1, 4, "dim"), x.shape[1], c.int(1, x.shape[2], "kernel"))
+    w = c.operand(lambda v: v.shape == want and v.dtype == x.dtype) or c.new_input(want)
+    return None, [x, w], {}, x.mag * w.mag * want[1] * want[2]
+
+
+def _infer_conv1d(shapes, p, nd):
+    x, w = shapes
+    if len(x) != 3 or len(w) != 3 or x[1] != w[1] or w[2] > x[2]:
+        raise ParamError("args", f"conv1d needs (n,c,w) and (o,c,k) with k <= w, got {list(x)} and {list(w)}")
+    return (x[0], w[0], x[2] - w[2] + 1)
+
+
+# A 1-D convolution (n, c, w) * (o, c, k) -> (n, o, w - k + 1). JAX's dots_saveable saves
+# convolutions, dots_with_no_batch_dims_saveable does not; no IR derivative (not in custom rules).
+define("conv1d", 2, "conv", _infer_conv1d, gen=_gen_conv1d, dot=True,
+       features=(feature("conv", "a 1-D convolution"),))
+
+
 def _generated(d: OpDecl, in_rule: bool, nondiff: bool) -> bool:
     return (d.gen is not None and (not d.in_rules_only or (in_rule and nondiff))
             and (not in_rule or d.vjp is not None))

@@ -35,6 +35,7 @@ OPS: dict[str, Lowering] = {
     "step": L("({x} > 0).astype({x}.dtype)", ("gt", "convert_element_type")),
     "slice": L("lax.slice_in_dim({x}, {start}, {stop}, axis={axis})", ("slice",)),
     "pad": L("jnp.pad({x}, [(({before}, {after}) if i == {axis} else (0, 0)) for i in range({x}.ndim)])", ("pad",)),
+    "conv1d": L("lax.conv_general_dilated({x}, {y}, (1,), 'VALID')", ("conv_general_dilated",)),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

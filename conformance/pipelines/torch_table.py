@@ -38,6 +38,7 @@ OPS: dict[str, Lowering] = {
     "slice": L("torch.narrow({x}, {axis}, {start}, {stop} - {start})", ("A.slice", "A.narrow")),
     "pad": L("torch.nn.functional.pad({x}, [0, 0] * ({x}.dim() - 1 - {axis}) + [{before}, {after}])",
              ("A.constant_pad_nd",)),
+    "conv1d": L("torch.nn.functional.conv1d({x}, {y})", ("A.convolution", "A.conv1d")),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),
