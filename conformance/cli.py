@@ -220,7 +220,7 @@ def cmd_run(args) -> int:
           + (" (interrupted; resume with --resume)" if camp.interrupted else ""))
     for f in sorted(camp.findings, key=lambda f: f.signature):
         print(f"  [{f.check}] {f.pipeline} vs {f.reference} {f.error_type or ''} x{f.count}: "
-              f"{', '.join(f.features)}")
+              f"{', '.join(sorted(f.core_features()))}")
     print(f"wrote {store.dir}/ (summary.md, findings.json, results.jsonl, corpus/)")
     if camp.interrupted:
         return 130

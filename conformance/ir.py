@@ -522,6 +522,13 @@ class Interpreter:
         e = self.body(s.fwd, dict(zip(s.args, args)), s.nondiff, path + ".fwd")
         return [e[r] for r in s.results]
 
+    def outputs(self, const: dict, diff_ids: list[str], diff_values) -> list:
+        """The program's outputs from its constant and differentiated inputs."""
+        env = dict(const)
+        env.update(zip(diff_ids, diff_values))
+        self.body(self.prog.body, env)
+        return [env[o] for o in self.prog.outputs]
+
     def body(self, body, env: dict, nondiff=None, path="body"):
         for i, s in enumerate(body):
             p = f"{path}[{i}]"

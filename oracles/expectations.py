@@ -19,6 +19,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from conformance.verdict import Check
+
 DEFAULT_FILE = Path(__file__).with_name("expectations.json")
 
 
@@ -30,7 +32,7 @@ class Raises(BaseModel):
 
 class Diverges(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    check: Literal["gradient", "residuals", "custom_rule", "error"]
+    check: Check
     reference: str | None = None   # restrict to one reference (pipeline name, 'policy')
     error_regex: str | None = None  # for check 'error': only errors whose "type: message" matches
     reason: str

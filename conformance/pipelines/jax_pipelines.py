@@ -201,12 +201,8 @@ class JaxBase(Pipeline):
         low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
 
         def loss_fn(*d):
-            env = dict(const)
-            env.update(zip(diff_ids, d))
-            low.body(program.body, env)
-            outs = [env[o] for o in program.outputs]
-            loss = sum(jnp.sum(o).astype(jnp.float64) for o in outs)
-            return loss, outs
+            outs = low.outputs(const, diff_ids, d)
+            return sum(jnp.sum(o).astype(jnp.float64) for o in outs), outs
 
         def fwd(*d):
             loss, vjp_fn, outs = jax.vjp(loss_fn, *d, has_aux=True)

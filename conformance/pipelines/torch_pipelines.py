@@ -133,12 +133,8 @@ class TorchBase(Pipeline):
 
         def make_loss(low):
             def loss_fn(*d):
-                env = dict(const)
-                env.update(zip(diff_ids, d))
-                low.body(program.body, env)
-                outs = [env[o] for o in program.outputs]
-                loss = sum(torch.sum(o).to(torch.float64) for o in outs)
-                return loss, outs
+                outs = low.outputs(const, diff_ids, d)
+                return sum(torch.sum(o).to(torch.float64) for o in outs), outs
             return loss_fn
         loss_fn = make_loss(low)
 
