@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conformance import ops as O
-from conformance.policy import Policy, offloads, policy_names
+from conformance.policy import Policy, combines, offloads, policy_names
 
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "float64")
@@ -370,7 +370,7 @@ def compute_features(prog: Program) -> set[str]:
         if isinstance(s, Checkpoint):
             f.add("checkpoint")
             f.add(f"policy:{s.policy.kind}")
-            if s.policy.kind == "both" and offloads(s.policy):
+            if combines(s.policy) and offloads(s.policy):
                 f.add("offload_in_both")
             if depth >= 1:
                 f.add("nested_checkpoint")

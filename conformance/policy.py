@@ -185,6 +185,11 @@ def policy_names(p) -> list[str]:
     return out
 
 
+def combines(p) -> bool:
+    """A policy made of two sub-policies (save_from_both_policies)."""
+    return "a" in KINDS[p.kind].fields
+
+
 def offloads(p) -> bool:
     return KINDS[p.kind].offloads or any(offloads(getattr(p, f)) for f in KINDS[p.kind].fields if f in ("a", "b"))
 
