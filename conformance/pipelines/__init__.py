@@ -12,14 +12,18 @@ Roles:
   reference  the residual, custom-rule and error reference (judged itself against the policy)
   rival      everything else: judged against the value references, the policy and `compare`
 
-This package may import the IR, the observation type and, lazily, its framework modules.
+Importing this module loads no pipeline code and no framework (the oracles read it); the
+pipeline modules of this package import the IR, the observation type and their own
+framework, loaded lazily by `get`.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
-from conformance.pipelines.base import Pipeline
+if TYPE_CHECKING:   # the registry is data: importing it loads no pipeline code
+    from conformance.pipelines.base import Pipeline
 
 VALUE, BASELINE, REFERENCE, RIVAL = "value", "baseline", "reference", "rival"
 MODULES = {"jax": "conformance.pipelines.jax_pipelines", "torch": "conformance.pipelines.torch_pipelines"}
@@ -111,9 +115,9 @@ REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == _ALL)
 TORCH_REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == frozenset({"torch"}))
 DEFAULT_PIPELINES = tuple(n for n, s in SPECS.items() if s.default)
 
-_extra: dict[str, Pipeline] = {}   # test-only pipelines (mutants, fault injection)
+_extra: dict[str, "Pipeline"] = {}   # test-only pipelines (mutants, fault injection)
 _extra_specs: dict[str, Spec] = {}
-_cache: dict[str, Pipeline] = {}
+_cache: dict[str, "Pipeline"] = {}
 
 
 class UnknownPipeline(ValueError):
@@ -125,7 +129,7 @@ def derive(like: str, name: str, **changes) -> Spec:
     return replace(spec(like), name=name, added_with=frozenset(), default=False, repro_default=False, **changes)
 
 
-def register_instance(p: Pipeline) -> None:
+def register_instance(p: "Pipeline") -> None:
     """Register a ready pipeline object (the harness's own tests: mutants, fault injection)."""
     _extra[p.name] = p
     _extra_specs[p.name] = p.spec
@@ -208,7 +212,7 @@ def run_set(rivals: list[str]) -> list[str]:
     return list(dict.fromkeys(names + list(rivals)))
 
 
-def get(name: str) -> Pipeline:
+def get(name: str) -> "Pipeline":
     if name in _extra:
         return _extra[name]
     if name in _cache:
