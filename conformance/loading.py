@@ -3,9 +3,50 @@ every problem a UsageError naming the file and the field."""
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 from conformance.errors import UsageError
+
+# What a corpus entry's finding may hold where its strings reach generated code and reports:
+# a documented character set (anything else is refused, never pasted).
+TOKEN = re.compile(r"^[A-Za-z0-9_.:+\-]{0,200}$")          # error types, version strings, flag names
+HASH = re.compile(r"^[0-9a-f]{16}$")
+VERDICT_REFS = ("expectations", "policy")
+
+
+def check_finding(f, where: str) -> None:
+    """Refuse a finding whose names are unknown or whose strings leave their character set."""
+    from conformance import pipelines as registry
+    from conformance.ir import FEATURE_DOC
+    from conformance.ops import OPS
+    from conformance.policy import POLICY_KINDS
+    from conformance.verdict import CHECKS
+    known = registry.known_names()
+    features = {k for k in FEATURE_DOC if "<" not in k} | {f"policy:{k}" for k in POLICY_KINDS} | {
+        f"op:{o}" for o in OPS}
+    if f.check not in CHECKS:
+        raise UsageError(f"{where}.check: unknown check {f.check!r}; known: {', '.join(CHECKS)}")
+    if f.pipeline not in known:
+        raise UsageError(f"{where}.pipeline: unknown pipeline {f.pipeline!r}; known: {', '.join(known)}")
+    if f.reference not in known and f.reference not in VERDICT_REFS:
+        raise UsageError(f"{where}.reference: unknown reference {f.reference!r}; known: pipelines, "
+                         f"{', '.join(VERDICT_REFS)}")
+    if not TOKEN.match(f.error_type):
+        raise UsageError(f"{where}.error_type: must match {TOKEN.pattern}")
+    if not HASH.match(f.program_hash):
+        raise UsageError(f"{where}.program_hash: must be 16 hex digits")
+    for k, x in enumerate(f.features):
+        if x not in features:
+            raise UsageError(f"{where}.features[{k}]: unknown feature {x!r} (see the README's feature vocabulary)")
+    for k, v in {**f.versions, **{n: str(v) for n, v in f.flags.items()}}.items():
+        if not (TOKEN.match(k) and TOKEN.match(str(v))):
+            raise UsageError(f"{where}.versions/flags: {k!r} must match {TOKEN.pattern}")
+    if f.device not in ("cpu", "cuda"):
+        raise UsageError(f"{where}.device: must be cpu or cuda, got {f.device!r}")
+    if f.expectation is not None and not TOKEN.match(f.expectation):
+        raise UsageError(f"{where}.expectation: must match {TOKEN.pattern}")
 
 
 def load_program_file(path: str, limits=None):
@@ -39,8 +80,17 @@ def load_program_file(path: str, limits=None):
             err = e.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
             raise UsageError(f"{path}: {loc}: {err['msg']}") from None
-        inputs = decode_inputs(entry.inputs)
+        if entry.finding is not None:
+            check_finding(entry.finding, f"{path}: finding")
         types = {i.id: i for i in prog.inputs}
+        for k, v in entry.inputs.items():
+            if k not in types or v.dtype != types[k].dtype or v.shape != types[k].shape:
+                break
+            flat = _flatten(v.data)
+            if flat is None or len(flat) != math.prod(v.shape) or not all(math.isfinite(x) for x in flat):
+                raise UsageError(f"{path}: inputs.{k}.data: must hold {math.prod(v.shape)} finite numbers "
+                                 f"in the shape {v.shape}")
+        inputs = decode_inputs(entry.inputs)
         if set(inputs) != set(types):
             raise UsageError(f"{path}: inputs: ids {sorted(inputs)} do not match the program's {sorted(types)}")
         for k, v in inputs.items():
@@ -52,3 +102,18 @@ def load_program_file(path: str, limits=None):
         return load_program(obj, limits), None, None
     except ProgramError as e:
         raise UsageError(f"{path}: {e.field}: {e.reason}") from None
+
+
+def _flatten(data) -> list[float] | None:
+    """The numbers of nested lists (None if anything else is in there)."""
+    out: list[float] = []
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, list):
+            stack.extend(x)
+        elif isinstance(x, (int, float)) and not isinstance(x, bool):
+            out.append(float(x) if abs(x) < 1e308 else math.inf)
+        else:
+            return None
+    return out

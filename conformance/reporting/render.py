@@ -80,7 +80,7 @@ def plots(rep: dict) -> dict[str, str]:
 # ---- outputs ---------------------------------------------------------------------------------------
 def _env():
     import jinja2
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=jinja2.select_autoescape(["html"]),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson_pretty"] = lambda o: json.dumps(o, indent=1, sort_keys=True, default=str)
     return env

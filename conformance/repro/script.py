@@ -3,6 +3,7 @@ dialect's template with the exact inputs and every pipeline's settings."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,15 @@ from conformance.repro.plan import must_not_save, plan, seen, settings, summary
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 EMITTERS = {"jax": JaxEmitter, "torch": TorchEmitter}
+# Docstrings and comments hold only text the harness wrote, in this character set; every value
+# from an input file reaches the script as a literal (repr of plain data, or JSON).
+_DOC_TEXT = re.compile(r"[^A-Za-z0-9 _.,:;/()\[\]{}+=<>'|*#!?%&@^~\n-]")
+_FILENAME = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+def doc_text(text: str) -> str:
+    """Text safe inside a triple-quoted docstring or a comment: outside characters become '?'."""
+    return _DOC_TEXT.sub("?", text)
 
 
 def _fmt_array(a: np.ndarray) -> str:
@@ -50,13 +60,15 @@ def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
     return env.get_template(f"repro_{framework}.py.j2").render(
-        harness=__version__, summary=summary(finding, pl, framework), filename=filename,
+        harness=__version__, summary=doc_text(summary(finding, pl, framework)),
+        filename=filename if _FILENAME.match(filename) else "repro.py",
         check=pl.check, pipeline=pl.pipeline, reference=pl.reference, run=pl.run,
         settings="{\n" + "".join(f"    {json.dumps(p)}: {s!r},\n" for p, s in run_settings.items()) + "}",
         value_ref=registry.value_reference(),
         rtol=repr(rtol), atol=repr(atol), expect_raises=repr(pl.expect_raises), expect_why=pl.expect_why,
         timeout=300 if pl.check != "timeout" else 120, names=repr(names),
-        must_not_save=repr(set(must_not_save(prog)) or set()), seen=seen_versions, seen_lines=seen_lines,
+        must_not_save=repr(set(must_not_save(prog)) or set()),
+        seen=repr({"versions": seen_versions, "observed": seen_lines}),
         inputs=[(k, _fmt_array(np.asarray(inputs[k]))) for k in [i.id for i in prog.inputs]],
         diff_ids=[e.n[i.id] for i in prog.diff_inputs()], diff_keys=[i.id for i in prog.diff_inputs()],
         defs=defs, body=body, values_body=e.values(), order2=prog.diff.order == 2, has_names=bool(names),

@@ -1,0 +1,62 @@
+"""Markup is escaped: hostile strings in every field the report shows (run.json, results
+verdicts, findings) come out as text in report.html, in element content and in attributes,
+and in a real browser no injected script runs."""
+import json
+import re
+import shutil
+
+import pytest
+
+from conformance.reporting import render
+from conformance.reporting.build import build
+from conformance.reporting.inputs import load_run
+from tests.test_browser import FIX, _run
+
+PAYLOADS = ['<script>document.body.setAttribute("data-pwned","1")</script>',
+            '"><img src=x onerror="document.body.setAttribute(\'data-pwned\',\'1\')">',
+            "'><svg onload=document.body.setAttribute('data-pwned','1')>"]
+RAW = re.compile(r"<script>document|<img src=x|<svg onload", re.I)
+
+
+def hostile_run(tmp_path, payload):
+    d = tmp_path / "run"
+    shutil.copytree(FIX / "run_a", d)
+    run = json.loads((d / "run.json").read_text())
+    run["harness"] = payload
+    run["started"] = payload
+    run["versions"]["jax"] = payload
+    run["options"]["pipelines"].append(payload)
+    (d / "run.json").write_text(json.dumps(run))
+    recs = [json.loads(x) for x in (d / "results.jsonl").read_text().splitlines()]
+    for r in recs:
+        if r["type"] == "result":
+            r["verdicts"].append(["gradient", payload, payload, "fail", payload])
+    (d / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    fs = json.loads((d / "findings.json").read_text())
+    for f in fs:
+        f["error_type"] = payload
+        f["features"] = f["features"] + [payload]
+        f["versions"] = {**f["versions"], "jax": payload}
+        f["flags"] = {payload: payload}
+        f["detail"] = {**f["detail"], "note": payload,
+                       "observations": {payload: {"error": payload, "saved": [payload], "grads": {payload: 1.0}}}}
+    (d / "findings.json").write_text(json.dumps(fs))
+    return d
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_hostile_fields_are_escaped_in_html(tmp_path, payload):
+    rep = build([load_run(hostile_run(tmp_path, payload))], [], with_repro=True)
+    html = render.render_html(rep, {})
+    assert not RAW.search(html), RAW.search(html)
+    assert "&lt;" in html   # the payload is there, as text
+
+
+@pytest.mark.browser
+def test_no_injected_script_runs_in_a_browser(tmp_path):
+    out = tmp_path / "rep"
+    runs = [load_run(hostile_run(tmp_path / str(k), p)) for k, p in enumerate(PAYLOADS)]
+    render.write(build(runs, [], with_repro=True), out)
+    r = _run(["--dump-dom", (out / "report.html").as_uri()], tmp_path)
+    assert 'data-ready="1"' in r.stdout, r.stderr[-2000:]   # the page's own script ran
+    assert 'data-pwned="1"' not in r.stdout
