@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
 
 from conformance import __version__
+from conformance.files import read_text
 from conformance.findings import CorpusEntry, Finding, make_finding
 from conformance.ir import Program
 from conformance.store import Store
@@ -152,8 +153,8 @@ class Campaign:
             from conformance.findings import CorpusEntry
             for p in self.store.corpus_files():
                 try:
-                    e = CorpusEntry.model_validate_json(p.read_text())
-                except (OSError, ValueError):
+                    e = CorpusEntry.model_validate_json(read_text(p))
+                except ValueError:   # InputRefused, or an entry that does not validate
                     continue
                 f = e.finding
                 if f is not None and f.signature == last and not any(

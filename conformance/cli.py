@@ -2,7 +2,8 @@
 
 Exit codes: 0 the harness worked (whatever it found); 1 with --strict when there are
 unexpected findings; 2 usage or input errors, printed as `error: FILE: FIELD: reason`
-(or naming the option), never with a traceback.
+(or naming the option), never with a traceback; 70 an internal error (a harness bug), one
+line, the traceback only with --debug; 130 interrupted.
 """
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from conformance import __version__
 from conformance.loading import load_program_file
 from conformance.pipelines import REFERENCES
 from conformance.errors import UsageError
+from conformance.options import positive, seed
 from conformance.reporting import command as report_command
 from conformance.repro import command as repro_command
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERNAL = 70   # a bug of this harness (EX_SOFTWARE); the traceback only with --debug
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,36 +33,14 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(EXIT_USAGE)
 
 
-def _positive(kind, name):
-    def conv(s):
-        try:
-            v = kind(s)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a {kind.__name__}, got {s!r}") from None
-        if v <= 0:
-            raise argparse.ArgumentTypeError(f"{name} must be > 0, got {s!r}")
-        return v
-    return conv
-
-
-def _nonneg_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {s!r}")
-    return v
-
-
 def _add_limits(p):
     g = p.add_argument_group("input limits (checked before anything runs)")
-    g.add_argument("--max-rank", type=_positive(int, "--max-rank"), default=3)
-    g.add_argument("--max-dim", type=_positive(int, "--max-dim"), default=64)
-    g.add_argument("--max-elements", type=_positive(int, "--max-elements"), default=4096)
-    g.add_argument("--max-depth", type=_positive(int, "--max-depth"), default=6)
-    g.add_argument("--max-statements", type=_positive(int, "--max-statements"), default=400)
-    g.add_argument("--max-name-length", type=_positive(int, "--max-name-length"), default=64)
+    g.add_argument("--max-rank", type=positive(int, "--max-rank"), default=3)
+    g.add_argument("--max-dim", type=positive(int, "--max-dim"), default=64)
+    g.add_argument("--max-elements", type=positive(int, "--max-elements"), default=4096)
+    g.add_argument("--max-depth", type=positive(int, "--max-depth"), default=6)
+    g.add_argument("--max-statements", type=positive(int, "--max-statements"), default=400)
+    g.add_argument("--max-name-length", type=positive(int, "--max-name-length"), default=64)
 
 
 def _limits(args):
@@ -72,6 +53,7 @@ def _limits(args):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="remat-conformance", description="Differential testing of rematerialization in JAX and PyTorch.")
     p.add_argument("--version", action="version", version=f"remat-conformance {__version__}")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
     sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
     sub.required = True
 
@@ -79,28 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--pipelines", default=None,
                    help="comma-separated exact pipeline names (see `pipelines`); the references (" +
                         ", ".join(REFERENCES) + ") are added")
-    r.add_argument("--budget", type=_positive(float, "--budget"), default=240.0, help="wall-clock seconds, shrinking included")
-    r.add_argument("--max-examples", type=_positive(int, "--max-examples"), default=100000)
-    r.add_argument("--seed", type=_nonneg_int, default=0)
+    r.add_argument("--budget", type=positive(float, "--budget"), default=240.0, help="wall-clock seconds, shrinking included")
+    r.add_argument("--max-examples", type=positive(int, "--max-examples"), default=100000)
+    r.add_argument("--seed", type=seed, default=0)
     r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     r.add_argument("--out", default="reports/latest")
     r.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     r.add_argument("--resume", action="store_true", help="continue an interrupted campaign in --out")
     r.add_argument("--strict", action="store_true", help="exit 1 when there are unexpected findings")
     r.add_argument("--expectations", default=None, help="expectations JSON (default: the packaged file)")
-    r.add_argument("--shrink-seconds", type=_positive(float, "--shrink-seconds"), default=45.0)
-    r.add_argument("--shrink-steps", type=_positive(int, "--shrink-steps"), default=250)
-    r.add_argument("--max-stmts", type=_positive(int, "--max-stmts"), default=6, help="generator: statements per body")
+    r.add_argument("--shrink-seconds", type=positive(float, "--shrink-seconds"), default=45.0)
+    r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=250)
+    r.add_argument("--max-stmts", type=positive(int, "--max-stmts"), default=6, help="generator: statements per body")
     r.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="run pipelines in supervised worker processes (default on)")
-    r.add_argument("--timeout", type=_positive(float, "--timeout"), default=60.0,
+    r.add_argument("--timeout", type=positive(float, "--timeout"), default=60.0,
                    help="per-pipeline timeout in seconds for one program (isolated runs)")
     r.add_argument("--quiet", action="store_true")
 
     rp = sub.add_parser("replay", help="re-run corpus entries or programs")
     rp.add_argument("files", nargs="+")
     rp.add_argument("--pipelines", default=None, help="default: the finding's pipeline, or the default set")
-    rp.add_argument("--seed", type=_nonneg_int, default=0, help="input seed for bare programs")
+    rp.add_argument("--seed", type=seed, default=0, help="input seed for bare programs")
     rp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     rp.add_argument("--expectations", default=None)
     rp.add_argument("--strict", action="store_true")
@@ -190,7 +172,9 @@ def cmd_run(args) -> int:
             raise UsageError(str(e)) from None
         if warn:
             print(f"warning: {warn}", file=sys.stderr)
-        po = prev.get("options", {})
+        po = prev["options"]
+        if not isinstance(prev.get("resumed", 0), int) or isinstance(prev.get("resumed", 0), bool):
+            raise UsageError(f"{store.dir}/run.json: resumed: must be an integer")
         for k in ("pipelines", "seed", "device", "max_stmts"):
             if po.get(k) != run_info["options"][k]:
                 raise UsageError(f"--resume: option {k} differs from the interrupted run "
@@ -252,7 +236,7 @@ def cmd_replay(args) -> int:
     ex = InProcessExecutor(args.device)
     any_fail = False
     for path, prog, inputs, finding in loaded:
-        if args.pipelines:
+        if args.pipelines is not None:
             names = parse_pipelines(args.pipelines)
         elif finding is not None:
             from conformance.campaign import replay_pipelines
@@ -312,7 +296,10 @@ PLUGGED = [report_command, repro_command]
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:   # a usage error (already printed, one line) or --help / --version
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
     try:
         return COMMANDS[args.cmd](args)
     except UsageError as e:
@@ -321,6 +308,14 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return 130
+    except Exception as e:   # noqa: BLE001 - anything else is a harness bug: say so, in one line
+        if args.debug:
+            import traceback
+            traceback.print_exc()
+        first = (str(e).splitlines() or [""])[0][:300]
+        sys.stderr.write(f"internal error (a bug of remat-conformance, please report it): {type(e).__name__}: "
+                         f"{first}{'' if args.debug else ' (rerun with --debug for the traceback)'}\n")
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

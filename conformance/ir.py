@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from conformance import ops as O
 from conformance.policy import Policy, combines, offloads, policy_names
@@ -43,7 +43,7 @@ class _M(BaseModel):
 
 class Input(_M):
     id: str
-    shape: list[int]
+    shape: list[StrictInt]
     dtype: Literal["float32", "float64"]
     diff: bool = True
 

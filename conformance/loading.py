@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 
 from conformance.errors import UsageError
+from conformance.files import MiB, InputRefused, read_text
 
 # What a corpus entry's finding may hold where its strings reach generated code and reports:
 # a documented character set (anything else is refused, never pasted).
@@ -40,9 +40,12 @@ def check_finding(f, where: str) -> None:
     for k, x in enumerate(f.features):
         if x not in features:
             raise UsageError(f"{where}.features[{k}]: unknown feature {x!r} (see the README's feature vocabulary)")
-    for k, v in {**f.versions, **{n: str(v) for n, v in f.flags.items()}}.items():
-        if not (TOKEN.match(k) and TOKEN.match(str(v))):
-            raise UsageError(f"{where}.versions/flags: {k!r} must match {TOKEN.pattern}")
+    for k, v in f.versions.items():
+        if not (TOKEN.match(k) and isinstance(v, str) and TOKEN.match(v)):
+            raise UsageError(f"{where}.versions.{k}: names and versions must match {TOKEN.pattern}")
+    for k, v in f.flags.items():   # the JAX flags reach repro scripts: booleans only; the rest is data
+        if k.startswith("jax_") and not (TOKEN.match(k) and isinstance(v, bool)):
+            raise UsageError(f"{where}.flags.{k}: a JAX flag must be named by {TOKEN.pattern} and be a boolean")
     if f.device not in ("cpu", "cuda"):
         raise UsageError(f"{where}.device: must be cpu or cuda, got {f.device!r}")
     if f.expectation is not None and not TOKEN.match(f.expectation):
@@ -54,21 +57,16 @@ def load_program_file(path: str, limits=None):
     from conformance.findings import CorpusEntry, decode_inputs
     from conformance.ir import ProgramError, load_program
     from pydantic import ValidationError
-    p = Path(path)
     try:
-        size = p.stat().st_size
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror}") from None
-    if size > 16 * 1024 * 1024:
-        raise UsageError(f"{path}: file too large ({size} bytes; limit 16 MiB)")
+        text = read_text(path, 16 * MiB)
+    except InputRefused as e:
+        raise UsageError(str(e)) from None
     try:
-        obj = json.loads(p.read_text())
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not UTF-8 text") from None
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
-    except RecursionError:
-        raise UsageError(f"{path}: nesting too deep") from None
+    except (RecursionError, ValueError) as e:   # nesting, or an integer of thousands of digits
+        raise UsageError(f"{path}: {'nesting too deep' if isinstance(e, RecursionError) else e}") from None
     if isinstance(obj, dict) and "program" in obj:
         try:
             prog = load_program(obj["program"], limits)
@@ -80,6 +78,11 @@ def load_program_file(path: str, limits=None):
             err = e.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
             raise UsageError(f"{path}: {loc}: {err['msg']}") from None
+        from conformance.findings import SCHEMA_VERSION
+        for where, sv in (("schema_version", entry.schema_version),
+                          ("finding.schema_version", entry.finding.schema_version if entry.finding else SCHEMA_VERSION)):
+            if sv != SCHEMA_VERSION:
+                raise UsageError(f"{path}: {where}: {sv!r} is not readable (this harness reads {SCHEMA_VERSION})")
         if entry.finding is not None:
             check_finding(entry.finding, f"{path}: finding")
         types = {i.id: i for i in prog.inputs}

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Callable, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conformance.ops import OPS
 
@@ -87,6 +87,14 @@ class Ops(_P):
     """Custom predicate over op kinds: save outputs of these IR ops."""
     kind: Literal["ops"] = "ops"
     ops: list[str]
+
+    @field_validator("ops")
+    @classmethod
+    def _known(cls, v):
+        unknown = [o for o in v if o not in OPS]
+        if unknown:
+            raise ValueError(f"unknown ops {unknown}; known: {sorted(OPS)}")
+        return v
 
 
 Policy = Annotated[

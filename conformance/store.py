@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
+from conformance.files import InputRefused, read_bounded, read_text
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 RESULTS = "results.jsonl"
@@ -130,12 +131,12 @@ def read_jsonl(path: Path) -> tuple[list[dict], str | None]:
     Returns (records, warning); the warning says what was ignored. Any other damage raises
     StoreError naming the file, the line and the field."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         return [], None
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise StoreError(f"{path}: cannot read: {e.strerror}") from None
+        data = read_bounded(path)
+    except InputRefused as e:
+        raise StoreError(str(e)) from None
     lines = data.split(b"\n")
     out, warning = [], None
     for k, raw in enumerate(lines):
@@ -143,7 +144,7 @@ def read_jsonl(path: Path) -> tuple[list[dict], str | None]:
             continue
         try:
             rec = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        except (ValueError, RecursionError):   # JSON, UTF-8, or an integer of thousands of digits
             if k == len(lines) - 1:
                 warning = f"{path}: ignored a torn last line ({len(raw)} bytes; a write was interrupted)"
                 continue
@@ -161,8 +162,10 @@ class Store:
         if nonempty and not (overwrite or resume):
             raise StoreError(f"--out {self.dir}: directory is not empty (use --overwrite to replace it, "
                              f"or --resume to continue the campaign in it)")
-        if nonempty and resume and not (self.dir / RUN).exists():
-            raise StoreError(f"--out {self.dir}: nothing to resume (no {RUN})")
+        if resume and overwrite:
+            raise StoreError("--overwrite and --resume contradict each other: pick one")
+        if resume and not (self.dir / RUN).is_file():
+            raise StoreError(f"--out {self.dir}: nothing to resume (no {RUN} there)")
         if nonempty and overwrite and not resume:
             for name in (RESULTS, FINDINGS, RUN, SUMMARY):
                 p = self.dir / name
@@ -172,7 +175,10 @@ class Store:
             if c.exists():
                 for f in c.glob("*.json"):
                     f.unlink()
-        (self.dir / CORPUS).mkdir(parents=True, exist_ok=True)
+        try:
+            (self.dir / CORPUS).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"--out {self.dir}: cannot create: {e.strerror or e}") from None
         self._fd: int | None = None
         self._keys: set = set()
         self._next_seq = 0
@@ -184,10 +190,19 @@ class Store:
         atomic_write(self.dir / RUN, json.dumps(obj, indent=1, sort_keys=True))
 
     def read_run(self) -> dict:
+        p = self.dir / RUN
         try:
-            return json.loads((self.dir / RUN).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise StoreError(f"{self.dir / RUN}: cannot read: {e}") from None
+            obj = json.loads(read_text(p))
+        except InputRefused as e:
+            raise StoreError(str(e)) from None
+        except (json.JSONDecodeError, RecursionError, ValueError) as e:
+            raise StoreError(f"{p}: not valid JSON: {e}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("options"), dict):
+            raise StoreError(f"{p}: options: run.json must be an object with an object 'options'")
+        if obj.get("schema_version") != 1:
+            raise StoreError(f"{p}: schema_version: {obj.get('schema_version')!r} is not readable (this harness "
+                             f"reads 1)")
+        return obj
 
     # -- results.jsonl ---------------------------------------------------------------
     def append_result(self, rec: dict) -> bool:
@@ -228,7 +243,7 @@ class Store:
                 last = data[cut:]
                 try:
                     complete = isinstance(json.loads(last), dict)
-                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                except (ValueError, RecursionError):   # JSON, UTF-8, or an integer of thousands of digits
                     complete = False
                 with open(path, "r+b") as f:
                     if complete:     # a whole record whose newline was not written: keep it
@@ -253,15 +268,26 @@ class Store:
         atomic_write(self.dir / FINDINGS, json.dumps(findings, indent=1, sort_keys=True))
 
     def read_findings(self) -> list[dict]:
+        """The findings, each validated (a refused one names its index and field)."""
+        from pydantic import ValidationError
+        from conformance.findings import Finding
         p = self.dir / FINDINGS
-        if not p.exists():
+        if not p.exists() and not p.is_symlink():
             return []
         try:
-            obj = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
+            obj = json.loads(read_text(p))
+        except InputRefused as e:
+            raise StoreError(str(e)) from None
+        except (json.JSONDecodeError, RecursionError, ValueError) as e:
             raise StoreError(f"{p}: not valid JSON: {e}") from None
         if not isinstance(obj, list):
             raise StoreError(f"{p}: must be a list of findings")
+        for k, f in enumerate(obj):
+            try:
+                Finding.model_validate(f)
+            except ValidationError as e:
+                err = e.errors()[0]
+                raise StoreError(f"{p}: [{k}].{'.'.join(str(x) for x in err['loc'])}: {err['msg']}") from None
         return obj
 
     def write_corpus(self, name: str, obj: dict) -> Path:

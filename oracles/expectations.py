@@ -19,6 +19,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from conformance.files import InputRefused, read_text
 from conformance.verdict import Check
 
 DEFAULT_FILE = Path(__file__).with_name("expectations.json")
@@ -123,13 +124,18 @@ class Expectations:
     def load(cls, path: str | Path | None = None) -> "Expectations":
         path = Path(path) if path else DEFAULT_FILE
         try:
-            obj = json.loads(path.read_text())
-        except OSError as e:
-            raise ExpectationsError(str(path), "<file>", e.strerror or str(e)) from None
+            obj = json.loads(read_text(path))
+        except InputRefused as e:
+            raise ExpectationsError(str(path), "<file>", str(e).removeprefix(f"{path}: ")) from None
         except json.JSONDecodeError as e:
             raise ExpectationsError(str(path), f"line {e.lineno}", e.msg) from None
+        except (RecursionError, ValueError) as e:
+            raise ExpectationsError(str(path), "<file>", "nesting too deep" if isinstance(e, RecursionError) else str(e)) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
             raise ExpectationsError(str(path), "entries", "expected an object with a list 'entries'")
+        if obj.get("schema_version", 1) != 1:
+            raise ExpectationsError(str(path), "schema_version", f"{obj.get('schema_version')!r} is not readable "
+                                                                 f"(this harness reads 1)")
         entries = []
         for k, raw in enumerate(obj["entries"]):
             try:

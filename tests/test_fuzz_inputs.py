@@ -274,10 +274,12 @@ def test_replay_bad_file_exits_2_with_a_one_line_error(tmp_path, content, field)
 
 def test_resume_with_a_damaged_results_file_is_a_usage_error(tmp_path, capsys):
     from conformance import cli
-    (tmp_path / "run.json").write_text(json.dumps({"options": {}}))
+    run = json.dumps({"schema_version": 1, "options": {}})
+    (tmp_path / "run.json").write_text(run)
     (tmp_path / "results.jsonl").write_text('{"type": "result"}\n{"type": "result", "hash": "a", "seed": 1, "seq": 0}\n')
     rc = cli.main(["run", "--resume", "--out", str(tmp_path), "--no-isolate", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2
     assert f"{tmp_path}/results.jsonl: line 1: hash" in err, err
     assert "Traceback" not in err
+    assert (tmp_path / "run.json").read_text() == run   # validated before anything is written

@@ -45,21 +45,21 @@ def _status(counts: Counter, has_finding: bool) -> str:
     return "skipped" if counts else "none"
 
 
-def _stale(runs: list[RunData]) -> list[dict]:
-    from oracles.expectations import Expectations, ExpectationsError, stale
-    src = next((r.info.options.expectations for r in runs if r.info and r.info.options.expectations
-                and Path(r.info.options.expectations).exists()), None)
-    try:
-        exp = Expectations.load(src)
-    except ExpectationsError as e:
-        return [{"id": "<expectations>", "why": f"cannot read: {e}"}]
+def _stale(runs: list[RunData], expectations) -> list[dict]:
+    """Stale entries of the expectations this report is given (never a path named inside a run)."""
+    from oracles.expectations import stale
     hits: dict[str, Counter] = defaultdict(Counter)
     for r in runs:
         for rec in r.results:
             if rec.type == "result":
                 for eid, how in rec.expectations.items():
                     hits[eid][how] += 1
-    return stale(exp, {p for r in runs if r.info for p in r.info.options.pipelines}, hits)
+    return stale(expectations, {p for r in runs if r.info for p in r.info.options.pipelines}, hits)
+
+
+def _packaged():
+    from oracles.expectations import Expectations
+    return Expectations.load()
 
 
 def _repros(f) -> dict[str, str]:
@@ -104,12 +104,18 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
     }
 
 
-def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_repro: bool = True) -> dict:
-    """The whole report as one JSON-serialisable object (report.json)."""
+def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_repro: bool = True,
+          expectations=None) -> dict:
+    """The whole report as one JSON-serialisable object (report.json). `expectations`: what stale
+    entries are judged against (default: the packaged file)."""
     from conformance import __version__
     baselines = baselines or []
     if not inputs:
         raise ReportInputError("<args>", "RESULTS_DIR", "at least one results directory is needed")
+    seen_dirs = [r.dir.resolve() for r in inputs]
+    dup = sorted({str(x) for x in seen_dirs if seen_dirs.count(x) > 1})
+    if dup:
+        raise ReportInputError(dup[0], "<dir>", "given more than once (its programs would be counted twice)")
     _cells(inputs)
     warnings = [w for r in inputs for w in r.warnings]
     harnesses = sorted({r.info.harness for r in inputs if r.info})
@@ -220,7 +226,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         "findings": findings,
         "fixed": fixed,
         "not_run": not_run,
-        "stale_expectations": _stale(inputs),
+        "stale_expectations": _stale(inputs, expectations or _packaged()),
         "residual_bytes": residual_bytes,
         "trend": trend,
     }

@@ -19,13 +19,24 @@ def configure_parser(subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--no-repro", action="store_true", help="do not embed repro scripts")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are new findings")
+    p.add_argument("--expectations", default=None, metavar="FILE",
+                   help="expectations JSON for the stale-entry list (default: the packaged file; paths named "
+                        "inside run directories are never opened)")
+
+
+def _expectations(path):
+    from oracles.expectations import Expectations, ExpectationsError
+    try:
+        return Expectations.load(path)
+    except ExpectationsError as e:
+        raise UsageError(str(e)) from None
 
 
 def main(args) -> int:
     try:
         runs = [load_run(d) for d in args.dirs]
         bases = [load_run(d, allow_report=True) for d in args.baseline]
-        rep = build(runs, bases, with_repro=not args.no_repro)
+        rep = build(runs, bases, with_repro=not args.no_repro, expectations=_expectations(args.expectations))
     except ReportInputError as e:
         raise UsageError(str(e)) from None
     try:

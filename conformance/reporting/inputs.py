@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from conformance.files import InputRefused, read_text
+
 REPORT_SCHEMA_VERSION = 1
 # Input schema versions this harness reads (run.json, results.jsonl records, findings.json entries).
 READS_SCHEMA = 1
@@ -58,14 +60,43 @@ def _loc(err) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_bytes())
-    except OSError as e:
-        raise ReportInputError(str(path), "<file>", e.strerror or str(e)) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        where = f"line {e.lineno} column {e.colno}" if isinstance(e, json.JSONDecodeError) else "<file>"
-        raise ReportInputError(str(path), where, f"not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+        return json.loads(read_text(path))
+    except InputRefused as e:
+        raise ReportInputError(str(path), "<file>", str(e).removeprefix(f"{path}: ")) from None
+    except json.JSONDecodeError as e:
+        raise ReportInputError(str(path), f"line {e.lineno} column {e.colno}", f"not valid JSON ({e.msg})") from None
     except RecursionError:
         raise ReportInputError(str(path), "<root>", "nesting too deep") from None
+    except ValueError as e:   # an integer of thousands of digits
+        raise ReportInputError(str(path), "<file>", str(e)) from None
+
+
+def _exists(p: Path) -> bool:
+    """There is something at p (a dangling or looping link counts: reading it says what is wrong)."""
+    return p.exists() or p.is_symlink()
+
+
+class _Digest(BaseModel):
+    """One pipeline's digest in a finding's detail.observations (what the report shows)."""
+    model_config = ConfigDict(extra="allow")
+    error: str | None = None
+    saved: list[str] | None = None
+    saved_bytes: int | None = None
+    grads: dict[str, Any] | None = None
+
+
+def _check_observations(f, path: Path, where: str) -> None:
+    obs = f.detail.get("observations")
+    if obs is None:
+        return
+    if not isinstance(obs, dict):
+        raise ReportInputError(str(path), f"{where}.detail.observations", "must be an object")
+    for p, d in obs.items():
+        try:
+            _Digest.model_validate(d)
+        except ValidationError as e:
+            raise ReportInputError(str(path), f"{where}.detail.observations.{p}.{_loc(e.errors()[0])}",
+                                   e.errors()[0]["msg"]) from None
 
 
 def _check_version(path: Path, where: str, sv) -> None:
@@ -103,7 +134,7 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
     if not d.is_dir():
         raise ReportInputError(str(d), "<dir>", "not a directory")
     runp, resp, findp, repp = d / "run.json", d / "results.jsonl", d / "findings.json", d / "report.json"
-    if allow_report and not runp.exists() and repp.exists():
+    if allow_report and not _exists(runp) and _exists(repp):
         obj = _read_json(repp)
         if not isinstance(obj, dict):
             raise ReportInputError(str(repp), "<root>", "must be a JSON object")
@@ -111,13 +142,16 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
             raise ReportInputError(str(repp), "schema_version", f"{obj.get('schema_version')!r} is not readable "
                                                                 f"(this harness reads report schema {REPORT_SCHEMA_VERSION})")
         rd = RunData(d, None, report=obj)
+        if not isinstance(obj.get("findings", []), list):
+            raise ReportInputError(str(repp), "findings", "must be a list")
         for k, f in enumerate(obj.get("findings") or []):
             try:
                 rd.findings.append(Finding.model_validate(f.get("finding") if isinstance(f, dict) else f))
             except (ValidationError, AttributeError) as e:
                 raise ReportInputError(str(repp), f"findings[{k}].finding", _why(e)) from None
+            _check_observations(rd.findings[-1], repp, f"findings[{k}].finding")
         return rd
-    if not runp.exists():
+    if not _exists(runp):
         raise ReportInputError(str(d), "run.json", "missing: not a campaign output directory "
                                                    "(expected run.json, results.jsonl, findings.json)")
     obj = _read_json(runp)
@@ -131,10 +165,10 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
     rd = RunData(d, info)
     try:
         records, warn = read_jsonl(resp)
-    except StoreError as e:
-        msg = str(e)
-        where = msg.split(": ")[1] if msg.count(": ") >= 2 else "<file>"
-        raise ReportInputError(str(resp), where, "not valid JSON") from None
+    except StoreError as e:   # its message names the file, the line and the field
+        msg = str(e).removeprefix(f"{resp}: ")
+        where, _, why = msg.partition(": ")
+        raise ReportInputError(str(resp), where if why else "<file>", why or msg) from None
     except RecursionError:
         raise ReportInputError(str(resp), "<file>", "nesting too deep") from None
     if warn:
@@ -148,7 +182,7 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
             rd.results.append(_Result.model_validate(r))
         except ValidationError as e:
             raise ReportInputError(str(resp), f"record {k + 1}.{_loc(e.errors()[0])}", e.errors()[0]["msg"]) from None
-    if findp.exists():
+    if _exists(findp):
         fl = _read_json(findp)
         if not isinstance(fl, list):
             raise ReportInputError(str(findp), "<root>", "must be a list of findings")
@@ -165,6 +199,7 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
                 raise ReportInputError(str(findp), f"[{k}].program.{e.field}", e.reason) from None
             except RecursionError:
                 raise ReportInputError(str(findp), f"[{k}].program", "nesting too deep") from None
+            _check_observations(fd, findp, f"[{k}]")
             rd.findings.append(fd)
     else:
         rd.warnings.append(f"{findp}: missing (no findings recorded)")

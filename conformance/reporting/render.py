@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -27,6 +28,7 @@ def _png(fig) -> str:
 def plots(rep: dict) -> dict[str, str]:
     import matplotlib
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False   # pipeline names are text, never mathtext
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgb
     out = {}
@@ -155,11 +157,22 @@ def render_junit(rep: dict) -> str:
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
 
+def _finite(o):
+    """JSON has no NaN or infinity: such numbers are written as strings ("nan", "inf")."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return str(o)
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    return o
+
+
 def write(rep: dict, out: str | Path, with_plots: bool = True) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     figs = plots(rep) if with_plots else {}
-    files = {"report.json": json.dumps(rep, indent=1, sort_keys=True, default=str),
+    files = {"report.json": json.dumps(_finite(rep), indent=1, sort_keys=True, default=str, allow_nan=False),
              "report.md": render_md(rep), "junit.xml": render_junit(rep), "report.html": render_html(rep, figs)}
     from conformance.store import atomic_write
     paths = []

@@ -6,6 +6,7 @@ from pathlib import Path
 from conformance import pipelines as registry
 from conformance.errors import UsageError
 from conformance.loading import load_program_file
+from conformance.options import seed
 from conformance.repro.plan import ReproError, frameworks_for
 from conformance.repro.script import generate
 
@@ -20,7 +21,7 @@ def configure_parser(subparsers) -> None:
     p.add_argument("--framework", choices=registry.FRAMEWORKS, default=None,
                    help="framework of the script (default: the finding's)")
     p.add_argument("--pipeline", default=None, help="pipeline to run (default: the finding's)")
-    p.add_argument("--seed", type=int, default=0, help="input seed for bare programs")
+    p.add_argument("--seed", type=seed, default=0, help="input seed for bare programs (0 <= seed < 2**32)")
     p.add_argument("--out", default=None, help="write the script to FILE (default: stdout)")
 
 
