@@ -86,20 +86,20 @@ def load_program_file(path: str, limits=None):
         if entry.finding is not None:
             check_finding(entry.finding, f"{path}: finding")
         types = {i.id: i for i in prog.inputs}
+        if set(entry.inputs) != set(types):
+            raise UsageError(f"{path}: inputs: ids {sorted(entry.inputs)} do not match the program's {sorted(types)}")
         for k, v in entry.inputs.items():
-            if k not in types or v.dtype != types[k].dtype or v.shape != types[k].shape:
-                break
+            if v.dtype != types[k].dtype or v.shape != types[k].shape:
+                raise UsageError(f"{path}: inputs.{k}: shape/dtype {v.shape}/{v.dtype} do not match the "
+                                 f"program's {types[k].shape}/{types[k].dtype}")
             flat = _flatten(v.data)
             if flat is None or len(flat) != math.prod(v.shape) or not all(math.isfinite(x) for x in flat):
                 raise UsageError(f"{path}: inputs.{k}.data: must hold {math.prod(v.shape)} finite numbers "
                                  f"in the shape {v.shape}")
-        inputs = decode_inputs(entry.inputs)
-        if set(inputs) != set(types):
-            raise UsageError(f"{path}: inputs: ids {sorted(inputs)} do not match the program's {sorted(types)}")
-        for k, v in inputs.items():
-            if list(v.shape) != types[k].shape or str(v.dtype) != types[k].dtype:
-                raise UsageError(f"{path}: inputs.{k}: shape/dtype {list(v.shape)}/{v.dtype} do not match the "
-                                 f"program's {types[k].shape}/{types[k].dtype}")
+        try:
+            inputs = decode_inputs(entry.inputs)
+        except ValueError as e:   # ragged nesting
+            raise UsageError(f"{path}: inputs: data not nested as the declared shape ({e})") from None
         return prog, inputs, entry.finding
     try:
         return load_program(obj, limits), None, None

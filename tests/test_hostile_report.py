@@ -6,6 +6,8 @@ import re
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conformance.reporting import render
 from conformance.reporting.build import build
@@ -50,6 +52,21 @@ def test_hostile_fields_are_escaped_in_html(tmp_path, payload):
     html = render.render_html(rep, {})
     assert not RAW.search(html), RAW.search(html)
     assert "&lt;" in html   # the payload is there, as text
+
+
+MARKUP = st.lists(st.sampled_from(["<", ">", "&", '"', "'", "</pre>", "<script>", "javascript:", "x", "\u2028",
+                                   "{{", "}}", "&amp;", "-->", "<!--"]), min_size=1, max_size=6).map(
+    lambda xs: "QX" + "".join(xs) + "QX")   # marked, so that a verbatim occurrence can only be the payload
+
+
+@settings(max_examples=15, deadline=None)
+@given(payload=MARKUP)
+def test_arbitrary_markup_never_appears_raw(tmp_path_factory, payload):
+    """Any string with a character HTML gives meaning to is written escaped, wherever it is shown."""
+    d = tmp_path_factory.mktemp("m")
+    html = render.render_html(build([load_run(hostile_run(d, payload))], [], with_repro=False), {})
+    if set(payload) & set("<>&\"'"):
+        assert payload not in html
 
 
 @pytest.mark.browser

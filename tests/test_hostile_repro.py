@@ -36,7 +36,9 @@ FIELDS = [
     ("finding", "program_hash"), ("finding", "signature"), ("finding", "device"), ("finding", "expectation"),
     ("finding", "features", 0), ("finding", "versions", "jax"), ("finding", "detail", "expected", "type"),
     ("finding", "detail", "expected", "regex"), ("finding", "detail", "got", "message"),
-    ("program", "body", 0, "policy", "names", 0), ("program", "outputs", 0),
+    ("program", "body", 0, "policy", "names", 0), ("program", "outputs", 0), ("versions", "jax"),
+    ("finding", "flags", "jax_remat3"), ("program", "body", 0, "body", 0, "fwd", 0, "params", "name"),
+    ("program", "inputs", 0, "dtype"), ("finding", "detail", "expected"),
 ]
 
 
@@ -46,6 +48,8 @@ def _entry_with(path, value):
     e["finding"]["detail"]["got"] = {"type": "X", "message": "m", "stage": "forward"}
     if path == "observation":
         e["finding"]["detail"]["observations"]["jax:remat3"]["error"] = value
+    elif path == "saved":
+        e["finding"]["detail"]["observations"]["jax:remat3"]["saved"] = [value]
     elif path == "input id":   # an input id, renamed everywhere it is used
         old = e["program"]["inputs"][1]["id"]
         e["program"]["inputs"][1]["id"] = value
@@ -80,7 +84,7 @@ def clean_calls(tmp_path_factory):
     return {fw: _calls(generate(prog, inputs, finding, fw)) for fw in ("jax", "torch")}
 
 
-@pytest.mark.parametrize("field", FIELDS + ["observation", "input id"], ids=str)
+@pytest.mark.parametrize("field", FIELDS + ["observation", "saved", "input id"], ids=str)
 @settings(max_examples=15)
 @given(value=HOSTILE)
 def test_hostile_strings_are_refused_or_stay_literals(tmp_path_factory, clean_calls, field, value):
