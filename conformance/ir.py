@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from conformance import ops as O
-from conformance.policy import Policy, combines, offloads, policy_names
+from conformance.policy import POLICY_KINDS, Policy, combines, offloads, policy_names
 
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "float64")
@@ -289,7 +289,6 @@ _TAGS = {"op", "checkpoint", "custom_vjp"}
 def error_location(loc) -> str:
     """A pydantic error location as a field path (body[2].policy.names), without the
     discriminator tags pydantic inserts for tagged unions."""
-    from conformance.policy import POLICY_KINDS
     parts = []
     prev = None
     for x in loc:
@@ -349,6 +348,12 @@ FEATURE_DOC: dict[str, str] = {
     "float32": "a float32 value",
     "float64": "a float64 value",
 }
+
+
+def known_features() -> set[str]:
+    """Every feature name a program can have: the vocabulary with its patterns expanded."""
+    return ({k for k in FEATURE_DOC if "<" not in k} | {f"policy:{k}" for k in POLICY_KINDS}
+            | {f"op:{o}" for o in O.OPS})
 
 
 def is_name(s) -> bool:

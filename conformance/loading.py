@@ -13,19 +13,15 @@ from conformance.files import MiB, InputRefused, read_text
 # a documented character set (anything else is refused, never pasted).
 TOKEN = re.compile(r"^[A-Za-z0-9_.:+\-]{0,200}$")          # error types, version strings, flag names
 HASH = re.compile(r"^[0-9a-f]{16}$")
-VERDICT_REFS = ("expectations", "policy")
 
 
 def check_finding(f, where: str) -> None:
     """Refuse a finding whose names are unknown or whose strings leave their character set."""
     from conformance import pipelines as registry
-    from conformance.ir import FEATURE_DOC
-    from conformance.ops import OPS
-    from conformance.policy import POLICY_KINDS
-    from conformance.verdict import CHECKS
+    from conformance.ir import known_features
+    from conformance.verdict import CHECKS, NON_PIPELINE_REFERENCES as VERDICT_REFS
     known = registry.known_names()
-    features = {k for k in FEATURE_DOC if "<" not in k} | {f"policy:{k}" for k in POLICY_KINDS} | {
-        f"op:{o}" for o in OPS}
+    features = known_features()
     if f.check not in CHECKS:
         raise UsageError(f"{where}.check: unknown check {f.check!r}; known: {', '.join(CHECKS)}")
     if f.pipeline not in known:
@@ -54,7 +50,7 @@ def check_finding(f, where: str) -> None:
 
 def load_program_file(path: str, limits=None):
     """(program, inputs or None, finding or None) from a corpus entry or a bare program file."""
-    from conformance.findings import CorpusEntry, decode_inputs
+    from conformance.findings import SCHEMA_VERSION, CorpusEntry, decode_inputs
     from conformance.ir import ProgramError, load_program
     from pydantic import ValidationError
     try:
@@ -78,7 +74,6 @@ def load_program_file(path: str, limits=None):
             err = e.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
             raise UsageError(f"{path}: {loc}: {err['msg']}") from None
-        from conformance.findings import SCHEMA_VERSION
         for where, sv in (("schema_version", entry.schema_version),
                           ("finding.schema_version", entry.finding.schema_version if entry.finding else SCHEMA_VERSION)):
             if sv != SCHEMA_VERSION:

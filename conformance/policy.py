@@ -172,15 +172,6 @@ def decide(p, op: str | None, name: str | None, batched: bool = False) -> str:
     return k.decide(p, op, name, batched)
 
 
-def decide_any(p, kinds: list[tuple[str | None, bool]], name: str | None) -> str:
-    """For a framework op that stands for several IR op kinds (aten.mul is scale and mul): the
-    most saving decision over them."""
-    out = "recompute"
-    for op, batched in kinds or [(None, False)]:
-        out = _either(out, decide(p, op, name, batched))
-    return out
-
-
 def policy_names(p) -> list[str]:
     """Every checkpoint name a policy mentions."""
     out: list[str] = []
@@ -200,12 +191,3 @@ def combines(p) -> bool:
 
 def offloads(p) -> bool:
     return KINDS[p.kind].offloads or any(offloads(getattr(p, f)) for f in KINDS[p.kind].fields if f in ("a", "b"))
-
-
-def text(p) -> str:
-    """The policy as one line of pseudo-code (reports and comments)."""
-    args = []
-    for f in KINDS[p.kind].fields:
-        v = getattr(p, f)
-        args.append(text(v) if f in ("a", "b") else f"{f}={list(v)!r}")
-    return f"{p.kind}({', '.join(args)})"

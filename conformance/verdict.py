@@ -20,6 +20,8 @@ STAGES = ("setup", "validation", "lowering", "forward", "backward", "second_orde
 CRASH_PREFIX = "crash:"      # crash:SIGSEGV, crash:SIGABRT, crash:exit-1, crash:oom, ...
 CRASH_OOM = CRASH_PREFIX + "oom"
 TIMEOUT = "timeout"
+# Verdict references that are not pipelines.
+NON_PIPELINE_REFERENCES = ("expectations", "policy")
 # Residual symptoms (a residual verdict's error_type).
 RESIDUAL_SYMPTOMS = ("missing", "extra", "named", "other", "saved_against_policy")
 

@@ -67,9 +67,6 @@ class Spec:
     def flags(self) -> dict[str, bool]:
         return dict(JAX_VARIANT_FLAGS[self.variant]) if self.framework == "jax" else {}
 
-    def kwargs(self) -> dict:
-        return {k: getattr(self, k) for k in ("remat", "f64", "jit", "variant", "compile", "partitioner", "prefer")}
-
 
 def _jax_rivals():
     out = []
@@ -110,9 +107,8 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
     *_torch_rivals(),
 ]}
 
-# Added automatically to every run, and to runs with PyTorch rivals.
+# Added automatically to every run.
 REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == _ALL)
-TORCH_REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == frozenset({"torch"}))
 DEFAULT_PIPELINES = tuple(n for n, s in SPECS.items() if s.default)
 
 _extra: dict[str, "Pipeline"] = {}   # test-only pipelines (mutants, fault injection)
@@ -139,8 +135,12 @@ def known_names() -> list[str]:
     return list(SPECS) + list(_extra)
 
 
+def _lookup(name: str) -> Spec | None:
+    return SPECS.get(name) or _extra_specs.get(name)
+
+
 def spec(name: str) -> Spec:
-    s = SPECS.get(name) or _extra_specs.get(name)
+    s = _lookup(name)
     if s is None:
         raise UnknownPipeline(f"unknown pipeline {name!r}; known: {', '.join(known_names())}")
     return s
@@ -148,7 +148,7 @@ def spec(name: str) -> Spec:
 
 def framework_of(name: str) -> str:
     """The framework a pipeline runs on; for a name from another harness version, its prefix."""
-    s = SPECS.get(name) or _extra_specs.get(name)
+    s = _lookup(name)
     return s.framework if s else name.split(":", 1)[0]
 
 
@@ -166,7 +166,7 @@ def baseline_of(name: str) -> str | None:
 
 
 def role_of(name: str) -> str | None:
-    s = SPECS.get(name) or _extra_specs.get(name)
+    s = _lookup(name)
     return s.role if s else None
 
 
@@ -192,7 +192,7 @@ def repro_default(framework: str) -> str:
 
 def comparisons(name: str, present) -> list[tuple[str, str]]:
     """(reference, mode) pairs a pipeline is compared with, given the pipelines that ran."""
-    s = SPECS.get(name) or _extra_specs.get(name)
+    s = _lookup(name)
     out = []
     for c in (s.compare if s else ()):
         ref = next((r for r in c.refs if r in present), None)

@@ -9,8 +9,8 @@ from conformance import pipelines as registry
 from conformance.ir import Program, checkpoint_name_of, primal_ops, region_context
 from conformance.ops import OPS
 from conformance.policy import decide
+from conformance.verdict import NON_PIPELINE_REFERENCES as VERDICT_REFS
 
-VERDICT_REFS = ("expectations", "policy")   # references that are not pipelines
 
 
 class ReproError(ValueError):
