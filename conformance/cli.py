@@ -17,9 +17,9 @@ from pathlib import Path
 
 from conformance import __version__
 from conformance.loading import load_program_file
-from conformance.pipelines import REFERENCES
+from conformance.pipelines import FAMILY_SHARES, REFERENCES
 from conformance.errors import UsageError
-from conformance.options import positive, seed
+from conformance.options import positive, seed, shard, share
 from conformance.reporting import command as report_command
 from conformance.repro import command as repro_command
 
@@ -77,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run pipelines in supervised worker processes (default on)")
     r.add_argument("--timeout", type=positive(float, "--timeout"), default=60.0,
                    help="per-pipeline timeout in seconds for one program (isolated runs)")
+    r.add_argument("--jobs", type=positive(int, "--jobs"), default=None,
+                   help="searching worker processes (default: the machine's cores)")
+    r.add_argument("--shard", type=shard, default=(0, 1), metavar="I/N",
+                   help="check only shard I of N (0 <= I < N): N machines running shards 0..N-1 check "
+                        "disjoint programs whose union is the unsharded campaign")
+    r.add_argument("--share", action="append", default=[], metavar="FAMILY=FRACTION", type=share,
+                   help="time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
+                        + " by default); repeatable")
+    r.add_argument("--round-size", type=positive(int, "--round-size"), default=40,
+                   help="programs per seeded round")
     r.add_argument("--quiet", action="store_true")
 
     rp = sub.add_parser("replay", help="re-run corpus entries or programs")
@@ -137,7 +147,8 @@ def versions_of(names) -> dict[str, str]:
 
 
 def cmd_run(args) -> int:
-    from conformance.campaign import Campaign, Options, make_progress, summary_markdown
+    from conformance.campaign import Campaign, Options, summary_markdown
+    from conformance.progress import Progress
     from conformance.store import Store, StoreError
     from generators.programs import Config
 
@@ -154,14 +165,21 @@ def cmd_run(args) -> int:
         store = Store(args.out, overwrite=args.overwrite, resume=args.resume)
     except StoreError as e:
         raise UsageError(str(e)) from None
+    jobs = args.jobs or max(1, os.cpu_count() or 1)
+    isolate = _isolate(args)
     opts = Options(pipelines=names, budget=args.budget, max_examples=args.max_examples, seed=args.seed,
                    device=args.device, shrink_seconds=args.shrink_seconds, shrink_steps=args.shrink_steps,
-                   generator=Config(max_stmts=args.max_stmts))
+                   generator=Config(max_stmts=args.max_stmts), jobs=jobs, shard=args.shard,
+                   shares=dict(args.share), round_size=args.round_size,
+                   executor={"isolate": isolate, "timeout": args.timeout,
+                             "memory_limit": _memory_limit(jobs) if isolate else None},
+                   expectations_path=args.expectations)
     versions = versions_of(names)
     run_info = {"schema_version": 1, "harness": __version__, "options": {
         "pipelines": names, "budget": args.budget, "max_examples": args.max_examples, "seed": args.seed,
         "device": args.device, "shrink_seconds": args.shrink_seconds, "shrink_steps": args.shrink_steps,
-        "max_stmts": args.max_stmts, "expectations": str(expectations.source)},
+        "max_stmts": args.max_stmts, "expectations": str(expectations.source), "jobs": jobs,
+        "shard": list(args.shard), "shares": dict(args.share), "round_size": args.round_size},
         "versions": versions, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if args.resume:
         try:
@@ -175,31 +193,33 @@ def cmd_run(args) -> int:
         po = prev["options"]
         if not isinstance(prev.get("resumed", 0), int) or isinstance(prev.get("resumed", 0), bool):
             raise UsageError(f"{store.dir}/run.json: resumed: must be an integer")
-        for k in ("pipelines", "seed", "device", "max_stmts"):
-            if po.get(k) != run_info["options"][k]:
+        for k in ("pipelines", "seed", "device", "max_stmts", "shard", "round_size"):
+            if po.get(k, run_info["options"][k] if k in ("shard", "round_size") else None) != run_info["options"][k]:
                 raise UsageError(f"--resume: option {k} differs from the interrupted run "
                                  f"({po.get(k)!r} there, {run_info['options'][k]!r} now)")
         run_info["resumed"] = prev.get("resumed", 0) + 1
         run_info["started"] = prev.get("started")
     store.write_run(run_info)
-    executor = _executor(args, names)
-    progress = (lambda c: None) if args.quiet else make_progress()
+    executor = _executor(args, opts) if jobs == 1 else None   # jobs > 1: each searcher builds its own
+    progress = None if args.quiet else Progress().start()
     camp = Campaign(opts, store, executor, expectations, progress, versions)
     if args.resume:
         try:
             camp.restore(prev_results, prev_findings)
         except ValueError as e:   # a findings.json entry that does not validate
-            executor.close()
+            if executor is not None:
+                executor.close()
             raise UsageError(f"{store.dir}/findings.json: {str(e).splitlines()[0]}") from None
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # a CI cancel stops cleanly, like Ctrl-C
     try:
         camp.run()
     finally:
-        executor.close()
+        if executor is not None:
+            executor.close()
+        if progress is not None:
+            progress.stop()
         store.write_summary(summary_markdown(camp, run_info))
         store.close()
-    if not args.quiet:
-        sys.stderr.write("\n")
     print(f"checked {camp.checked} programs in {camp.elapsed():.0f}s; {len(camp.findings)} distinct findings"
           + (" (interrupted; resume with --resume)" if camp.interrupted else ""))
     for f in sorted(camp.findings, key=lambda f: f.signature):
@@ -211,17 +231,27 @@ def cmd_run(args) -> int:
     return EXIT_FINDINGS if (args.strict and camp.findings) else EXIT_OK
 
 
-def _executor(args, names):
+def _isolate(args) -> bool:
+    if args.isolate is None:
+        return os.environ.get("REMAT_CONFORMANCE_ISOLATE", "1") != "0"
+    return args.isolate
+
+
+def _memory_limit(jobs: int):
+    """Each job's framework worker: an equal part of the machine's memory (the environment's
+    REMAT_CONFORMANCE_WORKER_MEMORY_GB, when set, wins)."""
+    from conformance.isolation.supervisor import MEMORY_ENV
+    if os.environ.get(MEMORY_ENV) or jobs == 1:
+        return "default"
+    from conformance.parallel import worker_memory_limit
+    return worker_memory_limit(jobs)
+
+
+def _executor(args, opts):
     from conformance.runner import InProcessExecutor
-    isolate = args.isolate
-    if isolate is None:
-        isolate = os.environ.get("REMAT_CONFORMANCE_ISOLATE", "1") != "0"
-    if isolate:
-        try:
-            from conformance.isolation import IsolatedExecutor
-        except ImportError:
-            return InProcessExecutor(args.device)
-        return IsolatedExecutor(args.device, timeout=args.timeout)
+    if opts.executor["isolate"]:
+        from conformance.isolation import IsolatedExecutor
+        return IsolatedExecutor(args.device, timeout=args.timeout, memory_limit=opts.executor["memory_limit"])
     return InProcessExecutor(args.device)
 
 

@@ -55,6 +55,13 @@ class Finding(BaseModel):
     size: int | None = None
     expectation: str | None = None
     first_seen: float | None = None   # seconds into the campaign
+    # Keys (check, pipeline, reference, error type) on which the shrunk program fails the same way:
+    # the same root behaviour on sibling pipelines (remat3 and remat3+cvjp3, their :jit forms...).
+    reproduces: list[list[str]] = Field(default_factory=list)
+
+    def behaviour_pipelines(self) -> list[str]:
+        """Where this behaviour reproduces: its own pipeline and its siblings'."""
+        return list(dict.fromkeys([self.pipeline] + [k[1] for k in self.reproduces]))
 
     def key(self) -> tuple[str, str, str, str]:
         return (self.check, self.pipeline, self.reference, self.error_type)

@@ -27,3 +27,30 @@ def seed(s):
     if v < 0 or v >= 2 ** 32:
         raise argparse.ArgumentTypeError(f"must be >= 0 (and below 2**32), got {s!r}")
     return v
+
+
+def shard(s):
+    """--shard I/N with 0 <= I < N."""
+    try:
+        i, n = (int(x) for x in s.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be I/N (shard I of N, e.g. 0/4), got {s!r}") from None
+    if not (n >= 1 and 0 <= i < n and n <= 10 ** 6):
+        raise argparse.ArgumentTypeError(f"must be I/N with 0 <= I < N, got {s!r}")
+    return (i, n)
+
+
+def share(s):
+    """--share FAMILY=FRACTION: a known pipeline family, a fraction in (0, 1]."""
+    from conformance.pipelines import FAMILY_SHARES
+    fam, sep, val = s.partition("=")
+    if not sep or fam not in FAMILY_SHARES:
+        raise argparse.ArgumentTypeError(f"must be FAMILY=FRACTION with FAMILY one of {', '.join(FAMILY_SHARES)}, "
+                                         f"got {s!r}")
+    try:
+        v = float(val)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{fam}: fraction must be a number, got {val!r}") from None
+    if not math.isfinite(v) or not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{fam}: fraction must be in (0, 1], got {val!r}")
+    return (fam, v)

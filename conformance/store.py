@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
 from conformance.files import InputRefused, read_bounded, read_text
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 RESULTS = "results.jsonl"
 FINDINGS = "findings.json"
@@ -98,14 +98,34 @@ class ResultRecord(BaseModel):
 
 
 class FindingRecord(BaseModel):
-    """A "finding" line of results.jsonl: a shrunk finding was recorded (corpus, findings.json)."""
+    """A "finding" line of results.jsonl: a shrunk finding was recorded (corpus, findings.json);
+    `origin` is the (hash, seed) of the result whose failure was shrunk."""
     model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["finding"]
     signature: str
     t: float = 0.0
+    origin: list[Any] | None = None
+    size: int | None = None
+    original_size: int | None = None
+    shrink_steps: int = 0
+
+    @field_validator("origin")
+    @classmethod
+    def _origin(cls, v):
+        if v is not None and not (len(v) == 2 and isinstance(v[0], str) and type(v[1]) is int):
+            raise ValueError("must be [program hash, input seed]")
+        return v
 
 
-_RECORDS = {"result": ResultRecord, "finding": FindingRecord}
+class RoundRecord(BaseModel):
+    """A "round" line: every program slot of that seeded round was checked."""
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["round"]
+    round: int = Field(ge=0)
+    t: float = 0.0
+
+
+_RECORDS = {"result": ResultRecord, "finding": FindingRecord, "round": RoundRecord}
 
 
 def check_record(rec: Any, where: str) -> dict:

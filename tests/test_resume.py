@@ -3,8 +3,9 @@ middle of writing a record) or stopped with Ctrl-C resumes with `run --resume` a
 exactly the records of an uninterrupted run: nothing lost, nothing twice (by (hash, seed) and by
 seq), every record written before a kill still there, byte for byte.
 
-Rounds are seeded, so an uninterrupted reference run (in-process) and the interrupted ones
-(isolated) must produce the same programs in the same order.
+Rounds are seeded, so an uninterrupted reference run (in-process, one job) and the interrupted
+ones (isolated) check the same programs: with one job in the same order, with two jobs (two
+searcher processes, records in arrival order) the same set with the same verdicts.
 """
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ import pytest
 from conformance.store import KILL_IN_WRITE_ENV, Store, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-ARGS = ["--pipelines", "jax:remat3", "--max-stmts", "3", "--shrink-steps", "3", "--shrink-seconds", "600",
-        "--budget", "600", "--max-examples", "9", "--seed", "2", "--quiet"]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+# A test-only pipeline whose gradients are always wrong: a finding on the first program, whatever the
+# generator draws (tests/mutants.py, loaded as a plugin by the CLI and every worker process).
+ARGS = ["--pipelines", "jax:mutant-perturb-gradient", "--max-stmts", "3", "--shrink-steps", "3", "--shrink-seconds", "600",
+        "--budget", "600", "--max-examples", "9", "--round-size", "3", "--seed", "2", "--quiet"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "REMAT_CONFORMANCE_PLUGINS": "tests.mutants"}
 
 
-def _cli(out, *extra):
-    return [sys.executable, "-m", "conformance.cli", "run", "--out", str(out), *ARGS, *extra]
+def _cli(out, *extra, jobs=1):
+    return [sys.executable, "-m", "conformance.cli", "run", "--out", str(out), *ARGS, "--jobs", str(jobs), *extra]
 
 
 def _lines(out) -> list[bytes]:
@@ -59,9 +62,34 @@ def reference(tmp_path_factory):
     r = subprocess.run(_cli(out, "--no-isolate"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
     recs = _check_invariants(out)
-    assert sum(r["type"] == "result" for r in recs) == 9
+    assert sum(r["type"] == "result" for r in recs) >= 7   # 9 slots, a repeated program is checked once
     assert any(r["type"] == "finding" for r in recs), "the reference run should shrink a finding"
-    return [_key(r) for r in recs], {f["signature"] for f in json.loads((out / "findings.json").read_text())}
+    assert sum(r["type"] == "round" for r in recs) == 3
+    return recs, {f["signature"] for f in json.loads((out / "findings.json").read_text())}
+
+
+def _same_as_reference(recs, reference, jobs):
+    ref_recs, _ = reference
+    if jobs == 1:
+        return [_key(x) for x in recs] == [_key(x) for x in ref_recs]
+    # two searchers: records in arrival order; the same programs with the same verdicts
+    def results(rs):
+        return {(r["hash"], r["seed"]): sorted(map(tuple, r["verdicts"])) for r in rs if r["type"] == "result"}
+    return results(recs) == results(ref_recs) and {r["round"] for r in recs if r["type"] == "round"} == {0, 1, 2}
+
+
+def _resumed(out) -> int:
+    try:
+        return json.loads((Path(out) / "run.json").read_text()).get("resumed", 0)
+    except (OSError, ValueError):
+        return -1
+
+
+def _shrink_pending(out) -> bool:
+    """A new failure's result is written and its finding not yet: it is being shrunk."""
+    recs = [json.loads(x) for x in _lines(out)]
+    origins = {tuple(r["origin"]) for r in recs if r["type"] == "finding" and r.get("origin")}
+    return any(r["type"] == "result" and r.get("new") and (r["hash"], r["seed"]) not in origins for r in recs)
 
 
 def _wait_for(pred, timeout, proc=None):
@@ -97,15 +125,16 @@ def _spawn_workers_of(pid) -> list[int]:
     return out
 
 
-def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, reference):
-    ref_keys, ref_findings = reference
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, reference, jobs):
+    _, ref_findings = reference
     out = tmp_path / "out"
-    rng = random.Random(20261129)
+    rng = random.Random(20261129 + jobs)
     log = []
     # kill 1: SIGKILL in the middle of writing a record (the store's test hook writes half a line)
     at = rng.randint(2, 4)
     env = {**ENV, KILL_IN_WRITE_ENV: str(at)}
-    r = subprocess.run(_cli(out), capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    r = subprocess.run(_cli(out, jobs=jobs), capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     log.append(f"kill 1: mid-write of append #{at}: rc={r.returncode}")
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert not (out / "results.jsonl").read_bytes().endswith(b"\n")   # really torn
@@ -115,13 +144,11 @@ def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, r
     # kill 3: SIGKILL after a seeded number of new records plus a seeded delay.
     for k in (2, 3):
         more, delay = rng.randint(1, 2), rng.uniform(0.0, 1.5)
-        p = subprocess.Popen(_cli(out, "--resume"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, cwd=REPO)
+        p = subprocess.Popen(_cli(out, "--resume", jobs=jobs), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=ENV, cwd=REPO)
         n0 = len(_lines(out))
-        if k == 2:
-            def shrinking():
-                ls = _lines(out)
-                return bool(ls) and b'"new":[[' in ls[-1]
-            reached = _wait_for(shrinking, 240, p)
+        if k == 2:   # (after this resume has started: run.json says so)
+            reached = _wait_for(lambda: _resumed(out) == k - 1 and _shrink_pending(out), 240, p)
             delay = rng.uniform(0.0, 0.5)
         else:
             reached = _wait_for(lambda: len(_lines(out)) >= n0 + more, 240, p)
@@ -137,21 +164,24 @@ def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, r
         # orphaned workers notice that their supervisor died and exit
         assert _wait_for(lambda: not any(_alive(w) for w in workers), 5), workers
     # final resume to the end
-    r = subprocess.run(_cli(out, "--resume"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+    r = subprocess.run(_cli(out, "--resume", jobs=jobs), capture_output=True, text=True, timeout=300, env=ENV,
+                       cwd=REPO)
     log.append(f"final resume: rc={r.returncode}")
     print("\n".join(log))
     assert r.returncode == 0, r.stderr[-3000:]
     assert _lines(out)[:len(kept)] == kept
     recs = _check_invariants(out)
-    assert [_key(x) for x in recs] == ref_keys, "\n".join(log)
-    assert {f["signature"] for f in json.loads((out / "findings.json").read_text())} == ref_findings
+    assert _same_as_reference(recs, reference, jobs), "\n".join(log)
+    got = {f["signature"] for f in json.loads((out / "findings.json").read_text())}
+    assert got == ref_findings if jobs == 1 else got, (got, ref_findings)
     assert json.loads((out / "run.json").read_text())["resumed"] == 3
 
 
-def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference):
-    ref_keys, _ = reference
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference, jobs):
     out = tmp_path / "out"
-    p = subprocess.Popen(_cli(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO)
+    p = subprocess.Popen(_cli(out, jobs=jobs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                         cwd=REPO)
     assert _wait_for(lambda: len(_lines(out)) >= 2, 240, p)
     workers = _spawn_workers_of(p.pid)
     p.send_signal(signal.SIGINT)
@@ -164,9 +194,23 @@ def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference):
     assert (out / "results.jsonl").read_bytes().endswith(b"\n")   # no half record after Ctrl-C
     _check_invariants(out)
     assert _wait_for(lambda: not any(_alive(w) for w in workers), 5), workers   # the executor closed them
-    r = subprocess.run(_cli(out, "--resume"), capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+    r = subprocess.run(_cli(out, "--resume", jobs=jobs), capture_output=True, text=True, timeout=300, env=ENV,
+                       cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert [_key(x) for x in _check_invariants(out)] == ref_keys
+    assert _same_as_reference(_check_invariants(out), reference, jobs)
+
+
+def test_shards_are_disjoint_and_together_the_unsharded_campaign(tmp_path):
+    def run(out, *extra):
+        r = subprocess.run(_cli(out, "--no-isolate", "--max-examples", "12", "--round-size", "4", *extra),
+                           capture_output=True, text=True, timeout=300, env=ENV, cwd=REPO)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return {(x["hash"], x["seed"]) for x in _check_invariants(out) if x["type"] == "result"}
+    whole = run(tmp_path / "whole")
+    a, b = run(tmp_path / "s0", "--shard", "0/2"), run(tmp_path / "s1", "--shard", "1/2")
+    assert len(whole) >= 9 and a and b
+    assert not a & b, "two shards checked the same program"
+    assert a | b == whole
 
 
 def test_store_drops_a_second_record_of_the_same_program_and_numbers_records(tmp_path):
@@ -216,17 +260,22 @@ def _res(seq, rnd, new=False):
             "new": [["error", "p", "r", "E"]] if new else []}
 
 
-def test_restore_replays_an_unfinished_round_and_an_unfinished_shrink(tmp_path):
+def _fnd(seq):
+    return {"type": "finding", "signature": "s", "origin": [f"{seq:016x}", seq]}
+
+
+def test_restore_replays_unfinished_rounds_and_an_unfinished_shrink(tmp_path):
     c = _camp(tmp_path)
-    c.restore([_res(0, 0), _res(1, 0, new=True), {"type": "finding", "signature": "s"}, _res(2, 1), _res(3, 1)], [])
-    assert c.rounds == 1 and c.checked == 4                 # round 1 unfinished: run it again
-    c = _camp(tmp_path / "b")
-    c.restore([_res(0, 0), _res(1, 0, new=True), {"type": "finding", "signature": "s"}], [])
-    assert c.rounds == 1                                    # round 0 ended with its finding
+    c.restore([_res(0, 0), _res(1, 0, new=True), _fnd(1), _res(2, 0), {"type": "round", "round": 0},
+               _res(3, 1), _res(4, 2)], [])
+    assert c.rounds == 1 and c.checked == 5                 # round 1 unfinished: run it again
+    assert list(c.pending_rounds())[:3] == [1, 2, 3]
+    assert ("0000000000000001", 1) in c.seen                # its shrink finished
     c = _camp(tmp_path / "c")
-    c.restore([_res(0, 0), _res(1, 0, new=True)], [])       # killed while shrinking seq 1
-    assert c.rounds == 0 and c.checked == 1
+    c.restore([_res(0, 0), _res(1, 0, new=True), _res(2, 1, new=True), _fnd(2)], [])   # killed while shrinking seq 1
+    assert c.rounds == 0 and c.checked == 3
     assert ("0000000000000001", 1) not in c.seen and ("0000000000000000", 0) in c.seen
+    assert ("0000000000000002", 2) in c.seen
 
 
 def test_restore_takes_a_finding_missing_from_findings_json_from_the_corpus(tmp_path):

@@ -221,3 +221,14 @@ def get(name: str) -> "Pipeline":
     p = getattr(importlib.import_module(MODULES[s.framework]), s.cls)(s)
     _cache[name] = p
     return p
+
+
+# Cost families: pipelines of one family cost alike per program (eager dispatch, one XLA
+# compile, torch.compile graphs). A campaign gives each family a share of its time (see
+# conformance.search.Shares); a family over its share skips programs until it is back under.
+FAMILY_SHARES = {"jax:eager": 1.0, "jax:jit": 1.0, "torch:eager": 1.0, "torch:compile": 0.4}
+
+
+def family_of(name: str) -> str:
+    s = spec(name)
+    return f"{s.framework}:{'compile' if s.compile else 'jit' if s.jit else 'eager'}"

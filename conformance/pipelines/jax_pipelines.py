@@ -215,15 +215,16 @@ class JaxBase(Pipeline):
         stage = "lowering"
         try:
             if self.spec.jit:
+                # One compile: forward and backward in one jitted function (as jax.jit(jax.grad(f))
+                # is used), its outputs also carrying the pullback's residual leaves.
+                def fwd_bwd(*d):
+                    loss, outs, vjp_fn = fwd(*d)
+                    return loss, outs, vjp_fn, bwd(vjp_fn)
                 with timed(t, "lowering"):
-                    fwd_c = jax.jit(fwd).lower(*d).compile()
+                    compiled = jax.jit(fwd_bwd).lower(*d).compile()
                 stage = "forward"
                 with timed(t, "forward"):
-                    loss, outs, vjp_fn = fwd_c(*d)
-                    jax.block_until_ready(loss)
-                stage = "backward"
-                with timed(t, "backward"):
-                    grads = jax.jit(bwd)(vjp_fn)
+                    loss, outs, vjp_fn, grads = compiled(*d)
                     jax.block_until_ready(grads)
             else:
                 stage = "forward"
@@ -270,8 +271,24 @@ def _memory_kind(x) -> str | None:
         return None
 
 
+_NODE_VALUES: dict = {}
+
+
 def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool = False) -> dict[str, np.ndarray]:
-    """Every primal value of the program, evaluated concretely without remat."""
+    """Every primal value of the program, evaluated concretely without remat. The pipelines of one
+    program share it: the last program's values are kept (keyed by program, inputs and dtype)."""
+    key = (program.content_hash(), cast_f64,
+           tuple((k, v.dtype.str, v.shape, np.asarray(v).tobytes()) for k, v in sorted(inputs.items())))
+    hit = _NODE_VALUES.get(key)
+    if hit is None:
+        hit = _node_values(program, inputs, cast_f64)
+        if len(_NODE_VALUES) >= 4:
+            _NODE_VALUES.clear()
+        _NODE_VALUES[key] = hit
+    return hit
+
+
+def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool) -> dict[str, np.ndarray]:
     env = {}
     for i in program.inputs:
         env[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))

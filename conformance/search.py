@@ -1,0 +1,351 @@
+"""The searching side of a campaign: seeded Hypothesis rounds of generated programs.
+
+A round is the first `round_size` examples of Hypothesis seeded with (seed, round): the same
+programs whoever runs it, whatever was found before. Each program slot is run through the
+pipelines its time shares allow and judged. The first unexpected verdict whose behaviour is not
+yet known becomes the shrink target: Hypothesis shrinks while (check, pipeline, reference, error
+type) still holds, running only the pipelines that verdict needs. The shrunk program is replayed
+on every pipeline (the pipelines it also fails on are its siblings: one root behaviour), emitted as
+a finding, and the round is run again from its start, the programs already checked skipped, until
+every slot of it is checked. A round is therefore done (all its slots checked) or not (stopped);
+nothing in between is lost: the slots checked are recorded, the others are checked on resume.
+
+Shards: a slot belongs to shard i of N when its program's identity (hash, seed) says so; every
+shard generates every round and checks only its own programs, so shards are disjoint and their
+union is the unsharded campaign.
+
+A Searcher talks to its coordinator (conformance.campaign.Campaign) only through `emit(event)`:
+  {"ev": "result", "rec": {...}}        a checked program (the coordinator numbers and stores it)
+  {"ev": "shrink", "key", "size", "steps", "seconds"}   shrinking, now and then
+  {"ev": "finding", "finding": {...}, "origin": [hash, seed]}
+  {"ev": "round", "round": r}           round r is done
+"""
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hseed
+
+from conformance import pipelines as registry
+from conformance.findings import Finding, make_finding
+from conformance.ir import Program
+from conformance.verdict import CHECK_RANK, Verdict
+from generators.programs import cases, input_values
+from oracles.judge import judge
+
+RESULTS_SCHEMA = 1
+
+
+class _Found(Exception):
+    """Raised inside the Hypothesis test to make it shrink the current target."""
+
+
+def _found():
+    # One raise site: Hypothesis tells failures apart by where they were raised.
+    raise _Found()
+
+
+def round_seed(seed: int, r: int) -> int:
+    return seed * 100003 + r
+
+
+def shard_of(prog_hash: str, seed: int, n: int) -> int:
+    """The shard a program slot belongs to: a stable function of the program's identity."""
+    if n <= 1:
+        return 0
+    d = hashlib.sha256(f"{prog_hash}:{seed}".encode()).digest()
+    return int.from_bytes(d[:8], "big") % n
+
+
+def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
+    """The pipelines one verdict needs: its own, the value references, the residual reference."""
+    _, pipeline, reference, _ = key
+    names = [registry.value_reference()]
+    b = registry.baseline_of(pipeline)
+    if b and b in all_names:
+        names.append(b)
+    names += [r for r, _ in registry.comparisons(pipeline, set(all_names))]
+    if reference in all_names:
+        names.append(reference)
+    names.append(pipeline)
+    return list(dict.fromkeys(n for n in names if n in all_names))
+
+
+def replay_pipelines(key: tuple) -> list[str]:
+    """The pipelines a corpus entry's replay runs: the references and what its verdict needs."""
+    return list(dict.fromkeys(list(registry.REFERENCES) + needed_pipelines(key, registry.run_set([key[1]]))))
+
+
+def same_behaviour(f: Finding, g: Finding) -> bool:
+    """One root behaviour: the same key shrunk to the same or nested feature sets, or each one's
+    shrunk program fails the other's verdict (siblings: pipeline variants)."""
+    nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
+    if f.key() == g.key():
+        return nested
+    return list(g.key()) in f.reproduces and list(f.key()) in g.reproduces
+
+
+def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
+    """Add a shrunk finding, or fold it into the finding of its behaviour (the smaller program of
+    one key is kept). Returns (the finding that stands for it, whether the list changed)."""
+    for k, g in enumerate(findings):
+        if not same_behaviour(g, f):
+            continue
+        g.count += 1
+        for key in f.reproduces:
+            if key not in g.reproduces:
+                g.reproduces.append(key)
+        if g.key() == f.key() and f.core_features() < g.core_features():
+            f.count = g.count
+            f.reproduces = sorted(set(map(tuple, g.reproduces + f.reproduces)))
+            f.reproduces = [list(x) for x in f.reproduces]
+            findings[k] = f
+            return f, True
+        return g, False
+    findings.append(f)
+    return f, True
+
+
+class Shares:
+    """Time shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at
+    most `share` of the searcher's elapsed time on its pipelines. Within its share it runs on a
+    program when it is under half its share, or when the program has a feature the family has
+    covered least (at most the median count): expensive pipelines cover features evenly."""
+
+    def __init__(self, names: list[str], shares: dict[str, float] | None = None):
+        self.shares = {**registry.FAMILY_SHARES, **(shares or {})}
+        self.family = {n: registry.family_of(n) for n in names}
+        self.spent: Counter = Counter()
+        self.covered: dict[str, Counter] = {}
+        self.skipped: Counter = Counter()
+        self.start = time.monotonic()
+
+    def select(self, prog: Program, names: list[str]) -> list[str]:
+        elapsed = max(time.monotonic() - self.start, 1.0)
+        feats = prog.features()
+        rivals = []
+        for n in names:
+            if registry.is_reference(n) or registry.role_of(n) == registry.REFERENCE:
+                continue
+            fam = self.family[n]
+            share = self.shares.get(fam, 1.0)
+            if share >= 1.0:
+                rivals.append(n)
+                continue
+            cap = share * elapsed
+            cov = self.covered.get(fam, Counter())
+            median = statistics.median(cov.values()) if cov else 0
+            if self.spent[fam] <= 0.5 * cap or (self.spent[fam] <= cap and any(cov[f] <= median for f in feats)):
+                rivals.append(n)
+            else:
+                self.skipped[n] += 1
+        keep = set(registry.run_set(rivals))
+        return [n for n in names if n in keep]
+
+    def account(self, prog: Program, obs: dict) -> None:
+        fams = set()
+        for n, o in obs.items():
+            fam = self.family.get(n)
+            if fam is None:
+                continue
+            self.spent[fam] += sum(o.timings.values())
+            fams.add(fam)
+        for fam in fams:
+            self.covered.setdefault(fam, Counter()).update(prog.features())
+
+
+@dataclass
+class Target:
+    key: tuple
+    program: Program
+    seed: int
+    verdict: Verdict
+    observations: dict
+    original_size: int
+    origin: tuple
+    started: float
+    steps: int = 0
+    last_emit: float = 0.0
+
+
+class Searcher:
+    def __init__(self, opts, executor, expectations, emit: Callable[[dict], None], findings: list[Finding],
+                 seen: set, shrinks_per_key: Counter, should_stop: Callable[[], bool], versions: dict | None = None):
+        self.opts, self.executor, self.expectations, self.emit = opts, executor, expectations, emit
+        self.findings, self.seen, self.shrinks_per_key = findings, seen, shrinks_per_key
+        self.should_stop = should_stop
+        self.versions = versions or {}
+        self.shares = Shares(opts.pipelines, getattr(opts, "shares", None))
+        self.target: Target | None = None
+        self.halted = False
+        self.slot = 0
+        self.round = 0
+
+    # -- known behaviours --------------------------------------------------------------
+    def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
+        """The finding this failure is an instance of: the same key (or a sibling key of a finding
+        whose own key this program also fails), and the program has every feature the shrunk
+        program's behaviour needed. Once a key has been shrunk `max_shrinks_per_key` times,
+        further programs with that key are counted under the finding whose features they share
+        most instead of being shrunk again."""
+        same = [f for f in self.findings if f.key() == v.key()]
+        for f in same:
+            if f.core_features() <= feats:
+                return f
+        for f in self.findings:
+            if list(v.key()) in f.reproduces and f.key() in failing and f.core_features() <= feats:
+                return f
+        if same and self.shrinks_per_key.get(v.key(), 0) >= self.opts.max_shrinks_per_key:
+            return max(same, key=lambda f: (len(f.core_features() & feats), -len(f.core_features())))
+        return None
+
+    def evaluate(self, prog: Program, seed: int, names: list[str]):
+        inputs = input_values(prog, seed)
+        obs = self.executor.run(prog, inputs, names)
+        return inputs, obs, judge(prog, obs, self.expectations, self.opts.device)
+
+    # -- one round -----------------------------------------------------------------------
+    def run_round(self, r: int) -> bool:
+        """Check every slot of round r that is this shard's and not seen; True when done."""
+        self.round = r
+        while True:
+            self.target, self.halted, self.slot = None, False, 0
+            # the campaign's last round may be cut short by its slot limit
+            n = min(self.opts.round_size, self.opts.max_examples - r * self.opts.round_size)
+            s = settings(max_examples=max(1, n), deadline=None, database=None,
+                         phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
+                         suppress_health_check=list(HealthCheck), print_blob=False, verbosity=Verbosity.quiet)
+            test = hseed(round_seed(self.opts.seed, r))(s(given(cases(self.opts.generator))(self._body)))
+            try:
+                test()
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                # With a target, this is _Found after shrinking (or Hypothesis's flaky-replay error
+                # once the shrink budget made later steps pass). Without one, a harness bug.
+                if self.target is None:
+                    raise
+            if self.target is not None:
+                t, self.target = self.target, None
+                self._finish(t)
+                if self.should_stop():
+                    return False
+                continue   # the rest of the round: checked slots are skipped
+            if not self.halted:
+                self.emit({"ev": "round", "round": r})
+            return not self.halted
+
+    def _body(self, case):
+        prog, seed = case
+        if self.target is not None:
+            return self._shrink_step(prog, seed)
+        if self.halted:
+            return
+        k, self.slot = self.slot, self.slot + 1
+        if self.round * self.opts.round_size + k >= self.opts.max_examples:
+            return   # beyond the campaign's last slot: the round is done as far as it goes
+        if self.should_stop():
+            self.halted = True
+            return
+        h = (prog.content_hash(), seed)
+        if h in self.seen or shard_of(h[0], seed, self.opts.shard[1]) != self.opts.shard[0]:
+            return
+        self._search_step(prog, seed, h)
+
+    def _search_step(self, prog: Program, seed: int, h: tuple):
+        names = self.shares.select(prog, self.opts.pipelines)
+        inputs, obs, j = self.evaluate(prog, seed, names)
+        self.shares.account(prog, obs)
+        self.seen.add(h)
+        failures = j.failures()
+        feats = prog.features()
+        failing = {v.key() for v in failures}
+        sigs, new = [], []
+        for v in sorted(failures, key=lambda v: (CHECK_RANK[v.check], v.pipeline)):
+            f = self.known(v, feats, failing)
+            if f is not None:
+                sigs.append(f.signature)
+            else:
+                new.append(v)
+        rec = {
+            "type": "result", "schema_version": RESULTS_SCHEMA, "round": self.round, "slot": self.slot - 1,
+            "hash": h[0], "seed": seed, "size": prog.size(), "features": sorted(feats), "ran": names,
+            "status": "fail" if failures else ("expected" if any(v.status == "expected" for v in j.verdicts) else "pass"),
+            "verdicts": [[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts],
+            "known_signatures": sigs, "new": [list(v.key()) for v in new[:1]],
+            "expectations": j.expectation_hits,
+            "errors": {n: o.error.type for n, o in obs.items() if o.error is not None},
+        }
+        self.emit({"ev": "result", "rec": rec})
+        if new:
+            v = new[0]
+            self.shrinks_per_key[v.key()] += 1
+            now = time.monotonic()
+            self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
+                                 original_size=prog.size(), origin=h, started=now)
+            self._emit_shrink(force=True)
+            _found()
+
+    # -- shrinking -----------------------------------------------------------------------
+    def _emit_shrink(self, force=False):
+        t = self.target
+        now = time.monotonic()
+        if force or now - t.last_emit >= 0.5:
+            t.last_emit = now
+            self.emit({"ev": "shrink", "key": list(t.key), "size": t.program.size(), "steps": t.steps,
+                       "seconds": round(now - t.started, 1), "original_size": t.original_size})
+
+    def _shrink_step(self, prog: Program, seed: int):
+        t = self.target
+        if (t.steps >= self.opts.shrink_steps or time.monotonic() - t.started >= self.opts.shrink_seconds
+                or self.should_stop(grace=self.opts.shrink_seconds)):
+            return
+        t.steps += 1
+        _, obs, j = self.evaluate(prog, seed, needed_pipelines(t.key, self.opts.pipelines))
+        self._emit_shrink()
+        for v in j.failures():
+            if v.key() == t.key:
+                if prog.size() <= t.program.size():
+                    t.program, t.seed, t.verdict, t.observations = prog, seed, v, obs
+                _found()
+
+    def _finish(self, t: Target) -> None:
+        """The shrunk program as a finding: replayed on every pipeline for its siblings."""
+        inputs = input_values(t.program, t.seed)
+        obs0 = t.observations.get(t.key[1])
+        f = make_finding(t.verdict, t.program, inputs, obs0.versions if obs0 else self.versions,
+                         obs0.flags if obs0 else {}, self.opts.device)
+        f.shrunk = True
+        f.shrink_steps = t.steps
+        f.original_size = t.original_size
+        f.detail = {**f.detail, "observations": obs_digest(t.observations, t.key[1])}
+        check, _, _, et = t.key
+        _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
+        f.reproduces = sorted([list(v.key()) for v in j.failures()
+                               if v.check == check and (v.error_type or "") == et and v.key() != t.key])
+        self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(t.origin),
+                   "shrink_steps": t.steps, "size": f.size, "original_size": t.original_size})
+
+
+def obs_digest(obs: dict, pipeline: str) -> dict:
+    """Short, readable per-pipeline facts for the finding's detail."""
+    from conformance.observation import residual_digest
+    out = {}
+    for n, o in obs.items():
+        d = {}
+        if o.error:
+            d["error"] = f"{o.error.type} ({o.error.stage}): {o.error.message[:300]}"
+        if o.residuals is not None:
+            d.update(residual_digest(o.residuals))
+        if o.custom_rules:
+            d["custom_rules"] = {k: v.model_dump() for k, v in o.custom_rules.items()}
+        if o.grads is not None and n in (pipeline, registry.value_reference()):
+            d["grads"] = o.grads
+        out[n] = d
+    return out
