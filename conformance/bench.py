@@ -1,23 +1,36 @@
-"""Throughput benchmark (`make bench`): programs checked per second for each JAX pipeline and
-for the default set, and the share of time spent inside framework calls, in one run.
+"""Throughput benchmark (`make bench`), every figure measured side by side in one run.
 
-    python -m conformance.bench [--programs N] [--seed S] [--torch]
+    python -m conformance.bench [--programs N] [--seed S] [--campaign-seconds T] [--torch]
 
-All pipelines see the same programs, interleaved program by program, so machine noise
-hits them alike; the figures that matter are the ratios printed side by side.
+1. The floor and the harness on the same generated programs, each in a fresh process (so each
+   pays its own compiles): per pipeline, the harness's time (`pipeline.run`: observation,
+   residual canonicalisation) against the floor, bare framework calls that do the same
+   differentiation once (eager: one trace and execution of forward+backward; jit: one compile
+   and execution; second order where the program asks for it); for the default set, the
+   harness's whole per-program time (generation, the isolated executor, judging) against the
+   sum of the pipelines' floors plus one reference evaluation.
+2. Campaigns of the default set with --jobs 1 and --jobs 2 for the same wall time and seed:
+   programs checked, the speed-up, findings, and the distribution of shrunk sizes.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 
 from conformance import pipelines as reg
 from generators.programs import Config, cases, input_values
-from oracles.expectations import Expectations
-from oracles.judge import judge
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def sample_programs(n: int, seed: int):
@@ -33,46 +46,194 @@ def sample_programs(n: int, seed: int):
     return out[:n]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m conformance.bench")
-    ap.add_argument("--programs", type=int, default=40)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--torch", action="store_true", help="also time the PyTorch pipelines")
-    args = ap.parse_args(argv)
-
-    t0 = time.perf_counter()
-    progs = sample_programs(args.programs, args.seed)
-    gen_time = time.perf_counter() - t0
+def _names(torch: bool) -> list[str]:
     names = list(reg.REFERENCES) + [p for p in reg.DEFAULT_PIPELINES if p not in reg.REFERENCES]
-    if args.torch:
-        names += ["torch:none", "torch:eager-sac", "torch:compile-aot_eager", "torch:compile-inductor"]
-    exp = Expectations.load()
+    if torch:
+        names += ["torch:none", "torch:eager-sac", "torch:compile-aot_eager"]
+    return names
+
+
+# -- the floor: bare framework calls --------------------------------------------------------
+def jax_floor(name: str, prog, inputs) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from conformance.pipelines.jax_pipelines import Lowering, jax_flags
+    s = reg.spec(name)
+    low = Lowering(prog, remat=s.remat, cast_f64=s.f64)
+    arr = {i.id: jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if s.f64 else i.dtype)) for i in prog.inputs}
+    diff = [i.id for i in prog.inputs if i.diff]
+    const = {i.id: arr[i.id] for i in prog.inputs if not i.diff}
+    d = [arr[i] for i in diff]
+
+    def loss(*xs):
+        return sum(jnp.sum(o).astype(jnp.float64) for o in low.outputs(const, diff, xs))
+    argnums = tuple(range(len(d)))
+    with jax_flags(s.flags):
+        try:
+            if s.jit:
+                jax.block_until_ready(jax.jit(jax.value_and_grad(loss, argnums=argnums))(*d))
+            else:
+                out, pullback = jax.vjp(loss, *d)
+                jax.block_until_ready(pullback(jnp.ones((), jnp.float64)))
+            if prog.diff.order == 2:
+                g2 = jax.grad(lambda *x: sum(jnp.sum(g) for g in jax.grad(loss, argnums=argnums)(*x)), argnums=argnums)
+                jax.block_until_ready((jax.jit(g2) if s.jit else g2)(*d))
+        except Exception:   # a program that raises costs what it costs
+            pass
+
+
+def torch_floor(name: str, prog, inputs) -> None:
+    import numpy as np
+    import torch
+
+    from conformance.pipelines.torch_lowering import Lowering
+    s = reg.spec(name)
+    low = Lowering(prog, remat=s.remat, prefer=s.prefer)
+    diff = [i.id for i in prog.inputs if i.diff]
+    const = {i.id: torch.as_tensor(np.asarray(inputs[i.id], dtype=i.dtype)) for i in prog.inputs if not i.diff}
+    d = [torch.as_tensor(np.asarray(inputs[i.id], dtype=i.dtype)).requires_grad_(True)
+         for i in prog.inputs if i.diff]
+
+    def loss(*xs):
+        return sum(torch.sum(o).to(torch.float64) for o in low.outputs(const, diff, xs))
+    try:
+        fn = torch.compile(loss, backend=s.compile, dynamic=False) if s.compile else loss
+        out = fn(*d)
+        if out.requires_grad:
+            torch.autograd.grad(out, d, allow_unused=True)
+    except Exception:
+        pass
+    finally:
+        if s.compile:
+            torch._dynamo.reset()
+
+
+def part_floor(progs, names) -> dict:
     per = {n: 0.0 for n in names}
-    judge_time = 0.0
-    # warm-up: first use imports the frameworks and compiles common kernels
-    for n in names:
-        reg.get(n).run(progs[0][0], input_values(*progs[0]))
-    wall0 = time.perf_counter()
+    for n in names:   # warm-up: imports and first kernels
+        (torch_floor if reg.framework_of(n) == "torch" else jax_floor)(n, *_first(progs))
     for prog, seed in progs:
         inputs = input_values(prog, seed)
-        obs = {}
         for n in names:
             t = time.perf_counter()
-            obs[n] = reg.get(n).run(prog, inputs)
+            (torch_floor if reg.framework_of(n) == "torch" else jax_floor)(n, prog, inputs)
             per[n] += time.perf_counter() - t
-        t = time.perf_counter()
-        judge(prog, obs, exp)
-        judge_time += time.perf_counter() - t
-    wall = time.perf_counter() - wall0
-    framework = sum(per.values())
-    print(f"remat-conformance bench: {len(progs)} generated programs (seed {args.seed}), "
-          f"generation {gen_time / len(progs) * 1e3:.1f} ms/program")
-    print(f"{'pipeline':<34} {'programs/s':>10} {'ms/program':>11}")
+    return {"per": per}
+
+
+def _first(progs):
+    prog, seed = progs[0]
+    return prog, input_values(prog, seed)
+
+
+# -- the harness --------------------------------------------------------------------------
+def part_harness(progs, names) -> dict:
+    from conformance.isolation import IsolatedExecutor
+    from oracles.expectations import Expectations
+    from oracles.judge import judge
+    exp = Expectations.load()
+    per = {n: 0.0 for n in names}
     for n in names:
-        print(f"{n:<34} {len(progs) / per[n]:>10.2f} {per[n] / len(progs) * 1e3:>11.1f}")
-    print(f"{'default set (all of the above + judge)':<34} {len(progs) / wall:>10.2f} {wall / len(progs) * 1e3:>11.1f}")
-    print(f"share of time inside framework calls (pipeline.run): {framework / wall:.1%}; "
-          f"judging: {judge_time / wall:.1%}")
+        reg.get(n).run(*_first(progs))
+    for prog, seed in progs:
+        inputs = input_values(prog, seed)
+        for n in names:
+            t = time.perf_counter()
+            reg.get(n).run(prog, inputs)
+            per[n] += time.perf_counter() - t
+    # the whole per-program path a campaign takes: generation, the isolated executor, judging
+    ex = IsolatedExecutor()
+    ex.run(*_first(progs), names)
+    t0 = time.perf_counter()
+    sample_programs(len(progs), 1)
+    gen = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for prog, seed in progs:
+        inputs = input_values(prog, seed)
+        judge(prog, ex.run(prog, inputs, names), exp)
+    whole = time.perf_counter() - t0 + gen
+    ex.close()
+    return {"per": per, "whole": whole, "generation": gen}
+
+
+def _part(kind: str, n: int, seed: int, torch: bool) -> dict:
+    cmd = [sys.executable, "-m", "conformance.bench", "--part", kind, "--programs", str(n), "--seed", str(seed)]
+    if torch:
+        cmd.append("--torch")
+    # both sides cold: no compile cache shared between them
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "REMAT_CONFORMANCE_COMPILE_CACHE": "off"})
+    if r.returncode != 0:
+        raise SystemExit(f"bench part {kind} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# -- campaigns ------------------------------------------------------------------------------
+def campaign(jobs: int, seconds: float, seed: int) -> dict:
+    out = Path(tempfile.mkdtemp(prefix=f"bench-jobs{jobs}-"))
+    cmd = [sys.executable, "-m", "conformance.cli", "run", "--budget", str(seconds), "--seed", str(seed),
+           "--jobs", str(jobs), "--out", str(out / "run"), "--quiet"]
+    t0 = time.perf_counter()
+    # each campaign starts with an empty compile cache of its own (shared by its searchers)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REMAT_CONFORMANCE_COMPILE_CACHE": str(out / "xla-cache")}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"campaign --jobs {jobs} failed:\n{r.stderr[-3000:]}")
+    recs = [json.loads(x) for x in (out / "run" / "results.jsonl").read_text().splitlines() if x.strip()]
+    findings = json.loads((out / "run" / "findings.json").read_text())
+    sizes = [f["size"] for f in recs if f["type"] == "finding" and isinstance(f.get("size"), int)]
+    return {"programs": sum(x["type"] == "result" for x in recs), "wall": wall, "findings": len(findings),
+            "behaviours": [f"{f['check']}|{f['pipeline']}|{f['error_type']}" for f in findings], "sizes": sizes,
+            "siblings": sum(len(f.get("reproduces", [])) for f in findings)}
+
+
+def _dist(sizes: list[int]) -> str:
+    if not sizes:
+        return "no shrinks"
+    s = sorted(sizes)
+    p90 = statistics.quantiles(s, n=10, method="inclusive")[8] if len(s) > 1 else s[0]
+    return f"{len(s)} shrinks: median {statistics.median(s):g}, 90th percentile {p90:g}, max {s[-1]} statements"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m conformance.bench")
+    ap.add_argument("--programs", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--campaign-seconds", type=float, default=90.0, help="0: skip the campaigns")
+    ap.add_argument("--torch", action="store_true", help="also time PyTorch pipelines")
+    ap.add_argument("--part", choices=["floor", "harness"], help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    names = _names(args.torch)
+    if args.part:
+        progs = sample_programs(args.programs, args.seed)
+        res = (part_floor if args.part == "floor" else part_harness)(progs, names)
+        print(json.dumps(res))
+        return 0
+
+    n = args.programs
+    floor = _part("floor", n, args.seed, args.torch)
+    harness = _part("harness", n, args.seed, args.torch)
+    print(f"remat-conformance bench: {n} generated programs (seed {args.seed}); each side in a fresh process")
+    print(f"{'pipeline':<28} {'harness ms':>11} {'floor ms':>9} {'ratio':>6}")
+    for p in names:
+        h, f = harness["per"][p] / n * 1e3, floor["per"][p] / n * 1e3
+        print(f"{p:<28} {h:>11.1f} {f:>9.1f} {h / f:>6.2f}")
+    fl = sum(floor["per"].values()) / n * 1e3
+    wh = harness["whole"] / n * 1e3
+    print(f"{'default set, per program':<28} {wh:>11.1f} {fl:>9.1f} {wh / fl:>6.2f}"
+          f"   (harness: generation {harness['generation'] / n * 1e3:.1f} ms, isolated executor, judge)")
+    if args.campaign_seconds > 0:
+        t = args.campaign_seconds
+        one, two = campaign(1, t, args.seed), campaign(2, t, args.seed)
+        print(f"campaign of the default set, {t:g}s budget, seed {args.seed}, {os.cpu_count()} cores:")
+        for j, c in ((1, one), (2, two)):
+            print(f"  --jobs {j}: {c['programs']} programs ({c['programs'] / c['wall']:.2f}/s over {c['wall']:.0f}s "
+                  f"wall), {c['findings']} findings ({c['siblings']} sibling pipelines merged); shrunk sizes: "
+                  f"{_dist(c['sizes'])}")
+        print(f"  speed-up jobs=2 / jobs=1: {two['programs'] / max(one['programs'], 1):.2f}x programs")
     return 0
 
 

@@ -46,6 +46,13 @@ def check_finding(f, where: str) -> None:
         raise UsageError(f"{where}.device: must be cpu or cuda, got {f.device!r}")
     if f.expectation is not None and not TOKEN.match(f.expectation):
         raise UsageError(f"{where}.expectation: must match {TOKEN.pattern}")
+    for k, key in enumerate(f.reproduces):   # sibling keys: (check, pipeline, reference, error type)
+        w = f"{where}.reproduces[{k}]"
+        if len(key) != 4:
+            raise UsageError(f"{w}: must be [check, pipeline, reference, error type]")
+        if key[0] not in CHECKS or key[1] not in known or (key[2] not in known and key[2] not in VERDICT_REFS) \
+                or not TOKEN.match(key[3]):
+            raise UsageError(f"{w}: unknown check, pipeline or reference, or an error type outside {TOKEN.pattern}")
 
 
 def load_program_file(path: str, limits=None):

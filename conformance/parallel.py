@@ -226,7 +226,7 @@ def run_parallel(c) -> None:
                     if assign(fresh):
                         busy.append(fresh)
             c.progress(c)
-            if c.elapsed() > c.opts.budget + c.opts.shrink_seconds + 60:
+            if c.elapsed() > c.opts.budget + 3 * c.opts.shrink_seconds + 60:
                 break   # a searcher that does not stop in time is killed below
     finally:
         c.on_finding = None

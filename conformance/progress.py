@@ -76,7 +76,7 @@ class Progress:
             return self
 
         def beat():
-            while not self._stop.wait(1.0):
+            while not self._stop.wait(min(1.0, self.interval / 3)):
                 if self.c is not None and time.monotonic() - self._last >= self.interval:
                     self._print()
         self._thread = threading.Thread(target=beat, daemon=True, name="progress")

@@ -40,6 +40,8 @@ from generators.programs import cases, input_values
 from oracles.judge import judge
 
 RESULTS_SCHEMA = 1
+# Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
+SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
 
 
 class _Found(Exception):
@@ -301,10 +303,16 @@ class Searcher:
             self.emit({"ev": "shrink", "key": list(t.key), "size": t.program.size(), "steps": t.steps,
                        "seconds": round(now - t.started, 1), "original_size": t.original_size})
 
+    def shrink_seconds(self, key: tuple) -> float:
+        """The shrink budget of one target: compiled torch pipelines take seconds per step."""
+        return self.opts.shrink_seconds * SHRINK_TIME_FACTOR.get(registry.family_of(key[1]), 1.0) \
+            if key[1] in registry.known_names() else self.opts.shrink_seconds
+
     def _shrink_step(self, prog: Program, seed: int):
         t = self.target
-        if (t.steps >= self.opts.shrink_steps or time.monotonic() - t.started >= self.opts.shrink_seconds
-                or self.should_stop(grace=self.opts.shrink_seconds)):
+        budget = self.shrink_seconds(t.key)
+        if (t.steps >= self.opts.shrink_steps or time.monotonic() - t.started >= budget
+                or self.should_stop(grace=budget)):
             return
         t.steps += 1
         _, obs, j = self.evaluate(prog, seed, needed_pipelines(t.key, self.opts.pipelines))

@@ -126,6 +126,10 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     grid: dict[tuple[str, str], Counter] = defaultdict(Counter)
     rows: list[str] = []
     programs = 0
+    ran_on: Counter = Counter()                        # row -> programs it ran on
+    check_ran: Counter = Counter()                     # (row, check) -> programs where it had its inputs
+    coverage: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])   # (feature, row) -> [programs, failed]
+    feature_programs: Counter = Counter()
     for r in inputs:
         for p in (r.info.options.pipelines if r.info else []):
             if _row(p, r.cell) not in rows:
@@ -134,11 +138,24 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
             if rec.type != "result":
                 continue
             programs += 1
+            failed, had = Counter(), set()
             for check, pipeline, _ref, status, _et in rec.verdicts:
                 row = _row(pipeline, r.cell)
                 if row not in rows:
                     rows.append(row)
                 grid[(row, check)][status] += 1
+                failed[row] += status == "fail"
+                if status not in ("skipped", "unsupported"):
+                    had.add((row, check))
+            check_ran.update(had)
+            ran = rec.ran if rec.ran is not None else sorted({v[1] for v in rec.verdicts})
+            feature_programs.update(rec.features)
+            for p in ran:
+                row = _row(p, r.cell)
+                ran_on[row] += 1
+                for ft in rec.features:
+                    coverage[(ft, row)][0] += 1
+                    coverage[(ft, row)][1] += failed[row] > 0
     # findings: one per signature and cell, smallest program kept; grouped by behaviour key
     merged: dict[tuple, Any] = {}
     cells_of: dict[tuple, list[str]] = defaultdict(list)
@@ -189,6 +206,15 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
             ids = finding_cells.get((row, check), [])
             grid_rows.append({"pipeline": row, "check": check, "counts": dict(sorted(cnt.items())),
                               "status": _status(cnt, bool(ids)), "findings": ids})
+    checks_ran = [{"pipeline": row, "check": check, "programs": ran_on[row], "ran": check_ran[(row, check)]}
+                  for row in rows for check in CHECKS if (row, check) in grid]
+    coverage_rows = [{"feature": ft, "programs": n,
+                      "cells": {row: coverage[(ft, row)] for row in rows if ran_on[row]}}
+                     for ft, n in sorted(feature_programs.items())]
+    # behaviours: each finding is one root behaviour; where its shrunk program fails the same way
+    behaviours = [{"id": x["id"], "check": x["check"], "error_type": x["error_type"], "reference": x["reference"],
+                   "pipelines": list(dict.fromkeys([x["pipeline"]] + [k[1] for k in x["finding"].get("reproduces", [])]))}
+                  for x in findings]
     # saved-residual bytes per policy and pipeline (from the findings' observations)
     rb: dict[tuple[str, str], list[int]] = defaultdict(list)
     for x in findings + fixed:
@@ -228,5 +254,8 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         "not_run": not_run,
         "stale_expectations": _stale(inputs, expectations or _packaged()),
         "residual_bytes": residual_bytes,
+        "checks_ran": checks_ran,
+        "coverage": coverage_rows,
+        "behaviours": behaviours,
         "trend": trend,
     }

@@ -51,6 +51,8 @@ class _Result(BaseModel):
     schema_version: int = READS_SCHEMA
     verdicts: list[tuple[str, str, str, str, str]] = Field(default_factory=list)
     expectations: dict[str, str] = Field(default_factory=dict)
+    features: list[str] = Field(default_factory=list)
+    ran: list[str] | None = None     # the pipelines that ran on it (older runs: those with verdicts)
     t: float = 0.0
 
 

@@ -1,0 +1,108 @@
+"""The campaign engine: one finding per root behaviour, time shares, live progress, coverage."""
+from __future__ import annotations
+
+import io
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+from conformance import pipelines as registry
+from conformance.campaign import Campaign, Options, summary_markdown
+from conformance.findings import Finding
+from conformance.progress import Progress, status_line
+from conformance.runner import InProcessExecutor
+from conformance.search import Shares, merge_finding, same_behaviour, shard_of
+from conformance.store import Store
+from generators.programs import Config
+from oracles.expectations import Expectations
+from tests.mutants import PerturbGradient
+
+TWIN = "jax:mutant-perturb-gradient-twin"
+registry.register_instance(PerturbGradient(registry.derive("jax:remat3", TWIN, variant="remat2")))
+
+
+def _finding(pipeline, features=("sin",), reproduces=()):
+    return Finding(signature=f"gradient|{pipeline}|{'+'.join(features)}", check="gradient", pipeline=pipeline,
+                   reference="jax:none", features=list(features), program={}, program_hash="0" * 16,
+                   reproduces=[list(k) for k in reproduces])
+
+
+def test_siblings_that_reproduce_each_other_are_one_behaviour():
+    a_key, b_key = ("gradient", "p:a", "jax:none", ""), ("gradient", "p:b", "jax:none", "")
+    a, b = _finding("p:a", reproduces=[b_key]), _finding("p:b", reproduces=[a_key])
+    assert same_behaviour(a, b)
+    fs = [a]
+    kept, changed = merge_finding(fs, b)
+    assert fs == [a] and kept is a and not changed and a.count == 2
+    # one-sided: b's program does not fail on a's pipeline -> two behaviours
+    c = _finding("p:c")
+    a2 = _finding("p:a", reproduces=[("gradient", "p:c", "jax:none", "")])
+    assert not same_behaviour(a2, c)
+    fs = [a2]
+    merge_finding(fs, c)
+    assert len(fs) == 2
+
+
+def test_a_campaign_files_one_finding_for_a_bug_shared_by_two_pipelines(tmp_path):
+    names = list(registry.REFERENCES) + ["jax:mutant-perturb-gradient", TWIN]
+    opts = Options(pipelines=names, budget=600, max_examples=12, round_size=6, seed=1, shrink_steps=30,
+                   generator=Config(max_stmts=3))
+    camp = Campaign(opts, Store(tmp_path / "out"), InProcessExecutor(), Expectations.load())
+    camp.run()
+    mine = [f for f in camp.findings if f.check == "gradient" and f.reference == "jax:none"]
+    assert camp.checked >= 8
+    assert len(mine) == 1, [f.signature for f in mine]
+    assert set(mine[0].behaviour_pipelines()) == {"jax:mutant-perturb-gradient", TWIN}
+    assert mine[0].count >= camp.checked - 1     # every later program counted under it
+    summary = summary_markdown(camp, {"versions": {}})
+    assert "## Behaviours by pipeline" in summary and "## Feature coverage" in summary
+
+
+def test_shares_keep_an_expensive_family_within_its_share():
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3:jit"]
+    sh = Shares(names, {"jax:jit": 0.2})
+    prog = SimpleNamespace(features=lambda: {"sin"})
+    sh.start = time.monotonic() - 100.0          # 100 s elapsed
+    assert "jax:remat3:jit" in sh.select(prog, names)
+    sh.spent["jax:jit"] = 50.0                   # far over 20% of 100 s
+    got = sh.select(prog, names)
+    assert "jax:remat3:jit" not in got and "jax:remat3" in got
+    assert {"ref:f64", "jax:none", "jax:remat2"} <= set(got)   # references always run
+    assert sh.skipped["jax:remat3:jit"] == 1
+    # within its share, it runs on a program with a feature it has covered least
+    sh.spent["jax:jit"] = 15.0
+    sh.covered["jax:jit"] = Counter({"sin": 10, "cos": 0})
+    assert "jax:remat3:jit" not in sh.select(prog, names)
+    prog2 = SimpleNamespace(features=lambda: {"cos"})
+    assert "jax:remat3:jit" in sh.select(prog2, names)
+
+
+def test_shards_partition_program_identities():
+    ids = [(f"{i:016x}", i % 7) for i in range(400)]
+    parts = [{x for x in ids if shard_of(x[0], x[1], 3) == k} for k in range(3)]
+    assert set().union(*parts) == set(ids) and sum(map(len, parts)) == len(ids)
+    assert all(40 < len(p) < 200 for p in parts)
+    assert all(shard_of(h, s, 1) == 0 for h, s in ids)
+
+
+def _fake_campaign():
+    return SimpleNamespace(elapsed=lambda: 12.0, checked=30, findings=[1, 2], opts=SimpleNamespace(budget=60.0),
+                           shrinking={0: {"key": ["error", "jax:remat3", "expectations", "none"], "size": 4,
+                                          "original_size": 20, "steps": 17, "since": time.monotonic() - 9.0}})
+
+
+def test_status_line_says_what_is_shrunk_and_for_how_long():
+    line = status_line(_fake_campaign())
+    assert "programs 30 (2.50/s)" in line and "findings 2" in line and "left 48s" in line
+    assert "shrinking error:jax:remat3" in line and "to 4 stmts (from 20)" in line and "step 17, 9s" in line
+
+
+def test_plain_progress_is_never_silent_for_long():
+    out = io.StringIO()
+    p = Progress(out, interval=0.3, live=False)
+    p.start(_fake_campaign())
+    time.sleep(1.6)   # nothing happens: the heartbeat still reports
+    p.stop()
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 3, lines
+    assert all("shrinking" in x for x in lines)
