@@ -28,11 +28,11 @@ from conformance.verdict import Verdict
 
 
 def compare_grads(program: Program, torch_obs: Observation, jax_obs: Observation,
-                  mode: str = "tight", values: dict | None = None) -> Verdict:
+                  mode: str = "tight", values: dict | None = None, values_missing: str | None = None) -> Verdict:
     """Values of one pipeline against another's, in the same dtype. `tight` (default): two
     frameworks' kernels differ by rounding only, which the depth-aware same-dtype bound
     absorbs on bounded programs; `loose` is the float64-reference tolerance."""
-    v = gradients.compare(program, torch_obs, jax_obs, mode, values)
+    v = gradients.compare(program, torch_obs, jax_obs, mode, values, values_missing)
     if v.status == "fail":
         v.error_type = "cross_value"
     return v

@@ -14,6 +14,7 @@ from conformance.ir import Op, Program, walk
 from conformance.ops import OPS
 from conformance.observation import Observation
 from conformance.verdict import Verdict
+from oracles.missing import skip_unless
 
 # (rtol, atol) per dtype and comparison; atol is scaled by the reference's magnitude.
 TOLERANCES = {
@@ -64,17 +65,29 @@ def near_kink(program: Program, values: dict | None) -> list[str]:
     return sorted(set(out))
 
 
+def has_nonsmooth(program: Program) -> bool:
+    """Whether an op declared nonsmooth runs outside a custom_vjp bwd (near_kink's scope)."""
+    return any(isinstance(s, Op) and ctx != "bwd" and OPS[s.op].nonsmooth for s, _, _, ctx in walk(program.body))
+
+
 def _dtype(program: Program) -> str:
     return "float32" if any(i.dtype == "float32" for i in program.inputs) else "float64"
 
 
-def compare(program: Program, obs: Observation, ref: Observation, mode: str, values: dict | None = None) -> Verdict:
+def compare(program: Program, obs: Observation, ref: Observation, mode: str, values: dict | None = None,
+            values_missing: str | None = None) -> Verdict:
     """Compare values (outputs, gradients, second-order gradients) of obs with ref. `values`
     (the value reference's node values) let programs whose nonsmooth ops sit at their kink be
-    skipped rather than judged."""
+    skipped rather than judged; `values_missing` says why they do not exist (the value
+    reference failed), and then a program with a nonsmooth op is skipped. Either side may
+    have failed at its second_order stage: its first-order values are compared, and
+    second-order gradients only where both have them."""
     v = Verdict(check="gradient", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
-    if not obs.ok() or not ref.ok():
+    if skip_unless(v, "values", obs, ref):
+        return v
+    if values_missing and not values and has_nonsmooth(program):
         v.status = "skipped"
+        v.detail = {"reason": f"{values_missing}: no node values to rule out a nonsmooth op at its kink"}
         return v
     kinks = near_kink(program, values)
     if kinks:
@@ -86,8 +99,8 @@ def compare(program: Program, obs: Observation, ref: Observation, mode: str, val
     worst = None
     for k in sorted(set(a) | set(b)):
         if k not in a or k not in b:
-            if k.startswith("grad2") and (k not in a):
-                continue
+            if k.startswith("grad2") and (k not in a or ref.error is not None):
+                continue   # not asked of obs, or ref failed at its second_order stage
             worst = {"value": k, "reason": "missing"}
             break
         x, y = a[k], b[k]

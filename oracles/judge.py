@@ -3,6 +3,41 @@
 Roles and comparisons come from the pipeline registry (conformance.pipelines): the value
 reference, each framework's same-dtype baseline, the residual/error reference, and the
 references each rival is compared with.
+
+Checks do not mask each other: each check runs whenever its inputs exist
+(oracles.missing). A pipeline that failed to raise an expected error still has values,
+residuals and custom-rule logs, and they are compared; a pipeline that raised, as expected
+or not, leaves every other pipeline's checks alone; when the value reference fails, the
+same-dtype baseline still checks values. A check whose input does not exist (the pipeline,
+its baseline or its reference raised, crashed or does not support the program) is a
+`skipped` verdict whose detail.reason names the pipeline and what it lacks. A run that
+failed at its second_order stage still has its first-order values and residuals.
+
+Error verdicts, and the rule that keeps one root behaviour to one failing error verdict
+of a pipeline:
+- vs "expectations" (every pipeline): a matching `raises` entry must be met; any other
+  error is a finding unless a `diverges` entry (check error) excuses it, or the value
+  reference raised the same error first (then `pass` vs the value reference, whose own
+  verdict carries the finding). A crash or a timeout is a `crash`/`timeout` verdict.
+- status equivalence (rivals and the residual reference), vs each reference that claims
+  the same semantics: the framework's baseline and the `same`/`eager` comparisons, never a
+  cross-framework one. When exactly one of the two raised, a verdict with reference = that
+  pipeline and error_type the rival's error (or "none") is
+    expected  when an entry matching the rival declares the difference: a `raises` entry
+              its error meets, or a `diverges` entry (check error; reference unset or that
+              pipeline) whose error_regex, if any, matches the error that was raised. The
+              reference's own entries never count: an expectation that excuses the
+              reference's error does not excuse the rival's silence;
+    pass      when the rival did not raise and the reference's error is itself unexpected
+              (its error verdict fails, or defers to the value reference's, which fails):
+              that verdict carries the finding and the rival did what the expectations say;
+    fail      otherwise, but a pipeline's error status fails once. When its verdict vs
+              expectations fails (an unexpected error, a missing or a different expected
+              error) no status verdict fails: the references whose status differs are listed
+              in that verdict's detail.status_differs_from. Of several failing status
+              verdicts only the first (comparisons before the baseline) is kept, the other
+              references listed in its detail.also_differs_from.
+  Crashes, timeouts and unsupported programs have no error status to compare.
 """
 from __future__ import annotations
 
@@ -11,10 +46,14 @@ from dataclasses import dataclass, field
 
 from conformance import pipelines as registry
 from conformance.ir import Program
-from conformance.observation import Observation
+from conformance.observation import ErrorInfo, Observation
 from conformance.verdict import Verdict, symptom_check
 from oracles import cross_framework, gradients, residuals
 from oracles.expectations import Entry, Expectations
+from oracles.missing import missing, skip_unless
+
+# Comparison modes whose two pipelines claim the same semantics (their error status must agree).
+SAME_SEMANTICS = ("same", "eager")
 
 
 @dataclass
@@ -34,8 +73,7 @@ def _hit(j: Judgement, e: Entry, fired: bool):
 
 def compare_custom_rules(obs: Observation, ref: Observation) -> Verdict:
     v = Verdict(check="custom_rule", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
-    if not obs.ok() or not ref.ok():
-        v.status = "skipped"
+    if skip_unless(v, "custom_rules", obs, ref):
         return v
     diffs = {}
     for path in sorted(set(obs.custom_rules) | set(ref.custom_rules)):
@@ -66,104 +104,170 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     value_ref = registry.value_reference()
     ref = observations.get(value_ref)
     values = ref.values if ref is not None else None
+    # why the value reference's node values (kink and alias checks) do not exist, if it failed
+    values_missing = missing(ref, "node_values") if ref is not None and not ref.ok() else None
     names = set(observations)
+    entries = {n: expectations.matching(n, o.versions, device, dtypes, feats) for n, o in observations.items()}
+    # Every pipeline's error verdict first: status equivalence reads the references' verdicts.
+    errors = {n: _error_verdict(j, o, entries[n], ref, value_ref) for n, o in observations.items()}
 
     for name, obs in observations.items():
-        entries = expectations.matching(name, obs.versions, device, dtypes, feats)
-        unsup = [e for e in entries if e.unsupported]
-        raises = [e for e in entries if e.raises]
-        diverges = [e for e in entries if e.diverges]
-        if obs.unsupported or unsup:
-            for e in unsup:
-                _hit(j, e, True)
-            j.verdicts.append(Verdict(check="error", pipeline=name, reference="expectations", status="unsupported",
-                                      detail={"reason": obs.unsupported or unsup[0].unsupported.reason},
-                                      expectation=unsup[0].id if unsup else None))
-            continue
-
-        # -- crashes and hangs (isolated runs) --------------------------------------------
-        err = obs.error
-        if err is not None and symptom_check(err.type):
-            check = symptom_check(err.type)
-            j.verdicts.append(Verdict(check=check, pipeline=name, reference="expectations", status="fail",
-                                      error_type=err.type, detail={"got": err.model_dump()}))
-            continue
-
-        # -- error behaviour ------------------------------------------------------------
-        if raises:
-            e = raises[0]
-            ok = bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))
-            if not ok and err is not None and name != value_ref and ref is not None and ref.error is not None \
-                    and (ref.error.type, ref.error.stage) == (err.type, err.stage):
-                # the reference fails the same way first: its own verdict carries the finding
-                j.verdicts.append(Verdict(check="error", pipeline=name, reference=value_ref, status="pass",
-                                          error_type=err.type, detail={"got": err.model_dump()}))
+        ev = errors[name]
+        if ev is not None:
+            j.verdicts.append(ev)
+            if ev.status == "unsupported":
                 continue
-            if not ok and err is not None and _excused_error(err, diverges):
-                # another documented error of this program came first
-                j.verdicts.append(Verdict(check="error", pipeline=name, reference="expectations", status="expected",
-                                          error_type=err.type, expectation=_excused_error(err, diverges)))
-                continue
-            _hit(j, e, ok)
-            if ok:
-                j.verdicts.append(Verdict(check="error", pipeline=name, reference="expectations", status="expected",
-                                          error_type=err.type, expectation=e.id))
-            else:
-                j.verdicts.append(Verdict(
-                    check="error", pipeline=name, reference="expectations", status="fail",
-                    error_type=err.type if err else "none", expectation=e.id,
-                    detail={"expected": {"type": e.raises.type, "regex": e.raises.regex},
-                            "got": err.model_dump() if err else None}))
-            continue
-        if err is not None:
-            same_as_ref = (name != value_ref and ref is not None and ref.error is not None
-                           and ref.error.type == err.type and ref.error.stage == err.stage)
-            v = Verdict(check="error", pipeline=name, reference=value_ref if same_as_ref else "expectations",
-                        status="pass" if same_as_ref else "fail", error_type=err.type,
-                        detail={"got": err.model_dump()})
-            _apply_diverges(j, v, diverges)
-            j.verdicts.append(v)
-            continue
-        if (ref is not None and ref.error is not None and name != value_ref and not registry.is_reference(name)
-                and registry.framework_of(name) == registry.framework_of(value_ref)):
-            # The value reference failed where this pipeline did not: the reference's own error
-            # verdict carries the finding (an expected error is enforced by that entry for every
-            # pipeline it names); there is nothing to compare values with.
-            j.verdicts.append(Verdict(check="error", pipeline=name, reference=value_ref, status="skipped",
-                                      detail={"reference_error": ref.error.model_dump()}))
-            continue
         if registry.is_reference(name):
             continue
+        diverges = [e for e in entries[name] if e.diverges]
+
+        def add(v: Verdict):
+            _apply_diverges(j, v, diverges)
+            j.verdicts.append(v)
+
+        j.verdicts += _status_equivalence(j, obs, observations, entries[name], errors, value_ref)
 
         # -- values ---------------------------------------------------------------------
         base = observations.get(registry.baseline_of(name) or "")
         if base is not None:
-            v = gradients.compare(program, obs, base, "tight", values)
-            _apply_diverges(j, v, diverges)
-            j.verdicts.append(v)
+            add(gradients.compare(program, obs, base, "tight", values, values_missing))
         if ref is not None:
-            v = gradients.compare(program, obs, ref, "loose", values)
-            _apply_diverges(j, v, diverges)
-            j.verdicts.append(v)
+            add(gradients.compare(program, obs, ref, "loose", values, values_missing))
 
         # -- residuals and custom rules ---------------------------------------------------
-        if obs.residuals is not None:
-            v = residuals.check_policy(program, obs, ref)
-            _apply_diverges(j, v, diverges)
-            j.verdicts.append(v)
+        add(residuals.check_policy(program, obs, ref))
         for rname, mode in registry.comparisons(name, names):
-            rref = observations.get(rname)
-            if rref is None:
-                continue
+            rref = observations[rname]
             if mode == "same":
                 checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref)]
             else:
-                checks = [cross_framework.compare_grads(program, obs, rref, values=values),
+                checks = [cross_framework.compare_grads(program, obs, rref, values=values,
+                                                        values_missing=values_missing),
                           cross_framework.compare_residuals(obs, rref, program)]
             for v in checks:
-                _apply_diverges(j, v, diverges)
-                j.verdicts.append(v)
+                add(v)
     return j
+
+
+def _error_verdict(j: Judgement, obs: Observation, entries: list[Entry], ref: Observation | None,
+                   value_ref: str) -> Verdict | None:
+    """The pipeline's error behaviour against the expectations (None: it did not raise and
+    was not expected to)."""
+    name = obs.pipeline
+    unsup = [e for e in entries if e.unsupported]
+    raises = [e for e in entries if e.raises]
+    diverges = [e for e in entries if e.diverges]
+    if obs.unsupported or unsup:
+        for e in unsup:
+            _hit(j, e, True)
+        return Verdict(check="error", pipeline=name, reference="expectations", status="unsupported",
+                       detail={"reason": obs.unsupported or unsup[0].unsupported.reason},
+                       expectation=unsup[0].id if unsup else None)
+    err = obs.error
+    # -- crashes and hangs (isolated runs) ------------------------------------------------
+    if err is not None and symptom_check(err.type):
+        return Verdict(check=symptom_check(err.type), pipeline=name, reference="expectations", status="fail",
+                       error_type=err.type, detail={"got": err.model_dump()})
+    # the value reference fails the same way first: its own verdict carries the finding
+    same_as_ref = (err is not None and name != value_ref and ref is not None and ref.error is not None
+                   and (ref.error.type, ref.error.stage) == (err.type, err.stage))
+    if raises:
+        e = raises[0]
+        ok = _meets(err, e)
+        if not ok and same_as_ref:
+            return Verdict(check="error", pipeline=name, reference=value_ref, status="pass",
+                           error_type=err.type, detail={"got": err.model_dump()})
+        if not ok and err is not None and _excused_error(err, diverges):
+            # another documented error of this program came first
+            return Verdict(check="error", pipeline=name, reference="expectations", status="expected",
+                           error_type=err.type, expectation=_excused_error(err, diverges))
+        _hit(j, e, ok)
+        if ok:
+            return Verdict(check="error", pipeline=name, reference="expectations", status="expected",
+                           error_type=err.type, expectation=e.id)
+        return Verdict(check="error", pipeline=name, reference="expectations", status="fail",
+                       error_type=err.type if err else "none", expectation=e.id,
+                       detail={"expected": {"type": e.raises.type, "regex": e.raises.regex},
+                               "got": err.model_dump() if err else None})
+    if err is not None:
+        v = Verdict(check="error", pipeline=name, reference=value_ref if same_as_ref else "expectations",
+                    status="pass" if same_as_ref else "fail", error_type=err.type,
+                    detail={"got": err.model_dump()})
+        _apply_diverges(j, v, diverges)
+        return v
+    return None
+
+
+def _meets(err: ErrorInfo | None, e: Entry) -> bool:
+    return bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))
+
+
+def _has_status(o: Observation) -> bool:
+    """Whether the run ended with a result or an ordinary error (not unsupported, crashed, hung)."""
+    return o.unsupported is None and (o.error is None or symptom_check(o.error.type) is None)
+
+
+def _status_equivalence(j: Judgement, obs: Observation, observations: dict[str, Observation],
+                        entries: list[Entry], errors: dict[str, Verdict | None], value_ref: str) -> list[Verdict]:
+    """Error status against the references that claim the same semantics (module docstring)."""
+    name = obs.pipeline
+    refs = [r for r, mode in registry.comparisons(name, set(observations)) if mode in SAME_SEMANTICS]
+    b = registry.baseline_of(name)
+    if b in observations and b != name:
+        refs.append(b)
+    own = errors.get(name)
+    out: list[Verdict] = []
+    first: Verdict | None = None
+    if not _has_status(obs):
+        return out
+    for q in dict.fromkeys(refs):
+        qo = observations[q]
+        if not _has_status(qo) or (obs.error is None) == (qo.error is None):
+            continue
+        raised = obs.error or qo.error
+        v = Verdict(check="error", pipeline=name, reference=q, status="fail",
+                    error_type=obs.error.type if obs.error else "none",
+                    detail={"got": obs.error.model_dump() if obs.error else None,
+                            "reference_error": qo.error.model_dump() if qo.error else None})
+        e = _declares(entries, obs.error, raised, q)
+        if e is not None:
+            _hit(j, e, True)
+            v.status, v.expectation = "expected", e.id
+        elif obs.error is None and _unexpected(errors, q, value_ref):
+            v.status = "pass"
+            v.detail["reason"] = f"{q}'s error is not expected: its own error verdict carries the finding"
+        elif own is not None and own.status == "fail":
+            own.detail.setdefault("status_differs_from", []).append(q)
+            continue
+        elif first is not None:
+            first.detail.setdefault("also_differs_from", []).append(q)
+            continue
+        else:
+            first = v
+        out.append(v)
+    return out
+
+
+def _declares(entries: list[Entry], err: ErrorInfo | None, raised: ErrorInfo, reference: str) -> Entry | None:
+    """The rival's entry that declares its status differs from `reference`'s, if any."""
+    for e in entries:
+        if e.raises and _meets(err, e):
+            return e
+        d = e.diverges
+        if d and d.check == "error" and d.reference in (None, reference) and (
+                not d.error_regex or re.search(d.error_regex, f"{raised.type}: {raised.message}")):
+            return e
+    return None
+
+
+def _unexpected(errors: dict[str, Verdict | None], q: str, value_ref: str) -> bool:
+    """Whether q's error is a finding of its own (directly, or through the value reference's)."""
+    v = errors.get(q)
+    if v is None:
+        return False
+    if v.status == "pass" and v.reference == value_ref:
+        v = errors.get(value_ref)
+    return v is not None and v.status == "fail"
 
 
 def _excused_error(err, entries: list[Entry]) -> str | None:

@@ -14,6 +14,7 @@ from conformance.ops import OPS
 from conformance.observation import Observation, Residual
 from conformance.policy import decide
 from conformance.verdict import Verdict
+from oracles.missing import missing, skip_unless
 
 
 def _named(res: list[Residual]) -> Counter:
@@ -30,8 +31,7 @@ def describe(res: list[Residual]) -> list[str]:
 
 def compare(obs: Observation, ref: Observation, named_only: bool = False) -> Verdict:
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
-    if not obs.ok() or not ref.ok() or obs.residuals is None or ref.residuals is None:
-        v.status = "skipped"
+    if skip_unless(v, "residuals", obs, ref):
         return v
     a, b = _named(obs.residuals), _named(ref.residuals)
     missing = sorted("/".join(c) for c in (b - a).elements())
@@ -68,6 +68,11 @@ def _outside_factors(program: Program, policies: dict, values: dict) -> list[np.
     return out
 
 
+def _has_outside_factors(program: Program, policies: dict) -> bool:
+    return any(isinstance(s, Op) and OPS[s.op].outside_factors and ctx != "bwd" and not policies.get(s.out)
+               for s, _, _, ctx in walk(program.body))
+
+
 def _aliases(value, factors) -> bool:
     v = np.asarray(value, np.float64)
     return any(f.shape == v.shape and np.allclose(f, v, rtol=1e-6, atol=1e-9) for f in factors)
@@ -77,14 +82,15 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     """No value that every enclosing policy says to recompute may be saved.
 
     With the value reference's observation (its recorded node values), a saved value that
-    equals what an op outside every region saves for its own backward is not blamed.
+    equals what an op outside every region saves for its own backward is not blamed; when
+    the value reference failed (no node values), a violation on a program with such ops is
+    skipped rather than blamed.
 
     A saved class is a violation when each of its values lies inside checkpoint regions,
     is none of the values a region or block boundary may legitimately keep, and every
     enclosing policy decides 'recompute' for it (a name op is judged by its name)."""
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference="policy", status="pass")
-    if not obs.ok() or obs.residuals is None:
-        v.status = "skipped"
+    if skip_unless(v, "residuals", obs):
         return v
     policies, exempt = region_context(program)
     values = (ref.values or {}) if ref is not None else {}
@@ -109,6 +115,13 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
             ok_to_save = True   # indistinguishable from a residual of an op outside the regions
         if not ok_to_save:
             bad.append(r)
+    if bad and ref is not None and not ref.ok() and _has_outside_factors(program, policies):
+        # The value reference failed: without its node values a residual of an op outside
+        # the regions cannot be told apart from an equal-valued region value.
+        v.status = "skipped"
+        v.detail = {"reason": f"{missing(ref, 'node_values')}: cannot tell an outside op's residual "
+                              f"from an equal region value"}
+        return v
     if bad:
         v.status = "fail"
         v.error_type = "saved_against_policy"

@@ -73,6 +73,17 @@ class IgnorePolicy(JaxRemat):
                     s.policy = saved[id(s)]
 
 
+class SilentWrongWhereItMustRaise(PerturbGradient):
+    """Declared (its entry in EXPECTATIONS, like remat3's symbolic-zeros error) to raise on
+    a symbolic_zeros custom_vjp; there it raises nothing and returns wrong gradients. The
+    error finding must not hide the gradient one."""
+    def _run(self, program, inputs, obs):
+        if "symbolic_zeros" in program.features():
+            super()._run(program, inputs, obs)
+        else:
+            JaxRemat._run(self, program, inputs, obs)
+
+
 MUTANTS = {
     "jax:mutant-drop-named-residual": (DropNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-perturb-gradient": (PerturbGradient, "gradient", "jax:none"),
@@ -80,6 +91,15 @@ MUTANTS = {
     "jax:mutant-raise-on-matmul": (RaiseOnMatmul, "error", "expectations"),
     "jax:mutant-misreport-custom-rule": (MisreportCustomRule, "custom_rule", "jax:remat2"),
     "jax:mutant-ignore-policy": (IgnorePolicy, "residuals", "policy"),
+    "jax:mutant-silent-wrong-where-it-must-raise": (SilentWrongWhereItMustRaise, "gradient", "jax:none"),
+}
+# Expectation entries a mutant is judged with besides the packaged ones.
+EXPECTATIONS = {
+    "jax:mutant-silent-wrong-where-it-must-raise": [
+        {"id": "mutant-must-raise-symbolic-zeros", "pipelines": ["jax:mutant-silent-wrong-where-it-must-raise"],
+         "features": ["symbolic_zeros"], "raises": {"type": ".*", "regex": "(?i)symbolic.?zeros"},
+         "verified_by": "tests/mutants.py (test-only)"},
+    ],
 }
 
 

@@ -145,3 +145,144 @@ def test_packaged_expectations_load_and_are_verified():
     assert {e.id for e in exp.entries} >= {"remat3-symbolic-zeros-fwd-remat"}
     for e in exp.entries:
         assert e.verified_by, f"{e.id} says nothing about how it was verified"
+
+
+# -- checks do not mask each other -------------------------------------------------------
+G = {"x": [1.0, 1.0, 1.0]}
+WRONG = {"x": [1.0, 1.5, 1.0]}
+
+
+def _keys(j, status="fail"):
+    return sorted(v.key() for v in j.verdicts if v.status == status)
+
+
+def _exp_entries(*entries):
+    return Expectations([Entry.model_validate({"id": f"e{k}", **e}) for k, e in enumerate(entries)])
+
+
+SZ_RAISES = {"pipelines": ["jax:remat3*"], "features": ["sz_fwd_remat"], "raises": {"type": ".*", "regex": "symbolic"}}
+
+
+def test_a_pipeline_that_failed_to_raise_is_still_judged_on_its_values_and_custom_rules():
+    p = seed_program()
+    rules = lambda flag: {"body[1].body[0]": CustomRuleLog(perturbed=[[flag]], fwd_traces=1)}
+    o = {"ref:f64": obs("ref:f64", G), "jax:none": obs("jax:none", G),
+         "jax:remat2": obs("jax:remat2", G, res=[], rules=rules(False)),
+         "jax:remat3": obs("jax:remat3", WRONG, res=[], rules=rules(True))}
+    j = judge(p, o, _exp_entries(SZ_RAISES))
+    assert _keys(j) == [("custom_rule", "jax:remat3", "jax:remat2", "perturbed"),
+                        ("error", "jax:remat3", "expectations", "none"),
+                        ("gradient", "jax:remat3", "jax:none", ""), ("gradient", "jax:remat3", "ref:f64", "")]
+
+
+def test_a_pipeline_that_raised_as_expected_masks_no_other_pipeline():
+    """ref:f64 and jax:remat3 raise as their entries say; jax:remat3:jit and jax:remat2
+    did not, and their values are still checked against the baseline."""
+    p = named_chain()
+    err = ErrorInfo(type="ValueError", message="documented limitation", stage="forward")
+    exp = _exp_entries({"pipelines": ["ref:f64", "jax:remat3"], "raises": {"type": "ValueError", "regex": "documented"}})
+    o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat2": obs("jax:remat2", G),
+         "jax:remat3": obs("jax:remat3", error=err), "jax:remat3:jit": obs("jax:remat3:jit", WRONG)}
+    j = judge(p, o, exp)
+    assert ("gradient", "jax:remat3:jit", "jax:none", "") in _keys(j)
+    assert ("gradient", "jax:remat2", "jax:none", "") in _keys(j, "pass")
+    assert ("error", "jax:remat3", "expectations", "ValueError") in _keys(j, "expected")
+    # jax:remat3's own status differs from jax:remat2 and jax:none, declared by its entry
+    assert {("error", "jax:remat3", r, "ValueError") for r in ("jax:remat2", "jax:none")} <= set(_keys(j, "expected"))
+
+
+def test_when_the_value_reference_fails_the_baseline_still_checks_values():
+    p = named_chain()
+    err = ErrorInfo(type="RuntimeError", message="f64 only", stage="forward")
+    o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat3": obs("jax:remat3", WRONG)}
+    j = judge(p, o, Expectations([]))
+    assert _keys(j) == [("error", "ref:f64", "expectations", "RuntimeError"), ("gradient", "jax:remat3", "jax:none", "")]
+    loose = next(v for v in j.verdicts if v.check == "gradient" and v.reference == "ref:f64")
+    assert loose.status == "skipped" and loose.detail["reason"] == "ref:f64 raised RuntimeError (forward)"
+
+
+def test_without_reference_values_a_nonsmooth_program_skips_the_value_checks():
+    from tests.programs import op, prog
+    p = prog([op("relu", ["x"], "y")])
+    err = ErrorInfo(type="RuntimeError", message="f64 only", stage="forward")
+    o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat3": obs("jax:remat3", WRONG)}
+    tight = next(v for v in judge(p, o, Expectations([])).verdicts if v.key()[:3] == ("gradient", "jax:remat3", "jax:none"))
+    assert tight.status == "skipped" and "kink" in tight.detail["reason"] and "ref:f64 raised" in tight.detail["reason"]
+
+
+def test_first_order_values_are_compared_when_a_run_failed_at_second_order():
+    p = named_chain()
+    err = ErrorInfo(type="ValueError", message="no second order", stage="second_order")
+    o = {"ref:f64": obs("ref:f64", G, error=err), "jax:none": obs("jax:none", G),
+         "jax:remat3": Observation(pipeline="jax:remat3", grads=WRONG, grads2=G, outputs=[[1.0]], versions=V)}
+    j = judge(p, o, Expectations([]))
+    assert ("gradient", "jax:remat3", "ref:f64", "") in _keys(j)
+
+
+def test_a_pipeline_that_raised_has_its_checks_skipped_with_a_reason_not_failed():
+    p = named_chain()
+    err = ErrorInfo(type="RuntimeError", message="boom", stage="backward")
+    o = {"ref:f64": obs("ref:f64", G), "jax:none": obs("jax:none", G), "jax:remat2": obs("jax:remat2", G, res=[]),
+         "jax:remat3": obs("jax:remat3", error=err)}
+    j = judge(p, o, Expectations([]))
+    assert _keys(j) == [("error", "jax:remat3", "expectations", "RuntimeError")]
+    mine = [v for v in j.verdicts if v.pipeline == "jax:remat3" and v.check != "error"]
+    assert {(v.check, v.reference) for v in mine} == {("gradient", "jax:none"), ("gradient", "ref:f64"),
+                                                      ("residuals", "policy"), ("residuals", "jax:remat2"),
+                                                      ("custom_rule", "jax:remat2")}
+    assert all(v.status == "skipped" and v.detail["reason"] == "jax:remat3 raised RuntimeError (backward)"
+               for v in mine)
+    # one root behaviour, one failing verdict: the status differences are listed in it
+    own = next(v for v in j.verdicts if v.key() == ("error", "jax:remat3", "expectations", "RuntimeError"))
+    assert own.detail["status_differs_from"] == ["jax:remat2", "jax:none"]
+
+
+def test_status_equivalence_a_rival_that_raises_where_its_reference_succeeded():
+    """jax:remat3 raises what ref:f64 raised (so its own error verdict defers to ref:f64's)
+    but jax:remat2 and jax:none do not: one failing status verdict, vs jax:remat2."""
+    p = named_chain()
+    err = ErrorInfo(type="ValueError", message="bad", stage="forward")
+    o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat2": obs("jax:remat2", G),
+         "jax:remat3": obs("jax:remat3", error=err)}
+    j = judge(p, o, Expectations([]))
+    assert _keys(j) == [("error", "jax:remat3", "jax:remat2", "ValueError"), ("error", "ref:f64", "expectations", "ValueError")]
+    se = next(v for v in j.failures() if v.reference == "jax:remat2")
+    assert se.detail["also_differs_from"] == ["jax:none"] and se.detail["reference_error"] is None
+    declared = _exp_entries({"pipelines": ["jax:remat3"], "diverges": {"check": "error", "reason": "known"}})
+    assert _keys(judge(p, o, declared)) == [("error", "ref:f64", "expectations", "ValueError")]
+
+
+def test_status_equivalence_a_rival_that_succeeds_where_its_reference_raised():
+    """jax:remat2 raises as its own entry says; that entry does not excuse jax:remat3's silence."""
+    p = named_chain()
+    err = ErrorInfo(type="ValueError", message="documented", stage="forward")
+    only_remat2 = {"pipelines": ["jax:remat2"], "raises": {"type": "ValueError", "regex": "documented"}}
+    o = {"ref:f64": obs("ref:f64", G), "jax:none": obs("jax:none", G), "jax:remat2": obs("jax:remat2", error=err),
+         "jax:remat3": obs("jax:remat3", G, res=[])}
+    j = judge(p, o, _exp_entries(only_remat2))
+    assert _keys(j) == [("error", "jax:remat3", "jax:remat2", "none")]
+    assert ("error", "jax:remat2", "jax:none", "ValueError") in _keys(j, "expected")
+    skipped = next(v for v in j.verdicts if v.key()[:3] == ("residuals", "jax:remat3", "jax:remat2"))
+    assert skipped.status == "skipped" and skipped.detail["reason"] == "jax:remat2 raised ValueError (forward)"
+    # declared for the rival: an entry of its own (diverges, check error) excuses it
+    mine = {"pipelines": ["jax:remat3"], "diverges": {"check": "error", "error_regex": "ValueError: documented",
+                                                      "reason": "remat3 lifts the limitation"}}
+    j = judge(p, o, _exp_entries(only_remat2, mine))
+    assert not j.failures() and ("error", "jax:remat3", "jax:remat2", "none") in _keys(j, "expected")
+    assert j.expectation_hits["e1"] == "fired"
+    # the reference's error unexpected: its own verdict is the finding, the rival's silence passes
+    j = judge(p, o, Expectations([]))
+    assert _keys(j) == [("error", "jax:remat2", "expectations", "ValueError")]
+    assert ("error", "jax:remat3", "jax:remat2", "none") in _keys(j, "pass")
+
+
+def test_a_rival_that_failed_to_raise_fails_once_on_error_status():
+    """Expected to raise like its reference and silent: one error finding (vs expectations)."""
+    p = seed_program()
+    err = ErrorInfo(type="ValueError", message="symbolic zeros", stage="forward")
+    exp = _exp_entries({**SZ_RAISES, "pipelines": ["jax:remat*"]})
+    o = {"ref:f64": obs("ref:f64", G), "jax:none": obs("jax:none", G), "jax:remat2": obs("jax:remat2", error=err),
+         "jax:remat3": obs("jax:remat3", G)}
+    j = judge(p, o, exp)
+    assert [v.key() for v in j.failures()] == [("error", "jax:remat3", "expectations", "none")]
+    assert j.failures()[0].detail["status_differs_from"] == ["jax:remat2"]

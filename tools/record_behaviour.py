@@ -7,6 +7,9 @@ tests/test_behaviour.py replays the set and asserts the same. Re-record only on 
 (a change that is meant to change verdicts), and say so in the commit:
 
     .venv/bin/python tools/record_behaviour.py
+
+`--keep-cases` re-records the stored cases (their programs and inputs) instead of building
+the set anew, so that a judge change is recorded without a generator change moving the sample.
 """
 from __future__ import annotations
 
@@ -41,10 +44,8 @@ def sample_programs(n: int, seed: int):
     return out[:n]
 
 
-def main() -> int:
+def new_cases():
     from conformance.loading import load_program_file
-    from tests.behaviour import behaviour
-    from conformance.findings import encode_inputs
     from generators.programs import input_values
     cases = []
     entries = sorted(ROOT.glob("tests/regressions/*.json")) + sorted(ROOT.glob("tests/fixtures/*/corpus/*.json"))
@@ -57,6 +58,21 @@ def main() -> int:
         cases.append((f"sample:{k}", prog, input_values(prog, seed), SAMPLE_PIPELINES))
     for k, (prog, seed) in enumerate(sample_programs(N_COMPILED, 99)):
         cases.append((f"compiled:{k}", prog, input_values(prog, seed), COMPILED_PIPELINES))
+    return cases
+
+
+def stored_cases():
+    from conformance.findings import InputValue, decode_inputs
+    from conformance.ir import load_program
+    return [(c["id"], load_program(c["program"]),
+             decode_inputs({k: InputValue.model_validate(v) for k, v in c["inputs"].items()}), c["pipelines"])
+            for c in json.loads(OUT.read_text())["cases"]]
+
+
+def main() -> int:
+    from tests.behaviour import behaviour
+    from conformance.findings import encode_inputs
+    cases = stored_cases() if "--keep-cases" in sys.argv[1:] else new_cases()
     out = []
     for cid, prog, inputs, pipes in cases:
         print(cid, file=sys.stderr)
