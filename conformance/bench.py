@@ -176,8 +176,8 @@ def campaign(jobs: int, seconds: float, seed: int) -> dict:
     cmd = [sys.executable, "-m", "conformance.cli", "run", "--budget", str(seconds), "--seed", str(seed),
            "--jobs", str(jobs), "--out", str(out / "run"), "--quiet"]
     t0 = time.perf_counter()
-    # each campaign starts with an empty compile cache of its own (shared by its searchers)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "REMAT_CONFORMANCE_COMPILE_CACHE": str(out / "xla-cache")}
+    # as `make run` runs: no disk compile cache
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REMAT_CONFORMANCE_COMPILE_CACHE": "off"}
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - t0
     if r.returncode != 0:

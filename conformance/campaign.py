@@ -30,6 +30,9 @@ class BudgetExhausted(Exception):
     pass
 
 
+FINDINGS_EVERY = 2.0   # seconds between rewrites of findings.json for counts alone
+
+
 @dataclass
 class Options:
     pipelines: list[str]
@@ -80,6 +83,7 @@ class Campaign:
         self.harness_errors = 0
         self.shrinks_per_key: Counter = Counter()
         self.on_finding: Callable[[Finding], None] | None = None   # jobs > 1: tell the other searchers
+        self._findings_written = 0.0
 
     # -- time --------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -187,8 +191,8 @@ class Campaign:
                 for sig in rec.get("known_signatures", []):
                     if sig in by_sig:
                         by_sig[sig].count += 1
-                if rec.get("known_signatures"):
-                    self.store.write_findings([f.model_dump(mode="json") for f in self.findings])
+                if rec.get("known_signatures") and time.monotonic() - self._findings_written >= FINDINGS_EVERY:
+                    self._write_findings()   # counts only: at most every few seconds
             else:
                 self.seen.add((rec["hash"], rec["seed"]))
         elif kind == "shrink":
@@ -205,13 +209,17 @@ class Campaign:
                    "original_size": ev["original_size"], "key": list(f.key())}
             self.store.append_result(rec)
             self._account_finding(rec)
-            self.store.write_findings([x.model_dump(mode="json") for x in self.findings])
+            self._write_findings()
             if self.on_finding is not None:
                 self.on_finding(kept)
         elif kind == "round":
             self.done_rounds.add(ev["round"])
             self.store.append_result({"type": "round", "round": ev["round"], "t": round(self.elapsed(), 3)})
         self.progress(self)
+
+    def _write_findings(self) -> None:
+        self.store.write_findings([f.model_dump(mode="json") for f in self.findings])
+        self._findings_written = time.monotonic()
 
     def _write_corpus(self, f: Finding) -> None:
         entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=f.versions)
@@ -229,7 +237,7 @@ class Campaign:
             self.interrupted = True
         finally:
             self.shrinking.clear()
-            self.store.write_findings([f.model_dump(mode="json") for f in self.findings])
+            self._write_findings()
 
     def _run_here(self) -> None:
         searcher = Searcher(self.opts, self.executor, self.expectations, self.handle, self.findings, self.seen,

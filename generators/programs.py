@@ -1,13 +1,31 @@
 """Hypothesis strategies for programs, policies and inputs.
 
-Only valid programs are produced (every draw is type-directed), and generation shrinks
-toward few, shallow ops: the first choice of every `sampled_from` is the simplest one,
-counts shrink toward their minimum, and regions/blocks shrink into plain ops.
+Only valid programs are produced: every draw is type-directed, and any sequence of choices
+builds a valid program. Two ideas shape the draws.
+
+Swarm testing (Groce et al., "Swarm testing", ISSTA 2012). Each program first draws which of
+the generator's features it may use (`draw_swarm`: checkpoint regions, nesting, prevent_cse
+variation, custom_vjp blocks, symbolic zeros, optimize_remat, nondiff args, non-standard rules,
+unused results, extra and non-differentiated inputs, dead values, second order, each policy
+kind of `conformance.policy.KINDS` and each op family of the op table after the first, the
+dtype) and is built with those only, so that no feature crowds out the others and simple
+programs of every kind occur. A flag's simplest choice is "off", so shrinking turns features
+off; a feature the Config switches off is off whatever the swarm draws.
+
+Shrinking (Hypothesis shrinks choice sequences). A program is one flat stream of items, each
+after a "continue?" choice as in `st.lists`: an op, the opening of a checkpoint region or of a
+custom_vjp block, or the close of the innermost open one (closing nothing does nothing).
+Deleting an item deletes one contiguous block of choices and leaves the later ones meaning what
+they meant: every item draws the same number of choices whatever came before, operands are
+counted back from the newest value (any index is valid), every value stays visible after the
+region or block that defines it, and results, args, outputs and bwd rules are derived once the
+stream is read, from which values are actually read. Deleting an opening inlines its body (its
+close becomes harmless); an item's simplest choices make it a plain op, the simplest op.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+import threading
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
@@ -18,19 +36,28 @@ from conformance.policy import KINDS
 from generators.irgrad import vjp_ops
 
 NAME_POOL = ("a", "b", "c")
+# Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
+# that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
+# (primitive, shape, dtype, params), so few distinct shapes make warm programs run fast.
+DIMS, RARE_DIMS = (2, 3), (1, 4)     # a dimension is one of DIMS 4 times in 5
+RANKS = (1, 2, 0, 3)
+NONDIFF_VALUES = (2.0, 0.5)
+MAX_OPERAND_BACK = 7      # operands: how far back from the newest value an index reaches
 
 
 @dataclass
 class Config:
-    """What the generator may produce. Profiles and pipelines narrow it."""
-    max_stmts: int = 6
-    max_depth: int = 3
+    """What the generator may produce. Profiles and pipelines narrow it; a feature switched off
+    here is off in every program, whatever the swarm draws."""
+    max_stmts: int = 6        # a program draws at most 2 * max_stmts ops and region/block openings
+    max_depth: int = 3        # regions nested at most this deep
     dtypes: tuple[str, ...] = ("float32", "float64")
     custom_vjp: bool = True
     checkpoint: bool = True
     second_order: bool = True
     offload_policies: bool = True
     max_inputs: int = 6
+    swarm: bool = True        # False: every feature the config allows is available to every program
 
 
 @dataclass
@@ -41,221 +68,549 @@ class Val:
     mag: float
 
 
+# ---- cheap draws ------------------------------------------------------------------------------
+# Strategies are built once and reused: building and validating a new strategy object for every
+# draw was most of the generator's cost.
+BOOL = st.booleans()
+_INTS: dict[tuple[int, int], st.SearchStrategy] = {}
+_PERMS: dict[int, st.SearchStrategy] = {}
+
+
+def _ints(lo: int, hi: int) -> st.SearchStrategy:
+    s = _INTS.get((lo, hi))
+    if s is None:
+        s = _INTS[(lo, hi)] = st.integers(lo, hi)
+    return s
+
+
+def _int(draw, lo: int, hi: int, label: str) -> int:
+    return draw(_ints(lo, hi), label=label)
+
+
+_TLS = threading.local()
+
+
+def _span_body(draw):
+    fn = _TLS.pending
+    _TLS.pending = None
+    return fn(draw)
+
+
+_SPAN = st.composite(_span_body)()   # one strategy object: draws group their choices into a span
+
+
+def _span(draw, fn, label: str):
+    """Run fn(draw) inside one Hypothesis span (so the shrinker can replace or delete it whole)."""
+    _TLS.pending = fn
+    return draw(_SPAN, label=label)
+
+
+def _flag(draw, p: tuple[int, int], label: str) -> bool:
+    """A biased coin, on with probability p[0]/p[1]; its simplest (shrink-target) choice is off."""
+    if p == (1, 2):
+        return draw(BOOL, label=label)
+    return _int(draw, 0, p[1] - 1, label) >= p[1] - p[0]
+
+
+# ---- swarm --------------------------------------------------------------------------------------
+def op_families() -> list[str]:
+    """The op families a program may draw from, declaration order (the first is the plain one).
+    Families of ops allowed only inside custom rules with nondiff args are not swarmed on
+    their own: the `nondiff_args` dimension decides whether they occur."""
+    return O.generated_families(False)
+
+
+# (dimension, probability that a program has it on). Policy kinds and op families are added
+# from the declarations (each on with probability 1/2), so that new kinds and families are
+# swarmed without a change here.
+_HALF = (1, 2)
+_FEATURE_FLAGS = (
+    ("checkpoint", (7, 8)), ("nesting", _HALF), ("prevent_cse", _HALF),
+    ("custom_vjp", _HALF), ("symbolic_zeros", _HALF), ("optimize_remat", _HALF), ("nondiff_args", _HALF),
+    ("nonstandard_rules", _HALF), ("unused_results", _HALF),
+    ("extra_inputs", _HALF), ("nondiff_inputs", _HALF), ("dead_values", _HALF), ("second_order", (1, 8)),
+)
+
+
+def swarm_dimensions() -> list[str]:
+    """The names of every swarm dimension (besides the dtype). The first policy kind and the
+    first op family are the plain forms, always available; every other one is a dimension."""
+    return ([n for n, _ in _FEATURE_FLAGS] + [f"policy:{k}" for k in list(KINDS)[1:]]
+            + [f"family:{f}" for f in op_families()[1:]])
+
+
+def _allowed(cfg: Config) -> dict[str, bool]:
+    """Which dimensions the config allows at all."""
+    a = {n: True for n in swarm_dimensions()}
+    if not cfg.checkpoint or cfg.max_depth < 1:
+        a["checkpoint"] = False
+    if not a["checkpoint"] or cfg.max_depth < 2:
+        a["nesting"] = False
+    a["prevent_cse"] &= a["checkpoint"]
+    if not cfg.custom_vjp:
+        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "nonstandard_rules",
+                  "unused_results"):
+            a[n] = False
+    if not cfg.second_order:
+        a["second_order"] = False
+    if cfg.max_inputs < 2:
+        a["extra_inputs"] = False
+    for k, decl in list(KINDS.items())[1:]:
+        if (decl.offloads and not cfg.offload_policies) or not a["checkpoint"]:
+            a[f"policy:{k}"] = False
+    return a
+
+
 @dataclass
-class Builder:
-    draw: object
-    cfg: Config
+class Swarm:
+    """One program's features: `on[name]` for every swarm dimension, and its dtype."""
+    on: dict[str, bool]
     dtype: str
-    inputs: list = field(default_factory=list)
-    types: dict = field(default_factory=dict)
-    n: int = 0
 
-    def fresh(self, prefix="v") -> str:
-        self.n += 1
-        return f"{prefix}{self.n}"
-
-    def new_input(self, shape) -> Val:
-        i = f"x{len(self.inputs)}"
-        diff = True if not self.inputs else self.draw(st.booleans().map(lambda b: not b), label="input_diff")
-        self.inputs.append(Input(id=i, shape=list(shape), dtype=self.dtype, diff=diff))
-        self.types[i] = (tuple(shape), self.dtype)
-        return Val(i, tuple(shape), self.dtype, 1.0)
+    def __getitem__(self, name: str) -> bool:
+        return self.on.get(name, False)
 
 
-def _shape(draw, rank=None):
-    r = draw(st.integers(0, 3), label="rank") if rank is None else rank
-    return tuple(draw(st.integers(1, 4), label="dim") for _ in range(r))
+def _groups() -> list[list[str]]:
+    """Swarm dimensions in groups, each drawn as one span: the shrinker's first pass tries each
+    span at its simplest, so that one run can turn a whole group of unused features off."""
+    dims = swarm_dimensions()
+    out = [[n for n in dims if n.startswith(p)] for p in ("policy:", "family:")]
+    return [[n for n, _ in _FEATURE_FLAGS]] + [g for g in out if g]
 
 
+def draw_swarm(draw, cfg: Config) -> Swarm:
+    allowed = _allowed(cfg)
+    probs = dict(_FEATURE_FLAGS)
+    on = {}
+
+    def group(names):
+        def fn(d):
+            for n in names:
+                if not allowed[n]:
+                    on[n] = False
+                elif not cfg.swarm:
+                    on[n] = n not in ("dead_values",)
+                else:
+                    on[n] = _flag(d, probs.get(n, _HALF), f"swarm:{n}")
+        return fn
+    for names in _groups():
+        _span(draw, group(names), f"swarm:{names[0]}")
+    if on["second_order"] and not cfg.swarm:
+        on["second_order"] = _flag(draw, probs["second_order"], "swarm:second_order")
+    dtype = cfg.dtypes[0] if len(cfg.dtypes) == 1 else cfg.dtypes[_int(draw, 0, len(cfg.dtypes) - 1, "dtype")]
+    return Swarm(on, dtype)
+
+
+def swarms(cfg: Config | None = None) -> st.SearchStrategy:
+    """Strategy for one program's swarm choices (for tests and docs)."""
+    return st.composite(lambda draw: draw_swarm(draw, cfg or Config()))()
+
+
+# ---- policies ----------------------------------------------------------------------------------
 def policy_ops() -> list[str]:
     """Op kinds an `ops` policy may name: every op the generator emits outside custom rules."""
     return [o for f in O.generated_families(False) for o in O.family_ops(f, False)]
 
 
-def policies(names=NAME_POOL, allow_offload=True, depth=0):
-    """Strategy for framework-neutral policies, one branch per declared policy kind."""
-    nm = st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True)
-    fill = {"names": nm, "saved": nm, "offloaded": nm,
-            "ops": st.lists(st.sampled_from(policy_ops()), min_size=1, max_size=3, unique=True)}
-    branches = []
-    for k in KINDS.values():
-        if (k.offloads and not allow_offload) or (("a" in k.fields) and depth >= 1):
-            continue
-        if "a" in k.fields:
-            sub = policies(names, allow_offload, depth + 1)
-            branches.append(st.tuples(sub, sub).map(lambda t, m=k.model: m(a=t[0], b=t[1])))
-        elif k.fields == ("saved", "offloaded"):
-            branches.append(st.tuples(nm, nm).map(lambda t, m=k.model: m(
-                saved=t[0], offloaded=[n for n in t[1] if n not in t[0]])))
+def _draw_names(draw, names, label, min_one=True) -> list[str]:
+    picked = [n for n in names if draw(BOOL, label=label)]
+    return picked or ([names[0]] if min_one else [])
+
+
+def _draw_policy(draw, kinds: list[str], names=NAME_POOL, depth=0) -> tuple:
+    """A policy plan: (kind, fields) of one of `kinds` (declaration order; the first is the
+    simplest). An `ops` field holds op indices, resolved by `_make_policy` once the region's
+    body is known, so that the policy names the region's own ops first."""
+    combining = [k for k in kinds if "a" in KINDS[k].fields]
+    usable = [k for k in kinds if depth == 0 or k not in combining]
+    if not usable:
+        usable = [next(k for k in KINDS if "a" not in KINDS[k].fields)]
+    k = usable[0] if len(usable) == 1 else usable[_int(draw, 0, len(usable) - 1, "policy_kind")]
+    kw = {}
+    for f in KINDS[k].fields:
+        if f in ("names", "saved"):
+            kw[f] = _draw_names(draw, names, f)
+        elif f == "offloaded":
+            kw[f] = [n for n in _draw_names(draw, names, f, min_one=False) if n not in kw.get("saved", [])]
+        elif f == "ops":
+            picked = [_int(draw, 0, MAX_OPERAND_BACK, "policy_op")]
+            while len(picked) < 3 and draw(BOOL, label="policy_op_more"):
+                picked.append(_int(draw, 0, MAX_OPERAND_BACK, "policy_op"))
+            kw[f] = picked
+        elif f in ("a", "b"):
+            kw[f] = _draw_policy(draw, kinds, names, depth + 1)
+    return k, kw
+
+
+def _make_policy(plan: tuple, ops_first=()):
+    k, kw = plan
+    out = {}
+    for f, v in kw.items():
+        if f == "ops":
+            cand = list(dict.fromkeys([o for o in ops_first if o in _POLICY_OPS] + _POLICY_OPS))
+            out[f] = list(dict.fromkeys(cand[min(i, len(cand) - 1)] for i in v))
+        elif f in ("a", "b"):
+            out[f] = _make_policy(v, ops_first)
         else:
-            branches.append(st.fixed_dictionaries({f: fill[f] for f in k.fields}).map(lambda kw, m=k.model: m(**kw)))
-    return st.one_of(*branches)
+            out[f] = v
+    return KINDS[k].model(**out)
+
+
+_POLICY_OPS = policy_ops()
+
+
+def policies(names=NAME_POOL, allow_offload=True, depth=0, kinds=None):
+    """Strategy for framework-neutral policies, one branch per declared policy kind."""
+    ks = [k for k in (kinds or KINDS) if allow_offload or not KINDS[k].offloads]
+    return st.composite(lambda draw: _make_policy(_draw_policy(draw, ks, tuple(names), depth)))()
+
+
+# ---- the generator ------------------------------------------------------------------------------
+class _NoInput(Exception):
+    """An op hint asked for a new input beyond Config.max_inputs."""
+
+
+class _Frame:
+    """An open (then closed) region or block while the item stream is read."""
+    __slots__ = ("kind", "parent", "depth", "items", "policy_choice", "prevent_cse", "nondiff",
+                 "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp")
+
+    def __init__(self, kind, parent, depth):
+        self.kind, self.parent, self.depth = kind, parent, depth
+        self.items: list = []          # Op | _Frame
+        self.in_cvjp = kind == "custom_vjp" or (parent is not None and parent.in_cvjp)
+        self.nondiff: list[float] = [] if parent is None else list(parent.nondiff)
+
+
+# Item kinds, the value of one draw: the simplest (0) is a plain op. A kind that is not
+# available where it is drawn becomes an op (a region where the swarm or the depth forbids
+# one, a block where the swarm does) or a close (a block inside a block).
+_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE = range(4)
+# At top level ops and regions are twice as likely as blocks (and closes, which do nothing
+# there); inside a region the second region choice is an op, so that nested regions do not cut
+# bodies into single ops.
+_ITEM_OF = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_REGION, _ITEM_OP)
+_ITEM_OF_NESTED = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_OP, _ITEM_OP)
+
+
+def _chain(f: _Frame | None) -> set:
+    """A frame and the frames around it."""
+    out = set()
+    while f is not None:
+        out.add(f)
+        f = f.parent
+    return out
 
 
 class _Gen:
+    """Reads the item stream (the Chooser that the op table's generator hints draw with), then
+    derives the program."""
+
     def __init__(self, draw, cfg: Config):
-        self.draw = draw
+        self.raw_draw = draw
+        self.k = 0
         self.cfg = cfg
-        dtype = draw(st.sampled_from(cfg.dtypes), label="dtype")
-        self.b = Builder(draw, cfg, dtype)
+        self.sw = draw_swarm(draw, cfg)
+        self.dtype = self.sw.dtype
+        self.inputs: list[Input] = []
+        self.types: dict[str, tuple] = {}
         self.scope: list[Val] = []
         self.nondiff: list[float] = []
+        self.home: dict[str, _Frame] = {}     # value id -> frame that defines it
+        self.n = 0
+        on = self.sw
+        first = list(KINDS)[0]
+        self.kinds = [k for k in KINDS if k == first or on[f"policy:{k}"]]
+        base = op_families()[0]
+        self.families = {ctx: [f for f in fams if f == base or on.on.get(f"family:{f}", True)] or fams[:1]
+                         for ctx, fams in (((False, False), O.generated_families(False)),
+                                           ((True, False), O.generated_families(True, False)),
+                                           ((True, True), O.generated_families(True, True)))}
 
-    # -- values --------------------------------------------------------------
-    def pick(self, scope: list[Val], pred=lambda v: True) -> Val | None:
-        c = [v for v in scope if pred(v)]
-        if not c:
-            return None
-        # Half the time continue the chain from the newest value (x -> sin -> name -> cos),
-        # so that named values inside regions are read by later ops, as in real models.
-        if len(c) > 1 and self.draw(st.booleans(), label="chain"):
-            return c[-1]
-        return self.draw(st.sampled_from(c), label="operand")
+    def draw(self, strategy, label: str):
+        # Each draw gets a span label of its own. Hypothesis follows every new example with up
+        # to five mutations of it that copy a span over another span of the same label; here
+        # those would be near-copies of one program with the same swarm choices (and often the
+        # same program: two operand indices that both pick the newest value). With no two
+        # spans alike, every example is a fresh draw.
+        self.k += 1
+        return self.raw_draw(strategy, label=f"{label}#{self.k}")
 
-    def op(self, kind, args: list[Val], mag, **params) -> tuple[Op, Val]:
-        o = self.b.fresh()
-        shape = O.infer(kind, [a.shape for a in args], params, self.nondiff)
-        self.b.types[o] = (tuple(shape), args[0].dtype)
-        return Op(op=kind, args=[a.id for a in args], params=params, out=o), Val(o, tuple(shape), args[0].dtype, mag)
+    def _span_item(self) -> int:
+        self.k += 1
+        return _span(self.raw_draw, self._item, f"stmt#{self.k}")
+
+    def fresh(self, prefix="v") -> str:
+        self.n += 1
+        return f"{prefix}{self.n}"
 
     # -- the Chooser the op table's generator hints draw with ----------------------------
+    # Every call draws exactly one choice, even where there is only one option, so that the
+    # choices of an item do not change in number when an earlier deletion changes a shape
+    # or a context.
     def int(self, lo, hi, label):
-        return self.draw(st.integers(lo, hi), label=label)
+        if label == "dim":
+            return self._dim(lo, hi)
+        return _int(self.draw, lo, max(lo, hi), label)
+
+    def _dim(self, lo=1, hi=O.GEN_MAX_DIM):
+        common = [d for d in DIMS if lo <= d <= hi]
+        rare = [d for d in RARE_DIMS if lo <= d <= hi]
+        if not common and not rare:
+            return _int(self.draw, lo, max(lo, hi), "dim")
+        k = _int(self.draw, 0, 2 * len(common) - (not rare), "dim")
+        if k < 2 * len(common):
+            return common[k % len(common)]
+        return rare[_int(self.draw, 0, len(rare) - 1, "rare_dim")]
 
     def choice(self, seq, label):
-        return self.draw(st.sampled_from(list(seq)), label=label)
+        seq = list(seq)
+        return seq[_int(self.draw, 0, len(seq) - 1, label)]
 
     def perm(self, n, label):
-        return list(self.draw(st.permutations(list(range(n))), label=label))
+        s = _PERMS.get(n)
+        if s is None:
+            s = _PERMS[n] = st.permutations(list(range(n)))
+        return list(self.draw(s, label=label))
 
-    def operand(self, pred):
-        return self.pick(self.scope, pred)
+    def operand(self, pred=None):
+        """A value in scope satisfying pred, counted back from the newest. The simplest choice
+        continues the chain from the newest value (x -> sin -> name -> cos), so that named
+        values inside regions are read by later ops, as in real models; otherwise an index
+        reaches up to MAX_OPERAND_BACK values further back (deleting earlier statements shifts
+        what an index reaches, never makes it invalid)."""
+        c = self.scope if pred is None else [v for v in self.scope if pred(v)]
+        if not c:
+            return None
+        # One choice whatever the scope's size, so that deleting an earlier statement never
+        # shifts the choices that follow; with one candidate it is a trivial choice (one value),
+        # which the shrinker does not spend a run on.
+        if len(c) == 1:
+            _int(self.draw, 0, 0, "operand_back")
+            return c[0]
+        if not self.draw(BOOL, label="operand_back"):
+            return c[-1]
+        return c[-2 - _int(self.draw, 0, min(len(c) - 1, MAX_OPERAND_BACK) - 1, "operand")]
 
     def new_input(self, shape):
-        v = self.b.new_input(shape)
+        if len(self.inputs) >= self.cfg.max_inputs:
+            raise _NoInput
+        v = self._input(tuple(shape))
         self.scope.append(v)
         return v
 
     def checkpoint_name(self):
-        return self.draw(st.sampled_from(NAME_POOL), label="name")
+        return NAME_POOL[_int(self.draw, 0, len(NAME_POOL) - 1, "name")]
 
-    def gen_op(self, scope: list[Val], in_fwd: bool, nondiff: list[float]) -> tuple[Op, Val]:
-        """One op, by the op table: a family, an op of it, then its own hint draws the rest."""
-        self.scope, self.nondiff = scope, nondiff
-        family = self.choice(O.generated_families(in_fwd, bool(nondiff)), "op_kind")
-        kind = self.choice(O.family_ops(family, in_fwd, bool(nondiff)), family)
-        x = self.pick(scope)
-        plan = O.OPS[kind].gen(self, x)
-        if plan is None:
-            return self.op(O.FALLBACK_OP, [x], 1.0)
+    # -- inputs --------------------------------------------------------------------------
+    def _input(self, shape) -> Val:
+        i = f"x{len(self.inputs)}"
+        diff = True
+        if self.inputs and self.sw["nondiff_inputs"]:
+            diff = not self.draw(BOOL, label="input_nondiff")
+        self.inputs.append(Input(id=i, shape=list(shape), dtype=self.dtype, diff=diff))
+        self.types[i] = (tuple(shape), self.dtype)
+        return Val(i, tuple(shape), self.dtype, 1.0)
+
+    def _shape(self):
+        r = RANKS[_int(self.draw, 0, len(RANKS) - 1, "rank")]
+        return tuple(self._dim() for _ in range(r))
+
+    # -- ops -----------------------------------------------------------------------------
+    def _op(self, kind, args: list[Val], mag, params) -> Val:
+        o = self.fresh()
+        shape = O.infer(kind, [a.shape for a in args], params, self.nondiff)
+        self.types[o] = (tuple(shape), args[0].dtype)
+        self.frame.items.append(Op(op=kind, args=[a.id for a in args], params=params, out=o))
+        self.home[o] = self.frame
+        v = Val(o, tuple(shape), args[0].dtype, mag)
+        self.scope.append(v)
+        return v
+
+    def _gen_op(self, simplest=False):
+        """One op, by the op table: a family, an op of it, an operand, then the op's own hint
+        draws the rest. `simplest`: what the simplest choices give (first op of the first
+        family, on the newest value), without drawing them."""
+        f = self.frame
+        self.nondiff = f.nondiff
+        ctx = (f.in_cvjp, bool(f.nondiff) and f.in_cvjp)
+        if simplest:
+            kind, x = O.family_ops(self.families[ctx][0], *ctx)[0], self.scope[-1]
+        else:
+            kind = self.choice(O.family_ops(self.choice(self.families[ctx], "op_family"), *ctx), "op")
+            x = self.operand()
+        try:
+            plan = O.OPS[kind].gen(self, x)
+        except _NoInput:
+            plan = None
+        if plan is None or plan[3] > O.MAX_MAG:
+            return self._op(O.FALLBACK_OP, [x], 1.0, {})
         other, args, params, mag = plan
-        if mag > O.MAX_MAG:
-            return self.op(O.FALLBACK_OP, [x], 1.0)
-        return self.op(other or kind, args, mag, **params)
+        return self._op(other or kind, args, mag, params)
 
-    # -- statements ------------------------------------------------------------
-    def gen_body(self, scope: list[Val], depth: int, n: int, in_cvjp: bool) -> list:
-        d = self.draw
+    # -- the item stream -----------------------------------------------------------------
+    def _item(self, _):
+        f, draw = self.frame, self.draw
+        k = (_ITEM_OF if f.depth == 0 else _ITEM_OF_NESTED)[_int(draw, 0, len(_ITEM_OF) - 1, "item")]
+        if k == _ITEM_REGION and not (self.sw["checkpoint"] and not f.in_cvjp and f.depth < self.cfg.max_depth
+                                      and (f.depth == 0 or self.sw["nesting"])):
+            k = _ITEM_OP
+        if k == _ITEM_CVJP and f.in_cvjp:   # blocks do not nest: closes this one (rules stay short)
+            k = _ITEM_CLOSE
+        elif k == _ITEM_CVJP and not self.sw["custom_vjp"]:
+            k = _ITEM_OP
+        if k == _ITEM_OP:
+            self._gen_op()
+            return 1
+        if k == _ITEM_CLOSE:
+            # Closing nothing (at top level) or an empty region or block does nothing: when
+            # the shrinker deletes an opening, its close is harmless and draws nothing.
+            if f.parent is not None and f.items:
+                self.frame = f.parent
+            return 0
+        g = _Frame("checkpoint" if k == _ITEM_REGION else "custom_vjp", f, f.depth + (k == _ITEM_REGION))
+        if k == _ITEM_REGION:
+            self._open_region(g)
+        else:
+            self._open_cvjp(g)
+        f.items.append(g)
+        self.frame = g
+        return 1
+
+    def _open_region(self, g: _Frame):
+        draw = self.draw
+        # the policy's choices belong to this item; it is built with the body, so that an
+        # `ops` policy can name the region's own ops
+        g.policy_choice = _draw_policy(draw, self.kinds)
+        g.prevent_cse = not (self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_false"))
+
+    def _open_cvjp(self, g: _Frame):
+        sw, draw = self.sw, self.draw
+        # A block option the swarm turns on is on in every block of the program, except
+        # optimize_remat: with symbolic_zeros it is documented as unsupported (every pipeline
+        # must raise NotImplementedError), and a program where every block raises checks
+        # nothing else.
+        if sw["nondiff_args"]:
+            g.nondiff = [NONDIFF_VALUES[_int(draw, 0, len(NONDIFF_VALUES) - 1, "nondiff_value")]]
+        g.symbolic_zeros = sw["symbolic_zeros"]
+        g.optimize_remat = sw["optimize_remat"] and draw(BOOL, label="optimize_remat")
+        g.nonstandard = _int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
+        g.extra_result = sw["unused_results"]
+
+    def stream(self):
+        draw = self.draw
+        top = self.frame = _Frame("top", None, 0)
+        x0 = self._input(self._shape())
+        self.scope.append(x0)
+        if self.sw["extra_inputs"]:
+            n = 0
+            while n < 2 and len(self.inputs) < self.cfg.max_inputs and draw(BOOL, label="more_inputs"):
+                same = not draw(BOOL, label="input_shape_differs")
+                self.scope.append(self._input(x0.shape if same else self._shape()))
+                n += 1
+        budget = 2 * max(1, self.cfg.max_stmts)
+        used = self._span_item()   # a program has at least one item
+        # Past the budget, "continue?" is still drawn (and more likely to stop) but reads no item:
+        # the stream always ends with a stop, so that deleting an item never runs out of choices.
+        while _int(draw, 0, 9 if used < budget else 1, "more") != 0:
+            if used < budget:
+                used += self._span_item()
+        while True:   # close what is still open; an empty region or block gets the simplest op
+            if not self.frame.items:
+                self._gen_op(simplest=True)
+            if self.frame is top:
+                break
+            self.frame = self.frame.parent
+        extra_out = None
+        if self.sw["dead_values"] and draw(BOOL, label="extra_output"):
+            extra_out = _int(draw, 0, MAX_OPERAND_BACK - 1, "extra_output_back")
+        return top, extra_out
+
+    # -- deriving the program ------------------------------------------------------------
+    def program(self) -> Program:
+        top, extra_out = self.stream()
+        values = [v for v in self.scope if v.id in self.home]
+        readers: dict[str, list[_Frame]] = {}   # value id -> the frames of the statements reading it
+
+        def note_reads(f):
+            for it in f.items:
+                if isinstance(it, Op):
+                    for a in it.args:
+                        readers.setdefault(a, []).append(f)
+                else:
+                    note_reads(it)
+        note_reads(top)
+        if self.sw["dead_values"]:   # the newest value (and maybe one more): the rest may be dead
+            outs = [values[-1].id]
+            if extra_out is not None and len(values) > 1:
+                outs.append(values[-2 - extra_out % (len(values) - 1)].id)
+        else:   # every value nothing reads is an output: no dead code
+            outs = [v.id for v in values if v.id not in readers]
+        for o in outs:
+            readers.setdefault(o, []).append(top)
+        # The regions and blocks each value must leave (be a result of): those around its
+        # definition that some reader is outside of.
+        leaves: dict[str, set[int]] = {}
+        for v in values:
+            home = _chain(self.home[v.id])
+            leaves[v.id] = {id(f) for r in readers.get(v.id, ()) for f in home - _chain(r)}
+        body = self._build(top, leaves)
+        order = 2 if self.sw["second_order"] else 1
+        return Program(inputs=self.inputs, body=body, outputs=outs, diff=Diff(order=order))
+
+    def _build(self, f: _Frame, leaves) -> list:
         body = []
-        for _ in range(n):
-            kinds = ["op"]
-            if self.cfg.checkpoint and depth < self.cfg.max_depth:
-                kinds.append("checkpoint")
-            if self.cfg.custom_vjp and not in_cvjp:
-                kinds.append("custom_vjp")
-            k = d(st.sampled_from(kinds), label="stmt_kind")
-            if k == "op":
-                s, v = self.gen_op(scope, False, [])
-                body.append(s)
-                scope.append(v)
-            elif k == "checkpoint":
-                body.append(self.gen_region(scope, depth, in_cvjp))
+        for it in f.items:
+            if isinstance(it, Op):
+                body.append(it)
+                continue
+            inner = self._build(it, leaves)
+            if not inner:
+                continue
+            defined = [r for s in inner for r in ([s.out] if isinstance(s, Op) else s.results)]
+            results = [d for d in defined if id(it) in leaves.get(d, ())]
+            if it.kind == "checkpoint":
+                results = results or [defined[-1]]
+                body.append(Checkpoint(args=free_vars(inner), body=inner, results=results,
+                                       policy=self._policy(it, inner), prevent_cse=it.prevent_cse))
             else:
-                body.append(self.gen_cvjp(scope, depth))
+                body.append(self._cvjp(it, inner, defined, results))
         return body
 
-    def _exports(self, inner: list[Val]) -> list[Val]:
-        last = inner[-1]
-        extra = self.draw(st.lists(st.sampled_from(inner), max_size=1), label="extra_export")
-        return [last] + [v for v in extra if v.id != last.id]
+    def _policy(self, it: _Frame, inner):
+        return _make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])
 
-    def gen_region(self, scope: list[Val], depth: int, in_cvjp: bool) -> Checkpoint:
-        d = self.draw
-        n = d(st.integers(1, max(1, self.cfg.max_stmts - 1)), label="region_len")
-        inner_scope = list(scope)
-        body = self.gen_body(inner_scope, depth + 1, n, in_cvjp)
-        defined = inner_scope[len(scope):]
-        new_inputs = [v for v in defined if v.id in self.b.types and v.id.startswith("x")]
-        defined = [v for v in defined if v not in new_inputs]
-        scope.extend(new_inputs)
-        if not defined:  # only new inputs appeared: add a trivial op
-            s, v = self.op(O.FALLBACK_OP, [inner_scope[-1]], 1.0)
-            body.append(s)
-            defined = [v]
-        exports = self._exports(defined)
-        args = free_vars(body)
-        pol = d(policies(allow_offload=self.cfg.offload_policies), label="policy")
-        pcse = d(st.booleans().map(lambda b: not b), label="prevent_cse")
-        scope.extend(exports)
-        return Checkpoint(args=args, body=body, results=[v.id for v in exports], policy=pol, prevent_cse=pcse)
-
-    def gen_cvjp(self, scope: list[Val], depth: int) -> CustomVJP:
-        d = self.draw
-        nondiff = d(st.lists(st.sampled_from([0.5, 2.0]), max_size=1), label="nondiff")
-        n = d(st.integers(1, 4), label="fwd_len")
-        inner = list(scope)
-        fwd = []
-        for _ in range(n):
-            s, v = self.gen_op(inner, True, nondiff)
-            fwd.append(s)
-            inner.append(v)
-        defined = [v for v in inner[len(scope):] if not v.id.startswith("x")]
-        scope.extend(v for v in inner[len(scope):] if v.id.startswith("x"))
-        exports = self._exports(defined)
+    def _cvjp(self, it: _Frame, fwd, defined, results) -> CustomVJP:
+        if not results:
+            results = [defined[-1]]
+        if it.extra_result:
+            extra = [d for d in defined if d not in results]
+            if extra:
+                results = sorted(results + extra[:1], key=defined.index)
         args = free_vars(fwd)
-        cts = [self.b.fresh("g") for _ in exports]
-        for c, e in zip(cts, exports):
-            self.b.types[c] = self.b.types[e.id]
-        bwd, argct, used = vjp_ops(fwd, self.b.types, [e.id for e in exports], cts, args,
-                                   lambda: self.b.fresh("b"))
-        # A deliberately non-standard but well-defined rule: scale one arg's cotangent.
+        cts = [self.fresh("g") for _ in results]
+        for c, r in zip(cts, results):
+            self.types[c] = self.types[r]
+        bwd, argct, used = vjp_ops(fwd, self.types, results, cts, args, lambda: self.fresh("b"))
         bwd_results = [argct.get(a) for a in args]
-        if d(st.booleans(), label="nonstandard_rule"):
-            k = d(st.integers(0, len(args) - 1), label="nonstandard_arg")
+        # A deliberately non-standard but well-defined rule: scale one arg's cotangent.
+        if it.nonstandard is not None:
+            k = it.nonstandard % len(args)
             if bwd_results[k] is not None:
-                o = self.b.fresh("b")
+                o = self.fresh("b")
                 bwd.append(Op(op=O.SCALE_OP, args=[bwd_results[k]], params={"c": 3.0}, out=o))
                 bwd_results[k] = o
         order = {a: i for i, a in enumerate(args + [s.out for s in fwd])}
         residuals = sorted(used, key=order.__getitem__)
-        sz = d(st.booleans(), label="symbolic_zeros")
-        # optimize_remat with symbolic_zeros is documented as unsupported (NotImplementedError):
-        # generated rarely, to check that every pipeline rejects it the same way.
-        orm = d(st.sampled_from([False] * 7 + [True] if sz else [False, True]), label="optimize_remat")
-        scope.extend(exports)
-        return CustomVJP(args=args, fwd=fwd, results=[e.id for e in exports], residuals=residuals, cts=cts,
-                         bwd=bwd, bwd_results=bwd_results, nondiff=nondiff, symbolic_zeros=sz,
-                         optimize_remat=orm)
+        return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
+                         bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
+                         optimize_remat=it.optimize_remat)
 
 
 @st.composite
 def programs(draw, cfg: Config | None = None) -> Program:
-    cfg = cfg or Config()
-    g = _Gen(draw, cfg)
-    scope = [g.b.new_input(_shape(draw))]
-    n_extra = draw(st.integers(0, 1), label="extra_inputs")
-    for _ in range(n_extra):
-        scope.append(g.b.new_input(_shape(draw)))
-    n = draw(st.integers(1, cfg.max_stmts), label="n_stmts")
-    body = g.gen_body(scope, 0, n, False)
-    produced = [v for v in scope if not v.id.startswith("x")]
-    last = produced[-1] if produced else scope[0]
-    outs = [last.id]
-    extra = draw(st.lists(st.sampled_from(produced or scope), max_size=1), label="extra_output")
-    outs += [v.id for v in extra if v.id not in outs]
-    order = 2 if (cfg.second_order and draw(st.integers(0, 7), label="second_order") == 7) else 1
-    prog = Program(inputs=g.b.inputs, body=body, outputs=outs, diff=Diff(order=order))
-    return validate(prog)
+    return validate(_Gen(draw, cfg or Config()).program())
 
 
 def input_values(prog: Program, seed: int) -> dict[str, np.ndarray]:

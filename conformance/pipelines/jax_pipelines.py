@@ -27,20 +27,15 @@ from conformance.residuals import canonicalise  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-# XLA executables (eager dispatch compiles one per primitive, shape and dtype; jit one per
-# program) are kept on disk and shared by every worker process and campaign on this machine:
-# REMAT_CONFORMANCE_COMPILE_CACHE names the directory, "off" turns it off.
+# Opt-in: XLA executables (eager dispatch compiles one per primitive, shape and dtype; jit one
+# per program) kept on disk and shared by every worker process and campaign that names the same
+# directory in REMAT_CONFORMANCE_COMPILE_CACHE (unset or "off": no disk cache).
 COMPILE_CACHE_ENV = "REMAT_CONFORMANCE_COMPILE_CACHE"
 
 
 def _compile_cache_dir() -> str | None:
     v = os.environ.get(COMPILE_CACHE_ENV, "")
-    if v.lower() in ("off", "0", "none"):
-        return None
-    if v:
-        return v
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "remat-conformance", f"jax-{jax.__version__}")
+    return None if v.lower() in ("", "off", "0", "none") else v
 
 
 if _compile_cache_dir():
