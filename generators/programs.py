@@ -171,31 +171,17 @@ class Swarm:
         return self.on.get(name, False)
 
 
-def _groups() -> list[list[str]]:
-    """Swarm dimensions in groups, each drawn as one span: the shrinker's first pass tries each
-    span at its simplest, so that one run can turn a whole group of unused features off."""
-    dims = swarm_dimensions()
-    out = [[n for n in dims if n.startswith(p)] for p in ("policy:", "family:")]
-    return [[n for n, _ in _FEATURE_FLAGS]] + [g for g in out if g]
-
-
 def draw_swarm(draw, cfg: Config) -> Swarm:
     allowed = _allowed(cfg)
     probs = dict(_FEATURE_FLAGS)
     on = {}
-
-    def group(names):
-        def fn(d):
-            for n in names:
-                if not allowed[n]:
-                    on[n] = False
-                elif not cfg.swarm:
-                    on[n] = n not in ("dead_values",)
-                else:
-                    on[n] = _flag(d, probs.get(n, _HALF), f"swarm:{n}")
-        return fn
-    for names in _groups():
-        _span(draw, group(names), f"swarm:{names[0]}")
+    for n in swarm_dimensions():
+        if not allowed[n]:
+            on[n] = False
+        elif not cfg.swarm:
+            on[n] = n not in ("dead_values",)
+        else:
+            on[n] = _flag(draw, probs.get(n, _HALF), f"swarm:{n}")
     if on["second_order"] and not cfg.swarm:
         on["second_order"] = _flag(draw, probs["second_order"], "swarm:second_order")
     dtype = cfg.dtypes[0] if len(cfg.dtypes) == 1 else cfg.dtypes[_int(draw, 0, len(cfg.dtypes) - 1, "dtype")]
@@ -346,9 +332,9 @@ class _Gen:
         return f"{prefix}{self.n}"
 
     # -- the Chooser the op table's generator hints draw with ----------------------------
-    # Every call draws exactly one choice, even where there is only one option, so that the
-    # choices of an item do not change in number when an earlier deletion changes a shape
-    # or a context.
+    # Every call draws its choice even where there is only one option (a trivial choice, which
+    # the shrinker skips), so that how many choices an item reads depends on its own values
+    # only, not on shapes or contexts that an earlier deletion can change.
     def int(self, lo, hi, label):
         if label == "dim":
             return self._dim(lo, hi)
@@ -383,9 +369,8 @@ class _Gen:
         c = self.scope if pred is None else [v for v in self.scope if pred(v)]
         if not c:
             return None
-        # One choice whatever the scope's size, so that deleting an earlier statement never
-        # shifts the choices that follow; with one candidate it is a trivial choice (one value),
-        # which the shrinker does not spend a run on.
+        # A choice however many candidates there are (a trivial one where there is one), so
+        # that deleting an earlier statement never shifts the choices that follow.
         if len(c) == 1:
             _int(self.draw, 0, 0, "operand_back")
             return c[0]

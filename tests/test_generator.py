@@ -7,7 +7,6 @@ from functools import lru_cache
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import seed as hseed
-from hypothesis import strategies as st
 
 from conformance import ops as O
 from conformance.ir import Checkpoint, CustomVJP, Op, validate, walk
@@ -50,7 +49,7 @@ def primal_size(p):
 
 
 def dead_values(p):
-    """Op values nothing reads: no statement, residual list, result list or output."""
+    """Op values nothing reads: no statement, custom_vjp rule or program output."""
     read = set(p.outputs)
     for s, *_ in walk(p.body):
         read.update(s.args)
@@ -171,10 +170,16 @@ def test_config_forces_swarm_flags_off(sw):
 
 
 # ---- shrinking ------------------------------------------------------------------------------
-def smallest(pred, cfg=None):
+def smallest(pred, cfg=None, strategy=None):
     s = settings(settings.default, max_examples=3000, database=None, deadline=None, derandomize=False,
                  suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink))
-    return find(programs(cfg), pred, settings=s, random=random.Random(0))
+    return find(programs(cfg) if strategy is None else strategy, pred, settings=s, random=random.Random(0))
+
+
+def test_swarm_flags_shrink_to_the_plain_form():
+    sw = smallest(lambda sw: sw["checkpoint"] and sw["policy:both"] and sw["family:matmul"], strategy=swarms())
+    assert sorted(n for n, on in sw.on.items() if on) == ["checkpoint", "family:matmul", "policy:both"]
+    assert sw.dtype == Config().dtypes[0]
 
 
 SHRINK_TARGETS = {
