@@ -26,10 +26,6 @@ from generators.programs import Config
 from oracles.expectations import Expectations, stale
 
 
-class BudgetExhausted(Exception):
-    pass
-
-
 FINDINGS_EVERY = 2.0   # seconds between rewrites of findings.json for counts alone
 
 

@@ -49,13 +49,6 @@ def _options_cfg(opts) -> dict:
 
 
 # -- the searcher process --------------------------------------------------------------------
-def _watch_parent(ppid: int) -> None:
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != ppid:
-            os._exit(70)
-
-
 def _searcher_main(conn, cfg: dict) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
@@ -64,7 +57,8 @@ def _searcher_main(conn, cfg: dict) -> None:
         mp.current_process().daemon = False   # its executor starts worker processes
     except Exception:
         pass
-    threading.Thread(target=_watch_parent, args=(cfg["ppid"],), daemon=True).start()
+    from conformance.isolation.worker import _watch_parent
+    threading.Thread(target=_watch_parent, args=(cfg["ppid"],), daemon=True, name="parent-watch").start()
     from collections import Counter
 
     from conformance.campaign import Options
@@ -154,16 +148,8 @@ class _Slot:
         self.send({"type": "stop"})
 
     def kill(self) -> None:
-        if self.proc.exitcode is None:
-            for target in (lambda: os.killpg(self.proc.pid, signal.SIGKILL), lambda: self.proc.kill()):
-                try:
-                    target()
-                    break
-                except (ProcessLookupError, PermissionError, OSError):
-                    continue
-        self.proc.join(5)
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        from conformance.isolation.supervisor import kill_process
+        kill_process(self.proc, self.conn)
 
 
 def run_parallel(c) -> None:

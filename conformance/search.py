@@ -104,9 +104,7 @@ def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
             if key not in g.reproduces:
                 g.reproduces.append(key)
         if g.key() == f.key() and f.core_features() < g.core_features():
-            f.count = g.count
-            f.reproduces = sorted(set(map(tuple, g.reproduces + f.reproduces)))
-            f.reproduces = [list(x) for x in f.reproduces]
+            f.count, f.reproduces = g.count, g.reproduces   # g's list already holds f's keys
             findings[k] = f
             return f, True
         return g, False

@@ -80,16 +80,7 @@ class _Worker:
         return self.proc.exitcode is None
 
     def kill(self) -> None:
-        if self.proc.exitcode is None:
-            for target in (lambda: os.killpg(self.pid, signal.SIGKILL), lambda: os.kill(self.pid, signal.SIGKILL)):
-                try:
-                    target()
-                    break
-                except (ProcessLookupError, PermissionError, OSError):
-                    continue
-        self.proc.join(5)
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        kill_process(self.proc, self.conn)
 
     def stop(self, grace: float = 2.0) -> None:
         if self.proc.exitcode is None:
@@ -112,6 +103,20 @@ class _Worker:
         except OSError:
             return ""
         return data.decode("utf-8", errors="replace").strip()
+
+
+def kill_process(proc, conn) -> None:
+    """SIGKILL a worker process and its process group (it leads one), reap it, close its pipe."""
+    if proc.exitcode is None:
+        for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), lambda: os.kill(proc.pid, signal.SIGKILL)):
+            try:
+                target()
+                break
+            except (ProcessLookupError, PermissionError, OSError):
+                continue
+    proc.join(5)
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 @contextlib.contextmanager
