@@ -1,30 +1,20 @@
-"""Hypothesis strategies for programs, policies and inputs.
+"""Hypothesis strategies for programs, policies and inputs. Every draw is type-directed, so any
+choice sequence builds a valid program.
 
-Only valid programs are produced: every draw is type-directed, and any sequence of choices
-builds a valid program. Two ideas shape the draws.
+Swarm testing (Groce et al., ISSTA 2012): each program first draws which features it may use
+(`draw_swarm`: regions, nesting, prevent_cse, custom_vjp, symbolic zeros, optimize_remat,
+nondiff args, rule variants, unused results, extra inputs, dead values, second order, each
+policy kind after the first, each op family after the first, the dtype). "Off" is a flag's
+simplest choice, so shrinking turns features off; the Config's switches win over the swarm.
 
-Swarm testing (Groce et al., "Swarm testing", ISSTA 2012). Each program first draws which of
-the generator's features it may use (`draw_swarm`: checkpoint regions, nesting, prevent_cse
-variation, custom_vjp blocks, symbolic zeros, optimize_remat, nondiff args, non-standard rules,
-unused results, extra and non-differentiated inputs, dead values, second order, each policy
-kind of `conformance.policy.KINDS` and each op family of the op table after the first, the
-dtype) and is built with those only, so that no feature crowds out the others and simple
-programs of every kind occur. A flag's simplest choice is "off", so shrinking turns features
-off; a feature the Config switches off is off whatever the swarm draws.
-
-Shrinking (Hypothesis shrinks choice sequences). A program is one flat stream of items, each
-after a "continue?" choice as in `st.lists`: an op, the opening of a checkpoint region or of a
-custom_vjp block, or the close of the innermost open one (closing nothing does nothing).
-Deleting an item deletes one contiguous block of choices and leaves the later ones meaning what
-they meant: every item draws the same number of choices whatever came before, operands are
-counted back from the newest value (any index is valid), every value stays visible after the
-region or block that defines it, and results, args, outputs and bwd rules are derived once the
-stream is read, from which values are actually read. Deleting an opening inlines its body (its
-close becomes harmless); an item's simplest choices make it a plain op, the simplest op.
+Shrinking: a program is one flat item stream (each item after a "continue?" choice): an op, a
+region or custom_vjp opening, or a close of the innermost open one. Every item draws the same
+number of choices whatever came before, operands count back from the newest value, values stay
+visible after their region, and results/args/outputs/bwd rules are derived after the stream
+is read, so deleting an item leaves later choices meaning what they meant.
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,16 +23,16 @@ from hypothesis import strategies as st
 from conformance import ops as O
 from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, free_vars, validate
 from conformance.policy import KINDS
+from generators.draws import BOOL, draw_int, flag, perms, span
+from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
 from generators.irgrad import vjp_ops
 
-NAME_POOL = ("a", "b", "c")
 # Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
 # that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
 # (primitive, shape, dtype, params), so few distinct shapes make warm programs run fast.
 DIMS, RARE_DIMS = (2, 3), (1, 4)     # a dimension is one of DIMS 4 times in 5
 RANKS = (1, 2, 0, 3)
 NONDIFF_VALUES = (2.0, 0.5)
-MAX_OPERAND_BACK = 7      # operands: how far back from the newest value an index reaches
 
 
 @dataclass
@@ -66,50 +56,6 @@ class Val:
     shape: tuple
     dtype: str
     mag: float
-
-
-# ---- cheap draws ------------------------------------------------------------------------------
-# Strategies are built once and reused: building and validating a new strategy object for every
-# draw was most of the generator's cost.
-BOOL = st.booleans()
-_INTS: dict[tuple[int, int], st.SearchStrategy] = {}
-_PERMS: dict[int, st.SearchStrategy] = {}
-
-
-def _ints(lo: int, hi: int) -> st.SearchStrategy:
-    s = _INTS.get((lo, hi))
-    if s is None:
-        s = _INTS[(lo, hi)] = st.integers(lo, hi)
-    return s
-
-
-def _int(draw, lo: int, hi: int, label: str) -> int:
-    return draw(_ints(lo, hi), label=label)
-
-
-_TLS = threading.local()
-
-
-def _span_body(draw):
-    fn = _TLS.pending
-    _TLS.pending = None
-    return fn(draw)
-
-
-_SPAN = st.composite(_span_body)()   # one strategy object: draws group their choices into a span
-
-
-def _span(draw, fn, label: str):
-    """Run fn(draw) inside one Hypothesis span (so the shrinker can replace or delete it whole)."""
-    _TLS.pending = fn
-    return draw(_SPAN, label=label)
-
-
-def _flag(draw, p: tuple[int, int], label: str) -> bool:
-    """A biased coin, on with probability p[0]/p[1]; its simplest (shrink-target) choice is off."""
-    if p == (1, 2):
-        return draw(BOOL, label=label)
-    return _int(draw, 0, p[1] - 1, label) >= p[1] - p[0]
 
 
 # ---- swarm --------------------------------------------------------------------------------------
@@ -181,75 +127,16 @@ def draw_swarm(draw, cfg: Config) -> Swarm:
         elif not cfg.swarm:
             on[n] = n not in ("dead_values",)
         else:
-            on[n] = _flag(draw, probs.get(n, _HALF), f"swarm:{n}")
+            on[n] = flag(draw, probs.get(n, _HALF), f"swarm:{n}")
     if on["second_order"] and not cfg.swarm:
-        on["second_order"] = _flag(draw, probs["second_order"], "swarm:second_order")
-    dtype = cfg.dtypes[0] if len(cfg.dtypes) == 1 else cfg.dtypes[_int(draw, 0, len(cfg.dtypes) - 1, "dtype")]
+        on["second_order"] = flag(draw, probs["second_order"], "swarm:second_order")
+    dtype = cfg.dtypes[0] if len(cfg.dtypes) == 1 else cfg.dtypes[draw_int(draw, 0, len(cfg.dtypes) - 1, "dtype")]
     return Swarm(on, dtype)
 
 
 def swarms(cfg: Config | None = None) -> st.SearchStrategy:
     """Strategy for one program's swarm choices (for tests and docs)."""
     return st.composite(lambda draw: draw_swarm(draw, cfg or Config()))()
-
-
-# ---- policies ----------------------------------------------------------------------------------
-def policy_ops() -> list[str]:
-    """Op kinds an `ops` policy may name: every op the generator emits outside custom rules."""
-    return [o for f in O.generated_families(False) for o in O.family_ops(f, False)]
-
-
-def _draw_names(draw, names, label, min_one=True) -> list[str]:
-    picked = [n for n in names if draw(BOOL, label=label)]
-    return picked or ([names[0]] if min_one else [])
-
-
-def _draw_policy(draw, kinds: list[str], names=NAME_POOL, depth=0) -> tuple:
-    """A policy plan: (kind, fields) of one of `kinds` (declaration order; the first is the
-    simplest). An `ops` field holds op indices, resolved by `_make_policy` once the region's
-    body is known, so that the policy names the region's own ops first."""
-    combining = [k for k in kinds if "a" in KINDS[k].fields]
-    usable = [k for k in kinds if depth == 0 or k not in combining]
-    if not usable:
-        usable = [next(k for k in KINDS if "a" not in KINDS[k].fields)]
-    k = usable[0] if len(usable) == 1 else usable[_int(draw, 0, len(usable) - 1, "policy_kind")]
-    kw = {}
-    for f in KINDS[k].fields:
-        if f in ("names", "saved"):
-            kw[f] = _draw_names(draw, names, f)
-        elif f == "offloaded":
-            kw[f] = [n for n in _draw_names(draw, names, f, min_one=False) if n not in kw.get("saved", [])]
-        elif f == "ops":
-            picked = [_int(draw, 0, MAX_OPERAND_BACK, "policy_op")]
-            while len(picked) < 3 and draw(BOOL, label="policy_op_more"):
-                picked.append(_int(draw, 0, MAX_OPERAND_BACK, "policy_op"))
-            kw[f] = picked
-        elif f in ("a", "b"):
-            kw[f] = _draw_policy(draw, kinds, names, depth + 1)
-    return k, kw
-
-
-def _make_policy(plan: tuple, ops_first=()):
-    k, kw = plan
-    out = {}
-    for f, v in kw.items():
-        if f == "ops":
-            cand = list(dict.fromkeys([o for o in ops_first if o in _POLICY_OPS] + _POLICY_OPS))
-            out[f] = list(dict.fromkeys(cand[min(i, len(cand) - 1)] for i in v))
-        elif f in ("a", "b"):
-            out[f] = _make_policy(v, ops_first)
-        else:
-            out[f] = v
-    return KINDS[k].model(**out)
-
-
-_POLICY_OPS = policy_ops()
-
-
-def policies(names=NAME_POOL, allow_offload=True, depth=0, kinds=None):
-    """Strategy for framework-neutral policies, one branch per declared policy kind."""
-    ks = [k for k in (kinds or KINDS) if allow_offload or not KINDS[k].offloads]
-    return st.composite(lambda draw: _make_policy(_draw_policy(draw, ks, tuple(names), depth)))()
 
 
 # ---- the generator ------------------------------------------------------------------------------
@@ -325,7 +212,7 @@ class _Gen:
 
     def _span_item(self) -> int:
         self.k += 1
-        return _span(self.raw_draw, self._item, f"stmt#{self.k}")
+        return span(self.raw_draw, self._item, f"stmt#{self.k}")
 
     def fresh(self, prefix="v") -> str:
         self.n += 1
@@ -338,27 +225,24 @@ class _Gen:
     def int(self, lo, hi, label):
         if label == "dim":
             return self._dim(lo, hi)
-        return _int(self.draw, lo, max(lo, hi), label)
+        return draw_int(self.draw, lo, max(lo, hi), label)
 
     def _dim(self, lo=1, hi=O.GEN_MAX_DIM):
         common = [d for d in DIMS if lo <= d <= hi]
         rare = [d for d in RARE_DIMS if lo <= d <= hi]
         if not common and not rare:
-            return _int(self.draw, lo, max(lo, hi), "dim")
-        k = _int(self.draw, 0, 2 * len(common) - (not rare), "dim")
+            return draw_int(self.draw, lo, max(lo, hi), "dim")
+        k = draw_int(self.draw, 0, 2 * len(common) - (not rare), "dim")
         if k < 2 * len(common):
             return common[k % len(common)]
-        return rare[_int(self.draw, 0, len(rare) - 1, "rare_dim")]
+        return rare[draw_int(self.draw, 0, len(rare) - 1, "rare_dim")]
 
     def choice(self, seq, label):
         seq = list(seq)
-        return seq[_int(self.draw, 0, len(seq) - 1, label)]
+        return seq[draw_int(self.draw, 0, len(seq) - 1, label)]
 
     def perm(self, n, label):
-        s = _PERMS.get(n)
-        if s is None:
-            s = _PERMS[n] = st.permutations(list(range(n)))
-        return list(self.draw(s, label=label))
+        return list(self.draw(perms(n), label=label))
 
     def operand(self, pred=None):
         """A value in scope satisfying pred, counted back from the newest. The simplest choice
@@ -372,11 +256,11 @@ class _Gen:
         # A choice however many candidates there are (a trivial one where there is one), so
         # that deleting an earlier statement never shifts the choices that follow.
         if len(c) == 1:
-            _int(self.draw, 0, 0, "operand_back")
+            draw_int(self.draw, 0, 0, "operand_back")
             return c[0]
         if not self.draw(BOOL, label="operand_back"):
             return c[-1]
-        return c[-2 - _int(self.draw, 0, min(len(c) - 1, MAX_OPERAND_BACK) - 1, "operand")]
+        return c[-2 - draw_int(self.draw, 0, min(len(c) - 1, MAX_OPERAND_BACK) - 1, "operand")]
 
     def new_input(self, shape):
         if len(self.inputs) >= self.cfg.max_inputs:
@@ -386,7 +270,7 @@ class _Gen:
         return v
 
     def checkpoint_name(self):
-        return NAME_POOL[_int(self.draw, 0, len(NAME_POOL) - 1, "name")]
+        return NAME_POOL[draw_int(self.draw, 0, len(NAME_POOL) - 1, "name")]
 
     # -- inputs --------------------------------------------------------------------------
     def _input(self, shape) -> Val:
@@ -399,7 +283,7 @@ class _Gen:
         return Val(i, tuple(shape), self.dtype, 1.0)
 
     def _shape(self):
-        r = RANKS[_int(self.draw, 0, len(RANKS) - 1, "rank")]
+        r = RANKS[draw_int(self.draw, 0, len(RANKS) - 1, "rank")]
         return tuple(self._dim() for _ in range(r))
 
     # -- ops -----------------------------------------------------------------------------
@@ -437,7 +321,7 @@ class _Gen:
     # -- the item stream -----------------------------------------------------------------
     def _item(self, _):
         f, draw = self.frame, self.draw
-        k = (_ITEM_OF if f.depth == 0 else _ITEM_OF_NESTED)[_int(draw, 0, len(_ITEM_OF) - 1, "item")]
+        k = (_ITEM_OF if f.depth == 0 else _ITEM_OF_NESTED)[draw_int(draw, 0, len(_ITEM_OF) - 1, "item")]
         if k == _ITEM_REGION and not (self.sw["checkpoint"] and not f.in_cvjp and f.depth < self.cfg.max_depth
                                       and (f.depth == 0 or self.sw["nesting"])):
             k = _ITEM_OP
@@ -467,7 +351,7 @@ class _Gen:
         draw = self.draw
         # the policy's choices belong to this item; it is built with the body, so that an
         # `ops` policy can name the region's own ops
-        g.policy_choice = _draw_policy(draw, self.kinds)
+        g.policy_choice = draw_policy_plan(draw, self.kinds)
         g.prevent_cse = not (self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_false"))
 
     def _open_cvjp(self, g: _Frame):
@@ -477,10 +361,10 @@ class _Gen:
         # must raise NotImplementedError), and a program where every block raises checks
         # nothing else.
         if sw["nondiff_args"]:
-            g.nondiff = [NONDIFF_VALUES[_int(draw, 0, len(NONDIFF_VALUES) - 1, "nondiff_value")]]
+            g.nondiff = [NONDIFF_VALUES[draw_int(draw, 0, len(NONDIFF_VALUES) - 1, "nondiff_value")]]
         g.symbolic_zeros = sw["symbolic_zeros"]
         g.optimize_remat = sw["optimize_remat"] and draw(BOOL, label="optimize_remat")
-        g.nonstandard = _int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
+        g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
 
     def stream(self):
@@ -498,7 +382,7 @@ class _Gen:
         used = self._span_item()   # a program has at least one item
         # Past the budget, "continue?" is still drawn (and more likely to stop) but reads no item:
         # the stream always ends with a stop, so that deleting an item never runs out of choices.
-        while _int(draw, 0, 9 if used < budget else 1, "more") != 0:
+        while draw_int(draw, 0, 9 if used < budget else 1, "more") != 0:
             if used < budget:
                 used += self._span_item()
         while True:   # close what is still open; an empty region or block gets the simplest op
@@ -509,7 +393,7 @@ class _Gen:
             self.frame = self.frame.parent
         extra_out = None
         if self.sw["dead_values"] and draw(BOOL, label="extra_output"):
-            extra_out = _int(draw, 0, MAX_OPERAND_BACK - 1, "extra_output_back")
+            extra_out = draw_int(draw, 0, MAX_OPERAND_BACK - 1, "extra_output_back")
         return top, extra_out
 
     # -- deriving the program ------------------------------------------------------------
@@ -564,7 +448,7 @@ class _Gen:
         return body
 
     def _policy(self, it: _Frame, inner):
-        return _make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])
+        return make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])
 
     def _cvjp(self, it: _Frame, fwd, defined, results) -> CustomVJP:
         if not results:
