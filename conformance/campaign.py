@@ -111,16 +111,19 @@ class Campaign:
         """Rebuild state from what an interrupted campaign wrote.
 
         Done rounds are skipped; the others are run again, their checked programs skipped
-        (`seen`). A new failure whose shrink never finished (killed while shrinking: its result
-        is written, no finding record names it as origin) is left out of `seen`, so that the
-        replayed round finds and shrinks it again; the store keeps its result record from being
+        (`seen`). A program with a new failure whose shrink never finished (killed while
+        shrinking: its result is written, no finding record names it and its key as origin) is
+        left out of `seen`, so that the replayed round checks it again and shrinks what no finding
+        covers yet; the store keeps its result record from being
         written twice. A finding that reached results.jsonl and the corpus but not findings.json
         is taken from its corpus entry."""
-        origins = {tuple(r["origin"]) for r in results if r.get("type") == "finding" and r.get("origin")}
+        shrunk = {(tuple(r["origin"]), tuple(r["key"]) if r.get("key") else "*") for r in results
+                  if r.get("type") == "finding" and r.get("origin")}   # "*": a record without its key
         for r in results:
             t = r.get("type")
             if t == "result":
-                pending = bool(r.get("new")) and (r["hash"], r["seed"]) not in origins
+                h = (r["hash"], r["seed"])
+                pending = (h, "*") not in shrunk and any((h, tuple(k)) not in shrunk for k in r.get("new", []))
                 self._account(r, seen=not pending)
             elif t == "round" and isinstance(r.get("round"), int):
                 self.done_rounds.add(r["round"])

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--expectations", default=None, help="expectations JSON (default: the packaged file)")
     r.add_argument("--shrink-seconds", type=positive(float, "--shrink-seconds"), default=45.0)
     r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=250)
-    r.add_argument("--max-stmts", type=positive(int, "--max-stmts"), default=6, help="generator: statements per body")
+    r.add_argument("--max-stmts", type=positive(int, "--max-stmts"), default=6, help="generator: a program draws at most 2 x N ops and region/block openings")
     r.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="run pipelines in supervised worker processes (default on)")
     r.add_argument("--timeout", type=positive(float, "--timeout"), default=60.0,

@@ -4,7 +4,9 @@ A round is the first `round_size` examples of Hypothesis seeded with (seed, roun
 programs whoever runs it, whatever was found before. Each program slot is run through the
 pipelines its time shares allow and judged. The first unexpected verdict whose behaviour is not
 yet known becomes the shrink target: Hypothesis shrinks while (check, pipeline, reference, error
-type) still holds, running only the pipelines that verdict needs. The shrunk program is replayed
+type) still holds, running only the pipelines that verdict needs (a program evaluated once in a
+shrink is not evaluated again). The program's other new behaviours are shrunk after it, each from
+the same program, unless the first finding already covers them. The shrunk program is replayed
 on every pipeline (the pipelines it also fails on are its siblings: one root behaviour), emitted as
 a finding, and the round is run again from its start, the programs already checked skipped, until
 every slot of it is checked. A round is therefore done (all its slots checked) or not (stopped);
@@ -26,6 +28,7 @@ import hashlib
 import statistics
 import time
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,6 +45,9 @@ from oracles.judge import judge
 RESULTS_SCHEMA = 1
 # Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
 SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
+# A shrink stops once this many evaluations in a row found no smaller failing program (Hypothesis
+# is then trying value-level variations that rarely pay; the step and time caps still apply).
+SHRINK_STALL_STEPS = 60
 
 
 class _Found(Exception):
@@ -172,6 +178,8 @@ class Target:
     started: float
     steps: int = 0
     last_emit: float = 0.0
+    last_accepted: int = 0                        # the step that last found a smaller failing program
+    tried: dict = dataclasses.field(default_factory=dict)   # (hash, seed) -> failed the target's way
 
 
 class Searcher:
@@ -186,6 +194,9 @@ class Searcher:
         self.halted = False
         self.slot = 0
         self.round = 0
+        # a checked program's new behaviours after the first, shrunk next from that program:
+        # (hash, seed) -> (verdicts, observations, the program's failing keys)
+        self.deferred: dict[tuple, tuple[list[Verdict], dict, set]] = {}
 
     # -- known behaviours --------------------------------------------------------------
     def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
@@ -254,6 +265,8 @@ class Searcher:
             self.halted = True
             return
         h = (prog.content_hash(), seed)
+        if self.deferred.get(h):
+            return self._shrink_deferred(prog, seed, h)
         if h in self.seen or shard_of(h[0], seed, self.opts.shard[1]) != self.opts.shard[0]:
             return
         self._search_step(prog, seed, h)
@@ -278,19 +291,31 @@ class Searcher:
             "hash": h[0], "seed": seed, "size": prog.size(), "features": sorted(feats), "ran": names,
             "status": "fail" if failures else ("expected" if any(v.status == "expected" for v in j.verdicts) else "pass"),
             "verdicts": [[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts],
-            "known_signatures": sigs, "new": [list(v.key()) for v in new[:1]],
+            "known_signatures": sigs, "new": [list(v.key()) for v in new],
             "expectations": j.expectation_hits,
             "errors": {n: o.error.type for n, o in obs.items() if o.error is not None},
         }
         self.emit({"ev": "result", "rec": rec})
         if new:
-            v = new[0]
-            self.shrinks_per_key[v.key()] += 1
-            now = time.monotonic()
-            self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
-                                 original_size=prog.size(), origin=h, started=now)
-            self._emit_shrink(force=True)
-            _found()
+            self.deferred[h] = (new[1:], obs, failing)
+            self._start_shrink(new[0], prog, seed, obs, h)
+
+    def _shrink_deferred(self, prog: Program, seed: int, h: tuple):
+        """Shrink the next new behaviour of an already checked program that no finding covers yet."""
+        pending, obs, failing = self.deferred[h]
+        feats = prog.features()
+        while pending:
+            v = pending.pop(0)
+            if self.known(v, feats, failing) is None:
+                self._start_shrink(v, prog, seed, obs, h)
+        del self.deferred[h]
+
+    def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
+        self.shrinks_per_key[v.key()] += 1
+        self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
+                             original_size=prog.size(), origin=h, started=time.monotonic())
+        self._emit_shrink(force=True)
+        _found()
 
     # -- shrinking -----------------------------------------------------------------------
     def _emit_shrink(self, force=False):
@@ -309,17 +334,25 @@ class Searcher:
     def _shrink_step(self, prog: Program, seed: int):
         t = self.target
         budget = self.shrink_seconds(t.key)
-        if (t.steps >= self.opts.shrink_steps or time.monotonic() - t.started >= budget
-                or self.should_stop(grace=budget)):
+        if (t.steps >= self.opts.shrink_steps or t.steps - t.last_accepted >= SHRINK_STALL_STEPS
+                or time.monotonic() - t.started >= budget or self.should_stop(grace=budget)):
+            return
+        h = (prog.content_hash(), seed)
+        if h in t.tried:   # the same program from another choice sequence: its answer is known
+            if t.tried[h]:
+                _found()
             return
         t.steps += 1
         _, obs, j = self.evaluate(prog, seed, needed_pipelines(t.key, self.opts.pipelines))
         self._emit_shrink()
-        for v in j.failures():
-            if v.key() == t.key:
-                if prog.size() <= t.program.size():
-                    t.program, t.seed, t.verdict, t.observations = prog, seed, v, obs
-                _found()
+        v = next((v for v in j.failures() if v.key() == t.key), None)
+        t.tried[h] = v is not None
+        if v is not None:
+            if prog.size() <= t.program.size():
+                if prog.size() < t.program.size() or prog.content_hash() != t.program.content_hash():
+                    t.last_accepted = t.steps
+                t.program, t.seed, t.verdict, t.observations = prog, seed, v, obs
+            _found()
 
     def _finish(self, t: Target) -> None:
         """The shrunk program as a finding: replayed on every pipeline for its siblings."""

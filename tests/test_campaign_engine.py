@@ -106,3 +106,36 @@ def test_plain_progress_is_never_silent_for_long():
     lines = out.getvalue().splitlines()
     assert len(lines) >= 3, lines
     assert all("shrinking" in x for x in lines)
+
+
+class _TwoBugs(PerturbGradient):
+    """Wrong gradients and one extra residual on every program: two behaviours per program."""
+    def _run(self, program, inputs, obs):
+        from conformance.observation import Residual
+        super()._run(program, inputs, obs)
+        if obs.residuals is not None:
+            obs.residuals.append(Residual(cls=[], shape=[7], dtype="float32", bytes=28))
+
+
+TWO_BUGS = "jax:mutant-two-bugs"
+registry.register_instance(_TwoBugs(registry.derive("jax:remat3", TWO_BUGS, variant="remat2")))
+
+
+def test_every_new_behaviour_of_one_program_is_shrunk(tmp_path):
+    """A program that fails two unrelated checks gives two findings, both shrunk from it: the
+    second behaviour is not lost because the first one was shrunk first."""
+    names = list(registry.REFERENCES) + ["jax:remat2", TWO_BUGS]
+    opts = Options(pipelines=names, budget=600, max_examples=1, round_size=1, seed=3, shrink_steps=20,
+                   generator=Config(max_stmts=2))
+    store = Store(tmp_path / "out")
+    camp = Campaign(opts, store, InProcessExecutor(), Expectations.load())
+    camp.run()
+    assert camp.checked == 1
+    keys = {(f.check, f.pipeline, f.reference) for f in camp.findings}
+    assert ("gradient", TWO_BUGS, "jax:none") in keys and ("residuals", TWO_BUGS, "jax:remat2") in keys, keys
+    records = [r for r in store.results()[0] if r.get("type") in ("result", "finding")]
+    (result,) = [r for r in records if r["type"] == "result"]
+    origins = {tuple(r["origin"]) for r in records if r["type"] == "finding"}
+    assert origins == {(result["hash"], result["seed"])}
+    assert {tuple(k)[:3] for k in result["new"]} >= {("gradient", TWO_BUGS, "jax:none"),
+                                                   ("residuals", TWO_BUGS, "jax:remat2")}
