@@ -368,6 +368,9 @@ class Searcher:
         _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
         f.reproduces = sorted([list(v.key()) for v in j.failures()
                                if v.check == check and (v.error_type or "") == et and v.key() != t.key])
+        if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
+            pending = self.deferred[t.origin][0]
+            pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]
         self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(t.origin),
                    "shrink_steps": t.steps, "size": f.size, "original_size": t.original_size})
 
