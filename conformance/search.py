@@ -45,9 +45,6 @@ from oracles.judge import judge
 RESULTS_SCHEMA = 1
 # Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
 SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
-# A shrink stops once this many evaluations in a row found no smaller failing program (Hypothesis
-# is then trying value-level variations that rarely pay; the step and time caps still apply).
-SHRINK_STALL_STEPS = 60
 
 
 class _Found(Exception):
@@ -71,9 +68,17 @@ def shard_of(prog_hash: str, seed: int, n: int) -> int:
     return int.from_bytes(d[:8], "big") % n
 
 
+# Checks between two pipelines' own records (saved residuals, custom-rule logs): a shrink step
+# runs only those two (the value references matter to values, errors and the policy check).
+PAIRWISE_CHECKS = ("residuals", "custom_rule")
+
+
 def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
-    """The pipelines one verdict needs: its own, the value references, the residual reference."""
-    _, pipeline, reference, _ = key
+    """The pipelines one verdict needs: its own and its reference; for value, error and policy
+    verdicts also the value reference, the baseline and the same-semantics references."""
+    check, pipeline, reference, _ = key
+    if check in PAIRWISE_CHECKS and reference in all_names and pipeline in all_names:
+        return [reference, pipeline]
     names = [registry.value_reference()]
     b = registry.baseline_of(pipeline)
     if b and b in all_names:
@@ -178,7 +183,6 @@ class Target:
     started: float
     steps: int = 0
     last_emit: float = 0.0
-    last_accepted: int = 0                        # the step that last found a smaller failing program
     tried: dict = dataclasses.field(default_factory=dict)   # (hash, seed) -> failed the target's way
 
 
@@ -334,8 +338,8 @@ class Searcher:
     def _shrink_step(self, prog: Program, seed: int):
         t = self.target
         budget = self.shrink_seconds(t.key)
-        if (t.steps >= self.opts.shrink_steps or t.steps - t.last_accepted >= SHRINK_STALL_STEPS
-                or time.monotonic() - t.started >= budget or self.should_stop(grace=budget)):
+        if (t.steps >= self.opts.shrink_steps or time.monotonic() - t.started >= budget
+                or self.should_stop(grace=budget)):
             return
         h = (prog.content_hash(), seed)
         if h in t.tried:   # the same program from another choice sequence: its answer is known
@@ -349,8 +353,6 @@ class Searcher:
         t.tried[h] = v is not None
         if v is not None:
             if prog.size() <= t.program.size():
-                if prog.size() < t.program.size() or prog.content_hash() != t.program.content_hash():
-                    t.last_accepted = t.steps
                 t.program, t.seed, t.verdict, t.observations = prog, seed, v, obs
             _found()
 
@@ -363,9 +365,9 @@ class Searcher:
         f.shrunk = True
         f.shrink_steps = t.steps
         f.original_size = t.original_size
-        f.detail = {**f.detail, "observations": obs_digest(t.observations, t.key[1])}
         check, _, _, et = t.key
         _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
+        f.detail = {**f.detail, "observations": obs_digest({**t.observations, **obs}, t.key[1])}
         f.reproduces = sorted([list(v.key()) for v in j.failures()
                                if v.check == check and (v.error_type or "") == et and v.key() != t.key])
         if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
