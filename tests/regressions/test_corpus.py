@@ -2,9 +2,10 @@
 
 Each entry's finding is replayed in-process (the finding's pipeline and the references it
 is judged against) and the test asserts that the finding's (check, pipeline, reference,
-error_type) key is absent from the verdicts. Open bugs are xfail(strict=True), carrying
-the finding, so a fix upstream shows up as a strict XPASS failure; keys listed under
-`fixed` in status.json are ordinary tests (a recurrence fails).
+error_type) key is absent from the verdicts. Open bugs are xfail(strict=True,
+raises=AssertionError), carrying the finding, so a fix upstream shows up as a strict XPASS
+failure and a harness error as a plain failure; keys listed under `fixed` in status.json are
+ordinary tests that assert no failing verdict of their (check, pipeline) at all.
 
 Add an entry: copy `corpus/<hash>.json` from a campaign's output directory here.
 """
@@ -35,7 +36,7 @@ def _entries():
         tid = f"{finding.check}-{finding.pipeline.replace(':', '_')}-{finding.program_hash[:8]}"
         marks = []
         if _key_str(finding.key()) not in STATUS.get("fixed", {}):
-            marks.append(pytest.mark.xfail(strict=True, reason=(
+            marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
                 f"open: [{finding.check}] {finding.pipeline} vs {finding.reference} "
                 f"{finding.error_type or ''} ({', '.join(finding.features)})")))
         out.append(pytest.param(path, prog, inputs, finding, id=tid, marks=marks))
@@ -51,7 +52,11 @@ def test_regression(path, prog, inputs, finding):
     names = replay_pipelines(finding.key())
     obs = InProcessExecutor(finding.device).run(prog, inputs, names)
     j = judge(prog, obs, Expectations.load(), finding.device)
-    hit = [v for v in j.failures() if v.key() == finding.key()]
+    fixed = _key_str(finding.key()) in STATUS.get("fixed", {})
+    # A fixed entry: no failing verdict of that check on that pipeline at all (a key that only
+    # changed its error type, say NotImplementedError -> none, is no fix). An open one: its key.
+    hit = [v for v in j.failures() if (v.check, v.pipeline) == (finding.check, finding.pipeline)] if fixed \
+        else [v for v in j.failures() if v.key() == finding.key()]
     assert not hit, (f"{path.name}: [{finding.check}] {finding.pipeline} vs {finding.reference} still fails: "
                      f"{json.dumps(hit[0].detail, default=str)[:600]}\n"
                      f"repro: remat-conformance repro {path}")
