@@ -25,7 +25,7 @@ from generators.programs import Config, cases, input_values
 
 REPO = Path(__file__).resolve().parents[1]
 PLUGIN = fault_pipelines.__name__
-TIMEOUT = 3.0
+TIMEOUT = 8.0   # ends the hang; generous enough that a loaded machine does not time out jax:none
 PROG = load_program({"schema_version": 1, "inputs": [{"id": "x0", "shape": [3, 3], "dtype": "float32"}],
                      "body": [{"kind": "op", "op": "matmul", "args": ["x0", "x0"], "out": "v1"},
                               {"kind": "op", "op": "sin", "args": ["v1"], "out": "v2"}],
@@ -76,7 +76,9 @@ def test_every_fault_is_recorded_and_the_rest_still_runs(ex):
     assert obs["fault:ok"].grads == ref.grads == obs["fault:stdout"].grads
     assert obs["fault:stdout"].pipeline == "fault:stdout"   # the forged protocol line on stdout was ignored
     assert ex.restarts - restarts == 4                # abort, segv, exit, hang; not bwd-raise, not stdout
-    assert took < 4 * 4 + TIMEOUT + 15, took
+    # the hang cost its timeout, not an hour: four restarts (each a worker importing jax, slow on
+    # a loaded machine) + the timeout + the rest, with slack
+    assert took < 4 * 20 + TIMEOUT + 30, took
 
 
 def test_worker_is_reused_and_isolated_equals_in_process(ex):
@@ -184,7 +186,7 @@ def test_campaign_survives_crashes_and_hangs(tmp_path):
     budget (each shrink step is bounded by the timeout)."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO), "REMAT_CONFORMANCE_PLUGINS": PLUGIN}
-    budget, timeout, shrink_s = 6.0, 2.0, 4.0
+    budget, timeout, shrink_s = 6.0, 6.0, 4.0   # a 6 s timeout: the references must not time out under load
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "conformance.cli", "run", "--pipelines", "fault:segv,fault:hang",
                         "--budget", str(budget), "--timeout", str(timeout), "--shrink-seconds", str(shrink_s),
@@ -193,8 +195,10 @@ def test_campaign_survives_crashes_and_hangs(tmp_path):
     took = time.monotonic() - t0
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
-    # bound: budget + one shrink (its seconds + one step past them) + one program's worth of timeouts + startup
-    assert took < budget + shrink_s + 2 * (timeout + 2) + 20, took
+    # bound: budget + one shrink (its seconds + one step past them) + one program's worth of timeouts
+    # + startup (a subprocess importing jax and torch, 60 s of slack for a loaded machine). An
+    # unbounded hang would take an hour.
+    assert took < budget + shrink_s + 2 * (timeout + 2) + 60, took
     recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     results = [x for x in recs if x["type"] == "result"]
     assert results, recs

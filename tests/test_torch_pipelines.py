@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch  # noqa: E402  (pinned: a missing torch is an error, not a skip)
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
