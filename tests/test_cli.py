@@ -122,3 +122,22 @@ def test_short_campaign_writes_every_output(tmp_path):
     assert "programs checked" in (out / "summary.md").read_text()
     # a second run into the same directory is refused without --overwrite, accepted with it
     assert run("run", "--out", str(out), "--budget", "1").returncode == 2
+
+
+def test_run_strict_exits_1_on_findings_and_0_without_strict(tmp_path):
+    """`run --strict` fails a CI job on an unexpected finding; without it the harness worked (0)."""
+    import os
+    env = {**os.environ, "REMAT_CONFORMANCE_PLUGINS": "tests.mutants",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = ["run", "--pipelines", "jax:mutant-perturb-gradient", "--budget", "60", "--max-examples", "2",
+            "--shrink-steps", "5", "--seed", "1", "--quiet", "--no-isolate", "--jobs", "1"]
+    codes = {}
+    for strict in (True, False):
+        out = tmp_path / f"o{strict}"
+        r = subprocess.run(CLI + args + ["--out", str(out)] + (["--strict"] if strict else []),
+                           capture_output=True, text=True, timeout=300, env=env)
+        findings = json.loads((out / "findings.json").read_text())
+        assert any(f["pipeline"] == "jax:mutant-perturb-gradient" and f["check"] == "gradient" for f in findings), \
+            (r.stderr[-2000:], findings)
+        codes[strict] = r.returncode
+    assert codes == {True: 1, False: 0}, codes

@@ -1,0 +1,66 @@
+"""Campaign dedup: when a failing verdict is an instance of a known finding (Searcher.known), the
+per-key shrink limit, and the signature's stripping of incidental features. No framework runs."""
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+
+from conformance.findings import Finding, signature, signature_features
+from conformance.search import Searcher
+from conformance.verdict import Verdict
+
+KEY = ("residuals", "jax:remat3", "jax:remat2", "other")
+SIB = ("residuals", "jax:remat3:jit", "jax:remat2:jit", "other")
+
+
+def _finding(key=KEY, features=("checkpoint", "policy:nothing", "op:sin", "float32"), reproduces=()):
+    check, pipeline, reference, et = key
+    return Finding(signature=signature(check, pipeline, reference, et, features), check=check, pipeline=pipeline,
+                   reference=reference, error_type=et, features=list(features), program={}, program_hash="0" * 16,
+                   reproduces=[list(k) for k in reproduces])
+
+
+def _verdict(key=KEY):
+    check, pipeline, reference, et = key
+    return Verdict(check=check, pipeline=pipeline, reference=reference, status="fail", error_type=et)
+
+
+def _searcher(findings, shrinks=None, max_shrinks=3):
+    opts = SimpleNamespace(pipelines=[], max_shrinks_per_key=max_shrinks, shares=None)
+    return Searcher(opts, None, None, lambda ev: None, findings, set(), Counter(shrinks or {}), lambda **_: False)
+
+
+def test_signature_strips_dtype_ops_and_incidental_features():
+    feats = ["checkpoint", "policy:nothing", "float32", "op:sin", "layout", "dup_names", "matmul"]
+    assert signature_features(feats) == ["checkpoint", "matmul", "policy:nothing"]
+    assert signature(*KEY, feats) == "residuals|jax:remat3|jax:remat2|other|checkpoint+matmul+policy:nothing"
+    assert signature("gradient", "p", "r", "", []) == "gradient|p|r|-|"
+
+
+def test_same_key_is_known_only_where_the_program_has_the_findings_core_features():
+    f = _finding()
+    s = _searcher([f])
+    assert s.known(_verdict(), {"checkpoint", "policy:nothing", "nesting", "float64"}, {KEY}) is f
+    # a program lacking a core feature is another candidate behaviour: shrunk again
+    assert s.known(_verdict(), {"checkpoint", "policy:ops"}, {KEY}) is None
+    # incidental features of the finding are not required
+    assert s.known(_verdict(), {"checkpoint", "policy:nothing"}, {KEY}) is f
+
+
+def test_a_key_shrunk_max_times_is_counted_under_the_closest_finding():
+    a = _finding(features=("checkpoint", "policy:nothing"))
+    b = _finding(features=("checkpoint", "policy:ops", "nested_checkpoint"))
+    feats = {"checkpoint", "policy:save_only_names", "nested_checkpoint"}
+    assert _searcher([a, b], {KEY: 2}).known(_verdict(), feats, {KEY}) is None
+    assert _searcher([a, b], {KEY: 3}).known(_verdict(), feats, {KEY}) is b    # shares 2 core features
+    assert _searcher([a, b], {KEY: 1}, max_shrinks=1).known(_verdict(), {"checkpoint"}, {KEY}) is a   # fewer extras
+
+
+def test_a_sibling_key_is_known_only_with_the_findings_own_key_failing_too():
+    f = _finding(reproduces=[SIB])
+    s = _searcher([f])
+    feats = {"checkpoint", "policy:nothing"}
+    assert s.known(_verdict(SIB), feats, {KEY, SIB}) is f
+    assert s.known(_verdict(SIB), feats, {SIB}) is None            # the program fails only the sibling
+    other = ("residuals", "jax:remat3+cvjp3", "jax:remat2", "other")
+    assert s.known(_verdict(other), feats, {KEY, other}) is None   # not a reproduced sibling
