@@ -84,6 +84,47 @@ class SilentWrongWhereItMustRaise(PerturbGradient):
             JaxRemat._run(self, program, inputs, obs)
 
 
+class PerturbGradientBeyondLoose(JaxRemat):
+    """Gradients off by 10% in one element: beyond the loose float64-reference tolerance too."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.grads:
+            k = sorted(obs.grads)[0]
+            g = obs.grads[k]
+            if isinstance(g, list):
+                flat = g
+                while isinstance(flat[0], list):
+                    flat = flat[0]
+                flat[0] = flat[0] * 1.1 + 0.1
+            else:
+                obs.grads[k] = g * 1.1 + 0.1
+
+
+class ExtraUnnamedResidual(JaxRemat):
+    """Reports one unnamed residual more than it saved."""
+    def _run(self, program, inputs, obs):
+        from conformance.observation import Residual
+        super()._run(program, inputs, obs)
+        if obs.residuals is not None and obs.error is None:
+            obs.residuals.append(Residual(cls=[], shape=[5], dtype="float32", bytes=20))
+
+
+class MisreportSymbolicZeros(JaxRemat):
+    """Flips the is-zero flags its symbolic_zeros bwd rules saw."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        for log in obs.custom_rules.values():
+            log.symbolic_zero_cts = [[not b for b in flags] for flags in log.symbolic_zero_cts]
+
+
+class WrongErrorWhereItMustRaise(JaxRemat):
+    """Declared (EXPECTATIONS) to raise a symbolic-zeros error; raises another message instead."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if "symbolic_zeros" in program.features():
+            obs.error = ErrorInfo(type="TypeError", message="mutant: an unrelated failure", stage="forward")
+
+
 MUTANTS = {
     "jax:mutant-drop-named-residual": (DropNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-perturb-gradient": (PerturbGradient, "gradient", "jax:none"),
@@ -92,9 +133,29 @@ MUTANTS = {
     "jax:mutant-misreport-custom-rule": (MisreportCustomRule, "custom_rule", "jax:remat2"),
     "jax:mutant-ignore-policy": (IgnorePolicy, "residuals", "policy"),
     "jax:mutant-silent-wrong-where-it-must-raise": (SilentWrongWhereItMustRaise, "gradient", "jax:none"),
+    "jax:mutant-perturb-gradient-beyond-loose": (PerturbGradientBeyondLoose, "gradient", "jax:none"),
+    "jax:mutant-extra-unnamed-residual": (ExtraUnnamedResidual, "residuals", "jax:remat2"),
+    "jax:mutant-misreport-symbolic-zeros": (MisreportSymbolicZeros, "custom_rule", "jax:remat2"),
+    "jax:mutant-wrong-error-where-it-must-raise": (WrongErrorWhereItMustRaise, "error", "expectations"),
 }
+# The error type each mutant's finding must carry, and sibling keys (check, reference, error type)
+# its shrunk program must also fail: the loose float64-reference check for a 10% gradient error.
+ERROR_TYPE = {
+    "jax:mutant-drop-named-residual": "missing", "jax:mutant-perturb-gradient": "",
+    "jax:mutant-swallow-error": "none", "jax:mutant-raise-on-matmul": "RuntimeError",
+    "jax:mutant-misreport-custom-rule": "perturbed", "jax:mutant-ignore-policy": "saved_against_policy",
+    "jax:mutant-silent-wrong-where-it-must-raise": "",
+    "jax:mutant-perturb-gradient-beyond-loose": "", "jax:mutant-extra-unnamed-residual": "other",
+    "jax:mutant-misreport-symbolic-zeros": "symbolic_zero_cts", "jax:mutant-wrong-error-where-it-must-raise": "TypeError",
+}
+ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64", "")]}
 # Expectation entries a mutant is judged with besides the packaged ones.
+_MUST_RAISE_SZ = {"features": ["symbolic_zeros"], "raises": {"type": ".*", "regex": "(?i)symbolic.?zeros"},
+                  "verified_by": "tests/mutants.py (test-only)"}
 EXPECTATIONS = {
+    "jax:mutant-wrong-error-where-it-must-raise": [
+        {"id": "mutant-wrong-error-symbolic-zeros", "pipelines": ["jax:mutant-wrong-error-where-it-must-raise"],
+         **_MUST_RAISE_SZ}],
     "jax:mutant-silent-wrong-where-it-must-raise": [
         {"id": "mutant-must-raise-symbolic-zeros", "pipelines": ["jax:mutant-silent-wrong-where-it-must-raise"],
          "features": ["symbolic_zeros"], "raises": {"type": ".*", "regex": "(?i)symbolic.?zeros"},

@@ -8,7 +8,7 @@ from conformance.runner import InProcessExecutor
 from conformance.store import Store
 from generators.programs import Config
 from oracles.expectations import Entry, Expectations
-from tests.mutants import EXPECTATIONS, MUTANTS
+from tests.mutants import ALSO_FAILS, ERROR_TYPE, EXPECTATIONS, MUTANTS
 
 MAX_PROGRAMS = 150
 # Shrinking is bounded by steps only (never by seconds) so that the result is deterministic.
@@ -37,6 +37,9 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
     assert mine, f"{mutant} not detected in {camp.checked} programs; findings: {[f.signature for f in camp.findings]}"
     f = min(mine, key=lambda f: f.size)
     assert f.shrunk
+    assert f.error_type == ERROR_TYPE[mutant], (f.error_type, f.detail)
+    for check2, ref2, et2 in ALSO_FAILS.get(mutant, []):
+        assert [check2, mutant, ref2, et2] in f.reproduces, f.reproduces
     assert f.size <= MAX_SHRUNK_SIZE_OF.get(mutant, MAX_SHRUNK_SIZE[check]), (f.size, f.program)
     assert f.size <= f.original_size
     # the references themselves are not blamed for the mutant's behaviour
