@@ -10,6 +10,7 @@ naming the file and line). Anything else (KeyError, TypeError, RecursionError...
 from __future__ import annotations
 
 import json
+from collections import Counter
 import os
 import subprocess
 import sys
@@ -28,7 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL = Config(max_stmts=3, max_depth=2)
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None,
                 derandomize=True)
-STATS = {"programs": 0, "files": 0, "results": 0, "accepted": 0, "rejected": 0}
 
 # -- mutations ------------------------------------------------------------------------------
 class _Long(str):
@@ -92,7 +92,7 @@ def _deep(depth):
 def mutated_programs(draw):
     prog, _ = draw(cases(SMALL))
     obj = prog.to_json_obj()
-    for _ in range(draw(st.integers(1, 3), label="mutations")):
+    for _ in range(draw(st.integers(0, 3), label="mutations")):   # 0: the valid program itself
         pos = list(_positions(obj))
         if not pos:
             break
@@ -129,9 +129,19 @@ def _check_program_error(e: ProgramError):
 
 
 # -- the loaders ----------------------------------------------------------------------------
-@FUZZ
-@given(obj=ROOTS)
-def test_load_program_accepts_or_raises_program_error(obj):
+def _both_paths(prop, counts: Counter) -> None:
+    """Run a derandomised property and assert that its examples took both paths, accept and
+    reject: a fuzzer whose inputs all fail one way tests half of what it claims."""
+    prop()
+    assert counts["accepted"] > 0 and counts["rejected"] > 0, dict(counts)
+
+
+def test_load_program_accepts_or_raises_program_error():
+    STATS = Counter()
+    _both_paths(given(obj=ROOTS)(FUZZ(lambda obj: _prop_load_program(obj, STATS))), STATS)
+
+
+def _prop_load_program(obj, STATS):
     STATS["programs"] += 1
     try:
         p = load_program(obj)
@@ -144,10 +154,15 @@ def test_load_program_accepts_or_raises_program_error(obj):
         assert load_program(json.loads(p.to_json())) == p
 
 
-@FUZZ
-@given(obj=ROOTS, wrap=st.sampled_from(["bare", "corpus", "corpus_bad_inputs"]),
-       damage=st.sampled_from(["none", "none", "truncate", "bytes", "nan_text", "empty"]))
-def test_load_program_file_accepts_or_raises_usage_error(tmp_path_factory, obj, wrap, damage):
+def test_load_program_file_accepts_or_raises_usage_error(tmp_path_factory):
+    STATS = Counter()
+    prop = given(obj=ROOTS, wrap=st.sampled_from(["bare", "corpus", "corpus_bad_inputs"]),
+                 damage=st.sampled_from(["none", "none", "truncate", "bytes", "nan_text", "empty"]))(
+        FUZZ(lambda obj, wrap, damage: _prop_load_program_file(tmp_path_factory, obj, wrap, damage, STATS)))
+    _both_paths(prop, STATS)
+
+
+def _prop_load_program_file(tmp_path_factory, obj, wrap, damage, STATS):
     STATS["files"] += 1
     d = tmp_path_factory.mktemp("fuzz")
     path = str(d / "bad.json")
@@ -193,11 +208,18 @@ def _valid_record(seq, h="0123456789abcdef"):
 RECORD_FIELDS = list(_valid_record(0))
 
 
-@FUZZ
-@given(n=st.integers(0, 5), edits=st.lists(st.tuples(st.integers(0, 6), st.sampled_from(RECORD_FIELDS),
-                                                     WRONG_VALUES, st.sampled_from(["set", "drop"])), max_size=3),
-       tail=st.sampled_from(["clean", "torn", "no_newline", "garbage_mid", "non_object", "finding", "bad_finding"]))
-def test_results_reader_accepts_or_raises_store_error(tmp_path_factory, n, edits, tail):
+def test_results_reader_accepts_or_raises_store_error(tmp_path_factory):
+    STATS = Counter()
+    prop = given(n=st.integers(0, 5),
+                 edits=st.lists(st.tuples(st.integers(0, 6), st.sampled_from(RECORD_FIELDS), WRONG_VALUES,
+                                          st.sampled_from(["set", "drop"])), max_size=3),
+                 tail=st.sampled_from(["clean", "torn", "no_newline", "garbage_mid", "non_object", "finding",
+                                       "bad_finding"]))(
+        FUZZ(lambda n, edits, tail: _prop_results_reader(tmp_path_factory, n, edits, tail, STATS)))
+    _both_paths(prop, STATS)
+
+
+def _prop_results_reader(tmp_path_factory, n, edits, tail, STATS):
     from conformance.campaign import Campaign, Options
     from conformance.store import Store
     STATS["results"] += 1
