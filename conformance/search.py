@@ -24,11 +24,11 @@ A Searcher talks to its coordinator (conformance.campaign.Campaign) only through
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import statistics
 import time
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
