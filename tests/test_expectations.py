@@ -74,13 +74,18 @@ def _nested(outer, inner):
                            op("tanh", ["c"], "y")]}])
 
 
-def test_nested_policy_precedence_differs():
-    # JAX: the outer policy decides; PyTorch eager SAC: the inner region saving it is enough
-    p = _nested(False, True)
-    obs = verify("torch-vs-jax-nested-policy-precedence", p, ["ref:f64", "jax:none", "jax:remat2", "torch:eager-sac"],
-                 "torch:eager-sac", "residuals")
-    assert any("s1" in r.cls for r in obs["torch:eager-sac"].residuals)
-    assert not any("s1" in r.cls for r in obs["jax:remat2"].residuals)
+@pytest.mark.parametrize("pipeline, outer, inner", [
+    ("torch:eager-sac", False, True),            # eager SAC: a value saved at any level is saved
+    ("torch:compile-aot_eager", False, True),    # compiled: the innermost policy decides
+    ("torch:compile-aot_eager", True, False),
+])
+def test_nested_policy_precedence_differs(pipeline, outer, inner):
+    # JAX: the outer policy decides
+    p = _nested(outer, inner)
+    obs = verify("torch-vs-jax-nested-policy-precedence", p, ["ref:f64", "jax:none", "jax:remat2", pipeline],
+                 pipeline, "residuals")
+    saves = lambda n: any("s1" in r.cls for r in obs[n].residuals)
+    assert saves("jax:remat2") == outer and saves(pipeline) == inner
 
 
 def test_eager_sac_double_backward_raises():
