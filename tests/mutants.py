@@ -51,10 +51,12 @@ class RaiseOnMatmul(JaxRemat):
 
 class MisreportCustomRule(JaxRemat):
     """Flips the perturbed flags its custom_vjp fwd rules saw."""
+    FIELD = "perturbed"   # the CustomRuleLog field of flag tuples it flips
+
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
         for log in obs.custom_rules.values():
-            log.perturbed = [[not b for b in flags] for flags in log.perturbed]
+            setattr(log, self.FIELD, [[not b for b in flags] for flags in getattr(log, self.FIELD)])
 
 
 class IgnorePolicy(JaxRemat):
@@ -100,12 +102,9 @@ class ExtraUnnamedResidual(JaxRemat):
             obs.residuals.append(Residual(cls=[], shape=[5], dtype="float32", bytes=20))
 
 
-class MisreportSymbolicZeros(JaxRemat):
+class MisreportSymbolicZeros(MisreportCustomRule):
     """Flips the is-zero flags its symbolic_zeros bwd rules saw."""
-    def _run(self, program, inputs, obs):
-        super()._run(program, inputs, obs)
-        for log in obs.custom_rules.values():
-            log.symbolic_zero_cts = [[not b for b in flags] for flags in log.symbolic_zero_cts]
+    FIELD = "symbolic_zero_cts"
 
 
 class WrongErrorWhereItMustRaise(JaxRemat):

@@ -15,7 +15,7 @@ from conformance.search import Shares, merge_finding, same_behaviour, shard_of
 from conformance.store import Store
 from generators.programs import Config
 from oracles.expectations import Expectations
-from tests.mutants import PerturbGradient
+from tests.mutants import ExtraUnnamedResidual, PerturbGradient
 
 TWIN = "jax:mutant-perturb-gradient-twin"
 registry.register_instance(PerturbGradient(registry.derive("jax:remat3", TWIN, variant="remat2")))
@@ -110,13 +110,8 @@ def test_plain_progress_is_never_silent_for_long():
     assert all("shrinking" in x for x in lines)
 
 
-class _TwoBugs(PerturbGradient):
+class _TwoBugs(PerturbGradient, ExtraUnnamedResidual):
     """Wrong gradients and one extra residual on every program: two behaviours per program."""
-    def _run(self, program, inputs, obs):
-        from conformance.observation import Residual
-        super()._run(program, inputs, obs)
-        if obs.residuals is not None:
-            obs.residuals.append(Residual(cls=[], shape=[7], dtype="float32", bytes=28))
 
 
 TWO_BUGS = "jax:mutant-two-bugs"
