@@ -81,12 +81,28 @@ class Campaign:
         self.on_finding: Callable[[Finding], None] | None = None   # jobs > 1: tell the other searchers
         self._findings_written = 0.0
 
+    # -- known behaviours (`run --known`) ----------------------------------------------
+    def track(self, known: list[Finding]) -> None:
+        """Behaviours a regression corpus already tracks: a program failing one of their ways is
+        counted under it instead of being shrunk, and a shrunk finding of one of their behaviours
+        folds into it; neither is a new finding. Entries already tracked (a resume) are kept."""
+        have = {f.tracked for f in self.findings if f.tracked}
+        for f in known:
+            if f.tracked not in have:
+                self.findings.append(f.model_copy(update={"count": 0}))
+
+    def new_findings(self) -> list[Finding]:
+        return [f for f in self.findings if f.tracked is None]
+
+    def tracked_seen(self) -> list[Finding]:
+        return [f for f in self.findings if f.tracked is not None and f.count]
+
     # -- time --------------------------------------------------------------------------
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.start
 
     def over_budget(self, grace: float = 0.0) -> bool:
-        if self.opts.stop_when is not None and self.opts.stop_when(self.findings):
+        if self.opts.stop_when is not None and self.opts.stop_when(self.new_findings()):
             return True
         return self.interrupted or self.elapsed() >= self.opts.budget + grace
 
@@ -280,7 +296,8 @@ def summary_markdown(c: Campaign, run_info: dict) -> str:
     lines.append(f"- pipelines: {', '.join(c.opts.pipelines)}")
     rate = c.checked / c.elapsed() if c.elapsed() > 0 else 0.0
     lines.append(f"- programs checked: **{c.checked}** ({rate:.2f}/s); shrink runs: {c.shrink_runs}; "
-                 f"distinct findings: **{len(c.findings)}**")
+                 f"distinct findings: **{len(c.new_findings())}**"
+                 + (f"; tracked behaviours seen: {len(c.tracked_seen())}" if c.tracked_seen() else ""))
     d = shrink_distribution(c)
     if d:
         lines.append(f"- shrunk sizes (statements) over {d['shrinks']} shrinks: median {d['median']:g}, "
@@ -288,7 +305,7 @@ def summary_markdown(c: Campaign, run_info: dict) -> str:
     if c.harness_errors:
         lines.append(f"- harness errors: {c.harness_errors} (bugs of this tool: see results.jsonl)")
     lines += ["", "## Findings", ""]
-    ranked = sorted(c.findings, key=lambda f: (CHECK_RANK.get(f.check, 9), -f.count))
+    ranked = sorted(c.new_findings(), key=lambda f: (CHECK_RANK.get(f.check, 9), -f.count))
     if not ranked:
         lines.append("None.")
     else:
@@ -306,6 +323,11 @@ def summary_markdown(c: Campaign, run_info: dict) -> str:
             where = set(f.behaviour_pipelines())
             lines.append(f"| {i} | {f.check} {f.error_type or ''} vs `{f.reference}` | "
                          + " | ".join("x" if p in where else "" for p in shown) + " |")
+    tracked = c.tracked_seen()
+    if tracked:
+        lines += ["", "## Tracked behaviours seen (`--known`: not new)", ""]
+        lines += [f"- `{f.tracked}`: [{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}: "
+                  f"{f.count} programs" for f in sorted(tracked, key=lambda f: f.tracked)]
     checks = [ch for ch in CHECKS if ch not in ("crash", "timeout")]
     lines += ["", "## Status by pipeline and check", ""]
     lines.append("| pipeline | programs run | " + " | ".join(checks) + " |")

@@ -68,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="reports/latest")
     r.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
     r.add_argument("--resume", action="store_true", help="continue an interrupted campaign in --out")
-    r.add_argument("--strict", action="store_true", help="exit 1 when there are unexpected findings")
+    r.add_argument("--strict", action="store_true", help="exit 1 when there are new findings (unexpected, not --known)")
+    r.add_argument("--known", action="append", default=[], metavar="CORPUS",
+                   help="a regression corpus (directory of corpus entries, or one entry) whose behaviours are "
+                        "known: programs failing their way are counted, not shrunk or reported as new; repeatable")
     r.add_argument("--expectations", default=None, help="expectations JSON (default: the packaged file)")
     r.add_argument("--shrink-seconds", type=positive(float, "--shrink-seconds"), default=45.0)
     r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=250)
@@ -157,6 +160,8 @@ def cmd_run(args) -> int:
         load_plugins()
     names = parse_pipelines(args.pipelines)
     expectations = load_expectations(args.expectations)
+    from conformance.loading import load_known
+    known = load_known(args.known)
     if args.device == "cuda":
         from conformance import pipelines as reg
         if "cuda" not in reg.get(reg.value_reference()).devices():
@@ -210,6 +215,7 @@ def cmd_run(args) -> int:
             if executor is not None:
                 executor.close()
             raise UsageError(f"{store.dir}/findings.json: {str(e).splitlines()[0]}") from None
+    camp.track(known)
     signal.signal(signal.SIGTERM, signal.default_int_handler)   # a CI cancel stops cleanly, like Ctrl-C
     try:
         camp.run()
@@ -220,15 +226,19 @@ def cmd_run(args) -> int:
             progress.stop()
         store.write_summary(summary_markdown(camp, run_info))
         store.close()
-    print(f"checked {camp.checked} programs in {camp.elapsed():.0f}s; {len(camp.findings)} distinct findings"
+    new = camp.new_findings()
+    print(f"checked {camp.checked} programs in {camp.elapsed():.0f}s; {len(new)} distinct findings"
+          + (f", {len(camp.tracked_seen())} known behaviours seen" if known else "")
           + (" (interrupted; resume with --resume)" if camp.interrupted else ""))
-    for f in sorted(camp.findings, key=lambda f: f.signature):
+    for f in sorted(new, key=lambda f: f.signature):
         print(f"  [{f.check}] {f.pipeline} vs {f.reference} {f.error_type or ''} x{f.count}: "
               f"{', '.join(sorted(f.core_features()))}")
+    for f in sorted(camp.tracked_seen(), key=lambda f: f.tracked):
+        print(f"  known {f.tracked}: [{f.check}] {f.pipeline} x{f.count}")
     print(f"wrote {store.dir}/ (summary.md, findings.json, results.jsonl, corpus/)")
     if camp.interrupted:
         return 130
-    return EXIT_FINDINGS if (args.strict and camp.findings) else EXIT_OK
+    return EXIT_FINDINGS if (args.strict and new) else EXIT_OK
 
 
 def _isolate(args) -> bool:

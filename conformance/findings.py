@@ -58,6 +58,9 @@ class Finding(BaseModel):
     # Keys (check, pipeline, reference, error type) on which the shrunk program fails the same way:
     # the same root behaviour on sibling pipelines (remat3 and remat3+cvjp3, their :jit forms...).
     reproduces: list[list[str]] = Field(default_factory=list)
+    # The regression-corpus entry (`run --known`) this finding stands for; None for a behaviour
+    # this campaign found. A tracked finding's count is the programs of this run that showed it.
+    tracked: str | None = None
 
     def behaviour_pipelines(self) -> list[str]:
         """Where this behaviour reproduces: its own pipeline and its siblings'."""

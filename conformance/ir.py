@@ -324,6 +324,7 @@ FEATURE_DOC: dict[str, str] = {
     "checkpoint": "at least one checkpoint region",
     "nested_checkpoint": "a region inside another region",
     "depth3": "regions nested three deep or more",
+    "nested_policy_conflict": "a region inside another region with a different policy",
     "prevent_cse_false": "a region with prevent_cse=False",
     "offload_in_both": "a both(p, q) policy one of whose parts offloads",
     "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
@@ -427,9 +428,25 @@ def compute_features(prog: Program) -> set[str]:
         f.add("nondiff_input")
     if prog.diff.order == 2:
         f.add("second_order")
+    if _policy_conflict(prog.body, None):
+        f.add("nested_policy_conflict")
     for _, dt in types.values():
         f.add(dt)
     return f
+
+
+def _policy_conflict(body, outer) -> bool:
+    """A checkpoint region directly or indirectly inside another whose policy differs from the
+    nearest enclosing region's (custom_vjp fwd/bwd bodies included)."""
+    for s in body:
+        if isinstance(s, Checkpoint):
+            if outer is not None and s.policy != outer:
+                return True
+            if _policy_conflict(s.body, s.policy):
+                return True
+        elif isinstance(s, CustomVJP) and (_policy_conflict(s.fwd, outer) or _policy_conflict(s.bwd, outer)):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------------

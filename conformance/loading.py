@@ -46,6 +46,8 @@ def check_finding(f, where: str) -> None:
         raise UsageError(f"{where}.device: must be cpu or cuda, got {f.device!r}")
     if f.expectation is not None and not TOKEN.match(f.expectation):
         raise UsageError(f"{where}.expectation: must match {TOKEN.pattern}")
+    if f.tracked is not None and not TOKEN.match(f.tracked):
+        raise UsageError(f"{where}.tracked: must match {TOKEN.pattern}")
     for k, key in enumerate(f.reproduces):   # sibling keys: (check, pipeline, reference, error type)
         w = f"{where}.reproduces[{k}]"
         if len(key) != 4:
@@ -121,4 +123,42 @@ def _flatten(data) -> list[float] | None:
             out.append(float(x) if abs(x) < 1e308 else math.inf)
         else:
             return None
+    return out
+
+
+def load_known(paths: list[str], limits=None):
+    """The findings of regression-corpus entries (`run --known`): each path a corpus entry or a
+    directory of them. A directory's status.json lists fixed keys under "fixed": those entries
+    are not known behaviours (a recurrence is a regression) and are left out. Each finding is
+    returned with `tracked` set to its file's name."""
+    from pathlib import Path
+    out, names = [], set()
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            fixed = set()
+            st = p / "status.json"
+            if st.exists():
+                try:
+                    obj = json.loads(read_text(str(st), MiB))
+                except (InputRefused, ValueError) as e:
+                    raise UsageError(f"{st}: {e}") from None
+                if not isinstance(obj, dict) or not isinstance(obj.get("fixed", {}), dict):
+                    raise UsageError(f"{st}: fixed: must be an object of finding keys")
+                fixed = set(obj.get("fixed", {}))
+            files = [f for f in sorted(p.glob("*.json")) if f.name != "status.json"]
+            if not files:
+                raise UsageError(f"--known: {p}: no corpus entries (*.json) in this directory")
+        elif p.is_file():
+            fixed, files = set(), [p]
+        else:
+            raise UsageError(f"--known: {p}: no such file or directory")
+        for f in files:
+            _, _, finding = load_program_file(str(f), limits)
+            if finding is None:
+                raise UsageError(f"{f}: finding: a known behaviour needs a corpus entry with a finding")
+            if "|".join(finding.key()) in fixed or f.name in names:
+                continue
+            names.add(f.name)
+            out.append(finding.model_copy(update={"tracked": f.name}))
     return out

@@ -95,6 +95,20 @@ def replay_pipelines(key: tuple) -> list[str]:
     return list(dict.fromkeys(list(registry.REFERENCES) + needed_pipelines(key, registry.run_set([key[1]]))))
 
 
+def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set) -> Finding | None:
+    """The finding a failing verdict `key` of a program (with features `feats`, failing the keys
+    `failing`) is an instance of: one of the same key whose shrunk program's core features the
+    program has all of, or one that lists `key` among its siblings when the program also fails
+    that finding's own key and has its core features. None: a behaviour not known yet."""
+    for f in findings:
+        if f.key() == tuple(key) and f.core_features() <= feats:
+            return f
+    for f in findings:
+        if list(key) in f.reproduces and f.key() in failing and f.core_features() <= feats:
+            return f
+    return None
+
+
 def same_behaviour(f: Finding, g: Finding) -> bool:
     """One root behaviour: the same key shrunk to the same or nested feature sets, or each one's
     shrunk program fails the other's verdict (siblings: pipeline variants)."""
@@ -115,7 +129,8 @@ def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
             if key not in g.reproduces:
                 g.reproduces.append(key)
         if g.key() == f.key() and f.core_features() < g.core_features():
-            f.count, f.reproduces = g.count, g.reproduces   # g's list already holds f's keys
+            # g's list already holds f's keys; a tracked behaviour stays tracked
+            f.count, f.reproduces, f.tracked = g.count, g.reproduces, g.tracked
             findings[k] = f
             return f, True
         return g, False
@@ -204,18 +219,13 @@ class Searcher:
 
     # -- known behaviours --------------------------------------------------------------
     def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
-        """The finding this failure is an instance of: the same key (or a sibling key of a finding
-        whose own key this program also fails), and the program has every feature the shrunk
-        program's behaviour needed. Once a key has been shrunk `max_shrinks_per_key` times,
-        further programs with that key are counted under the finding whose features they share
-        most instead of being shrunk again."""
+        """The finding this failure is an instance of (`known_finding`). Once a key has been
+        shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
+        finding whose features they share most instead of being shrunk again."""
+        f = known_finding(self.findings, v.key(), feats, failing)
+        if f is not None:
+            return f
         same = [f for f in self.findings if f.key() == v.key()]
-        for f in same:
-            if f.core_features() <= feats:
-                return f
-        for f in self.findings:
-            if list(v.key()) in f.reproduces and f.key() in failing and f.core_features() <= feats:
-                return f
         if same and self.shrinks_per_key.get(v.key(), 0) >= self.opts.max_shrinks_per_key:
             return max(same, key=lambda f: (len(f.core_features() & feats), -len(f.core_features())))
         return None

@@ -34,10 +34,14 @@ class Raises(BaseModel):
 class Diverges(BaseModel):
     model_config = ConfigDict(extra="forbid")
     check: Check
-    reference: str | None = None   # restrict to one reference (pipeline name, 'policy')
+    reference: str | list[str] | None = None   # restrict to these references (pipeline names, 'policy')
     error_regex: str | None = None  # for check 'error': only errors whose "type: message" matches
     reason: str
     link: str | None = None
+
+    def concerns(self, reference: str) -> bool:
+        r = self.reference
+        return r is None or reference == r or (isinstance(r, list) and reference in r)
 
 
 class Unsupported(BaseModel):

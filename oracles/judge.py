@@ -254,7 +254,7 @@ def _declares(entries: list[Entry], err: ErrorInfo | None, raised: ErrorInfo, re
         if e.raises and _meets(err, e):
             return e
         d = e.diverges
-        if d and d.check == "error" and d.reference in (None, reference) and (
+        if d and d.check == "error" and d.concerns(reference) and (
                 not d.error_regex or re.search(d.error_regex, f"{raised.type}: {raised.message}")):
             return e
     return None
@@ -281,7 +281,7 @@ def _excused_error(err, entries: list[Entry]) -> str | None:
 def _apply_diverges(j: Judgement, v: Verdict, entries: list[Entry]):
     for e in entries:
         d = e.diverges
-        if d.check != v.check or (d.reference and d.reference != v.reference):
+        if d.check != v.check or not d.concerns(v.reference):
             continue
         if d.error_regex:
             got = (v.detail or {}).get("got") or {}

@@ -1,6 +1,7 @@
 """Hypothesis profiles: dev (fast local loop), ci (default of `make test`), nightly (deep).
 Choose with HYPOTHESIS_PROFILE=dev|ci|nightly."""
 import os
+import random
 
 from hypothesis import HealthCheck, settings
 
@@ -14,3 +15,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # How many examples property tests draw per profile, for tests that scale their own loops.
 SCALE = {"dev": 1, "ci": 2, "nightly": 20}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
+
+# The conformance gate's campaign seed (tests/test_conformance.py): fresh each run unless
+# REMAT_GATE_SEED is set. Set here, before pytest-xdist starts its workers, so that they all
+# inherit the one seed the header prints.
+if not os.environ.get("REMAT_GATE_SEED", "").strip():
+    os.environ["REMAT_GATE_SEED"] = str(random.SystemRandom().randrange(1, 10**6))
+try:
+    GATE_SEED = int(os.environ["REMAT_GATE_SEED"])
+except ValueError:
+    raise SystemExit(f"REMAT_GATE_SEED: must be an integer, got {os.environ['REMAT_GATE_SEED']!r}") from None
+
+
+def pytest_report_header(config):
+    return f"conformance gate seed: {GATE_SEED} (replay: REMAT_GATE_SEED={GATE_SEED})"

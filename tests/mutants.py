@@ -2,16 +2,33 @@
 from conformance.observation import ErrorInfo
 from conformance.pipelines import derive, register_instance
 from conformance.pipelines.jax_pipelines import JaxRemat
+from conformance.pipelines.torch_pipelines import TorchSAC
+
+
+def _drop_named(obs):
+    named = [r for r in (obs.residuals or []) if r.names]
+    if named:
+        obs.residuals.remove(named[0])
+
+
+def _perturb(obs, off):
+    if obs.grads:
+        k = sorted(obs.grads)[0]
+        g = obs.grads[k]
+        if isinstance(g, list):
+            flat = g
+            while isinstance(flat[0], list):
+                flat = flat[0]
+            flat[0] = flat[0] * (1 + off) + off
+        else:
+            obs.grads[k] = g * (1 + off) + off
 
 
 class DropNamedResidual(JaxRemat):
     """Reports one named residual fewer than it saved."""
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
-        if obs.residuals:
-            named = [r for r in obs.residuals if r.names]
-            if named:
-                obs.residuals.remove(named[0])
+        _drop_named(obs)
 
 
 class PerturbGradient(JaxRemat):
@@ -20,16 +37,7 @@ class PerturbGradient(JaxRemat):
 
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
-        if obs.grads:
-            k = sorted(obs.grads)[0]
-            g = obs.grads[k]
-            if isinstance(g, list):
-                flat = g
-                while isinstance(flat[0], list):
-                    flat = flat[0]
-                flat[0] = flat[0] * (1 + self.OFF) + self.OFF
-            else:
-                obs.grads[k] = g * (1 + self.OFF) + self.OFF
+        _perturb(obs, self.OFF)
 
 
 class SwallowError(JaxRemat):
@@ -115,6 +123,40 @@ class WrongErrorWhereItMustRaise(JaxRemat):
             obs.error = ErrorInfo(type="TypeError", message="mutant: an unrelated failure", stage="forward")
 
 
+class MisreportFwdRan(JaxRemat):
+    """Claims its custom_vjp fwd rules never ran (only the primal function did)."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        for log in obs.custom_rules.values():
+            log.fwd_traces = 0
+
+
+class WrongMessageWhereItMustRaise(JaxRemat):
+    """Declared (EXPECTATIONS) to raise a ValueError about symbolic zeros; raises a ValueError
+    with another message: the declared type, a different message."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if "symbolic_zeros" in program.features():
+            obs.error = ErrorInfo(type="ValueError", message="mutant: shapes do not match", stage="forward")
+
+
+class TorchPerturbGradient(TorchSAC):
+    """Eager SAC whose gradients are off by a relative 1e-3 in one element: besides its baseline
+    (torch:none), the cross-framework check against jax:remat2 must find it (a finding of its own:
+    another error type, shrunk after the baseline's from the same program)."""
+    def _run(self, program, inputs, obs, device):
+        super()._run(program, inputs, obs, device)
+        _perturb(obs, PerturbGradient.OFF)
+
+
+class TorchCompiledDropsNamedResidual(TorchSAC):
+    """Declared as a compiled pipeline (compared with eager SAC, then JAX) but run eagerly,
+    reporting one named residual fewer than it saved: the eager-vs-compiled check's mutant."""
+    def _run(self, program, inputs, obs, device):
+        super()._run(program, inputs, obs, device)
+        _drop_named(obs)
+
+
 MUTANTS = {
     "jax:mutant-drop-named-residual": (DropNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-perturb-gradient": (PerturbGradient, "gradient", "jax:none"),
@@ -127,7 +169,14 @@ MUTANTS = {
     "jax:mutant-extra-unnamed-residual": (ExtraUnnamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-misreport-symbolic-zeros": (MisreportSymbolicZeros, "custom_rule", "jax:remat2"),
     "jax:mutant-wrong-error-where-it-must-raise": (WrongErrorWhereItMustRaise, "error", "expectations"),
+    "jax:mutant-misreport-fwd-ran": (MisreportFwdRan, "custom_rule", "jax:remat2"),
+    "jax:mutant-wrong-message-where-it-must-raise": (WrongMessageWhereItMustRaise, "error", "expectations"),
+    "torch:mutant-perturb-gradient": (TorchPerturbGradient, "gradient", "jax:remat2"),
+    "torch:mutant-compiled-drops-named-residual": (TorchCompiledDropsNamedResidual, "residuals", "torch:eager-sac"),
 }
+# The real pipeline each mutant's declaration (roles, comparisons) is derived from, and what changes.
+LIKE = {"torch:mutant-perturb-gradient": ("torch:eager-sac", {}),
+        "torch:mutant-compiled-drops-named-residual": ("torch:compile-aot_eager", {"compile": None})}
 # The error type each mutant's finding must carry, and sibling keys (check, reference, error type)
 # its shrunk program must also fail: the loose float64-reference check for a 10% gradient error.
 ERROR_TYPE = {
@@ -137,8 +186,15 @@ ERROR_TYPE = {
     "jax:mutant-silent-wrong-where-it-must-raise": "",
     "jax:mutant-perturb-gradient-beyond-loose": "", "jax:mutant-extra-unnamed-residual": "other",
     "jax:mutant-misreport-symbolic-zeros": "symbolic_zero_cts", "jax:mutant-wrong-error-where-it-must-raise": "TypeError",
+    "jax:mutant-misreport-fwd-ran": "fwd_ran", "jax:mutant-wrong-message-where-it-must-raise": "ValueError",
+    "torch:mutant-perturb-gradient": "cross_value", "torch:mutant-compiled-drops-named-residual": "missing",
 }
 ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64", "")]}
+# Fields of a finding's detail (dotted paths) and the value each must have.
+DETAIL = {"jax:mutant-wrong-message-where-it-must-raise": {"got.type": "ValueError", "expected.type": "ValueError",
+                                                          "got.message": "mutant: shapes do not match"},
+          "jax:mutant-wrong-error-where-it-must-raise": {"got.type": "TypeError"},
+          "jax:mutant-swallow-error": {"got": None}}
 # Expectation entries a mutant is judged with besides the packaged ones.
 _MUST_RAISE_SZ = {"features": ["symbolic_zeros"], "raises": {"type": ".*", "regex": "(?i)symbolic.?zeros"},
                   "verified_by": "tests/mutants.py (test-only)"}
@@ -146,6 +202,10 @@ EXPECTATIONS = {
     "jax:mutant-wrong-error-where-it-must-raise": [
         {"id": "mutant-wrong-error-symbolic-zeros", "pipelines": ["jax:mutant-wrong-error-where-it-must-raise"],
          **_MUST_RAISE_SZ}],
+    "jax:mutant-wrong-message-where-it-must-raise": [
+        {"id": "mutant-wrong-message-symbolic-zeros", "pipelines": ["jax:mutant-wrong-message-where-it-must-raise"],
+         "features": ["symbolic_zeros"], "raises": {"type": "ValueError", "regex": "(?i)symbolic.?zeros"},
+         "verified_by": "tests/mutants.py (test-only)"}],
     "jax:mutant-silent-wrong-where-it-must-raise": [
         {"id": "mutant-must-raise-symbolic-zeros", "pipelines": ["jax:mutant-silent-wrong-where-it-must-raise"],
          "features": ["symbolic_zeros"], "raises": {"type": ".*", "regex": "(?i)symbolic.?zeros"},
@@ -156,7 +216,8 @@ EXPECTATIONS = {
 
 def register_all():
     for name, (cls, _, _) in MUTANTS.items():
-        register_instance(cls(derive("jax:remat3", name, variant="remat2")))
+        like, changes = LIKE.get(name, ("jax:remat3", {"variant": "remat2"}))
+        register_instance(cls(derive(like, name, **changes)))
 
 
 register_all()

@@ -11,8 +11,15 @@ from tests.programs import seed_program
 CLI = [sys.executable, "-m", "conformance.cli"]
 
 
-def run(*args, cwd=None, timeout=300):
-    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, timeout=timeout)
+def run(*args, cwd=None, timeout=300, env=None):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+
+
+def mutant_env():
+    """The test-only mutant pipelines (tests/mutants.py) plugged into the CLI."""
+    import os
+    return {**os.environ, "REMAT_CONFORMANCE_PLUGINS": "tests.mutants",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
 
 def assert_usage_error(r, *fragments):
@@ -102,9 +109,10 @@ def test_pipelines_lists_versions_and_devices():
 
 
 def test_short_campaign_writes_every_output(tmp_path):
+    # a mutant whose gradients are wrong on every program: the campaign must have findings
     out = tmp_path / "o"
-    r = run("run", "--pipelines", "jax:remat3", "--budget", "25", "--max-examples", "6", "--out", str(out),
-            "--seed", "3", "--quiet", "--no-isolate")
+    r = run("run", "--pipelines", "jax:mutant-perturb-gradient", "--budget", "60", "--max-examples", "6",
+            "--shrink-steps", "5", "--out", str(out), "--seed", "3", "--quiet", "--no-isolate", env=mutant_env())
     assert r.returncode == 0, r.stderr
     for name in ("run.json", "results.jsonl", "findings.json", "summary.md"):
         assert (out / name).exists(), name
@@ -114,7 +122,7 @@ def test_short_campaign_writes_every_output(tmp_path):
     results = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()]
     assert 1 <= sum(r["type"] == "result" for r in results) <= 6
     findings = json.loads((out / "findings.json").read_text())
-    assert isinstance(findings, list)
+    assert any(f["pipeline"] == "jax:mutant-perturb-gradient" for f in findings), findings
     for f in findings:
         assert set(f) >= {"signature", "check", "pipeline", "reference", "features", "program", "detail",
                           "versions", "count"}
@@ -141,3 +149,65 @@ def test_run_strict_exits_1_on_findings_and_0_without_strict(tmp_path):
             (r.stderr[-2000:], findings)
         codes[strict] = r.returncode
     assert codes == {True: 1, False: 0}, codes
+
+
+def test_run_known_counts_tracked_behaviours_instead_of_reporting_them(tmp_path):
+    """`run --known CORPUS`: a behaviour a corpus entry tracks is counted under that entry (not
+    shrunk, not new, `--strict` passes); the same campaign without it reports it as new."""
+    import os
+    env = {**os.environ, "REMAT_CONFORMANCE_PLUGINS": "tests.mutants",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = ["run", "--pipelines", "jax:mutant-perturb-gradient", "--budget", "60", "--max-examples", "4",
+            "--shrink-steps", "5", "--seed", "1", "--quiet", "--no-isolate", "--jobs", "1", "--strict"]
+    first = tmp_path / "first"
+    r = subprocess.run(CLI + args + ["--out", str(first)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 1, r.stderr[-2000:]
+    found = json.loads((first / "findings.json").read_text())
+    assert found and all(f["tracked"] is None for f in found)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for f in found:
+        (corpus / f"{f['program_hash']}.json").write_text((first / "corpus" / f"{f['program_hash']}.json").read_text())
+    second = tmp_path / "second"
+    r = subprocess.run(CLI + args + ["--out", str(second), "--known", str(corpus)], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, (r.stdout, r.stderr[-2000:])
+    again = json.loads((second / "findings.json").read_text())
+    assert [f for f in again if f["tracked"] is None] == []
+    seen = [f for f in again if f["tracked"] is not None and f["count"]]
+    assert {f["tracked"] for f in seen} <= {f"{f['program_hash']}.json" for f in found} and seen
+    # the program whose shrink gave the entry is counted under it this time, not shrunk again
+    origins = lambda d: [json.loads(l)["origin"] for l in (d / "results.jsonl").read_text().splitlines()
+                         if json.loads(l).get("type") == "finding"]
+    assert origins(first) and origins(first)[0] not in origins(second)
+    assert "known behaviours seen" in r.stdout and "Tracked behaviours seen" in (second / "summary.md").read_text()
+    # the report shows a tracked behaviour the run saw as persisting, not new (report --strict passes)
+    rep_dir = tmp_path / "rep"
+    r = subprocess.run(CLI + ["report", str(second), "--out", str(rep_dir), "--no-repro", "--strict"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads((rep_dir / "report.json").read_text())
+    assert rep["findings"] and {(x["status"], x["tracked"] is not None) for x in rep["findings"]} == {("persisting", True)}
+    assert rep["totals"]["new"] == 0
+    # a fixed key is no known behaviour: its recurrence is new again
+    key = "|".join([found[0]["check"], found[0]["pipeline"], found[0]["reference"], found[0]["error_type"]])
+    (corpus / "status.json").write_text(json.dumps({"fixed": {key: "test: fixed"}}))
+    third = tmp_path / "third"
+    r = subprocess.run(CLI + args + ["--out", str(third), "--known", str(corpus)], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 1, r.stderr[-2000:]
+
+
+def test_run_known_refuses_what_is_not_a_corpus(tmp_path):
+    bare = tmp_path / "bare.json"
+    bare.write_text(seed_program().to_json())
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    bad_status = tmp_path / "bad"
+    bad_status.mkdir()
+    (bad_status / "status.json").write_text('{"fixed": []}')
+    for path, says in ((tmp_path / "nope", "no such file or directory"), (empty, "no corpus entries"),
+                       (bare, "needs a corpus entry with a finding"), (bad_status, "status.json: fixed")):
+        r = run("run", "--pipelines", "jax:remat3", "--budget", "1", "--known", str(path), "--out", str(tmp_path / "o"))
+        assert r.returncode == 2 and says in r.stderr and str(path.name) in r.stderr, (path, r.stderr)
+        assert not (tmp_path / "o").exists()   # refused before anything is written

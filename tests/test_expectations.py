@@ -76,16 +76,43 @@ def _nested(outer, inner):
 
 @pytest.mark.parametrize("pipeline, outer, inner", [
     ("torch:eager-sac", False, True),            # eager SAC: a value saved at any level is saved
+    ("torch:eager-sac:prefer", False, True),
     ("torch:compile-aot_eager", False, True),    # compiled: the innermost policy decides
     ("torch:compile-aot_eager", True, False),
+    ("torch:compile-aot_eager:prefer", True, False),
+    ("torch:compile-aot_eager+default-partitioner", False, True),
+    ("torch:compile-aot_eager+default-partitioner:prefer", True, False),
+    ("torch:compile-inductor", True, False),
+    ("torch:compile-inductor:prefer", False, True),
 ])
 def test_nested_policy_precedence_differs(pipeline, outer, inner):
     # JAX: the outer policy decides
     p = _nested(outer, inner)
+    assert "nested_policy_conflict" in p.features()
     obs = verify("torch-vs-jax-nested-policy-precedence", p, ["ref:f64", "jax:none", "jax:remat2", pipeline],
                  pipeline, "residuals")
     saves = lambda n: any("s1" in r.cls for r in obs[n].residuals)
-    assert saves("jax:remat2") == outer and saves(pipeline) == inner
+    assert saves("jax:remat2") == outer and saves(pipeline) == (inner or pipeline.startswith("torch:eager"))
+
+
+@pytest.mark.parametrize("save", [True, False])
+def test_nested_regions_with_one_policy_are_not_excused(save):
+    """The precedence entry needs a conflict: nested regions with the same policy save alike in
+    JAX and PyTorch, and the entry does not match them."""
+    pol = {"kind": "save_only_names", "names": ["s"]} if save else {"kind": "nothing"}
+    p = prog([{"kind": "checkpoint", "args": ["x"], "results": ["y"], "prevent_cse": True, "policy": pol,
+               "body": [{"kind": "checkpoint", "args": ["x"], "results": ["c"], "prevent_cse": True, "policy": pol,
+                         "body": [op("sin", ["x"], "s0"), op("name", ["s0"], "s1", name="s"),
+                                  op("cos", ["s1"], "c")]},
+                        op("tanh", ["c"], "y")]}])
+    assert "nested_checkpoint" in p.features() and "nested_policy_conflict" not in p.features()
+    names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:compile-aot_eager"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    j = judge(p, obs, PACKAGED)
+    assert "torch-vs-jax-nested-policy-precedence" not in j.expectation_hits
+    res = [v for v in j.verdicts if v.check == "residuals" and v.pipeline.startswith("torch:")]
+    assert res and all(v.status == "pass" for v in res), [(v.pipeline, v.reference, v.status, v.detail) for v in res]
+    assert {any("s1" in r.cls for r in obs[n].residuals) for n in names[2:] if n != "torch:none"} == {save}
 
 
 def test_eager_sac_double_backward_raises():
@@ -111,3 +138,36 @@ def test_remat3_symbolic_zeros_entry_matches_the_seed_and_names_its_corpus_test(
         assert e in PACKAGED.matching(name, versions, "cpu", {"float32"}, feats), name
     for name in ("jax:remat2", "jax:none", "torch:eager-sac"):
         assert e not in PACKAGED.matching(name, versions, "cpu", {"float32"}, feats), name
+
+
+def _higher_order_custom_rule(nondiff):
+    # sin(custom(x)) with custom(x) = sin(x) whose bwd rule is 3 cos(x) g (not the derivative)
+    return prog([{"kind": "custom_vjp", "args": ["x"], "fwd": [op("sin", ["x"], "v")], "results": ["v"],
+                  "residuals": ["x"], "cts": ["g"], "nondiff": [2.0] if nondiff else [],
+                  "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d"), op("scale", ["d"], "e", c=3.0)],
+                  "bwd_results": ["e"], "symbolic_zeros": False, "optimize_remat": False},
+                 op("sin", ["v"], "y")], inputs=[{"id": "x", "shape": [], "dtype": "float32", "diff": True}],
+                outputs=["y"], order=2)
+
+
+@pytest.mark.parametrize("pipeline, nondiff", [("torch:eager-sac", True), ("torch:eager-sac", False),
+                                               ("torch:eager-sac:prefer", False)])
+def test_custom_rule_higher_order_differs(pipeline, nondiff):
+    """JAX: d2/dx2 sin(c(x)) = -sin(sin x) 3cos(x) cos(x) - 3cos(sin x) sin x (the fwd rule is
+    differentiated as code); PyTorch: the custom backward again, 3cos(x) for cos(x). (Compiled
+    PyTorch pipelines do not run second order: unsupported, so the entry names eager SAC only.)"""
+    import math
+    p = _higher_order_custom_rule(nondiff)
+    obs = verify("torch-vs-jax-custom-rule-higher-order", p, ["ref:f64", "jax:none", "jax:remat2", "torch:none",
+                                                              pipeline], pipeline, "gradient")
+    x = float(input_values(p, 0)["x"])
+    s, c = math.sin(x), math.cos(x)
+    jax_rule = -math.sin(s) * 3 * c * c - 3 * math.cos(s) * s
+    torch_rule = -math.sin(s) * 9 * c * c - 3 * math.cos(s) * s
+    j = judge(p, obs, PACKAGED)
+    cross = [v for v in j.verdicts if v.pipeline == pipeline and v.check == "gradient" and v.reference == "jax:remat2"]
+    assert cross and all(v.status == "expected" for v in cross), [(v.status, v.detail) for v in cross]
+    base = [v for v in j.verdicts if v.pipeline == pipeline and v.check == "gradient" and v.reference == "torch:none"]
+    assert base and all(v.status == "pass" for v in base)   # the entry never excuses PyTorch against itself
+    got = next(v for v in _verdicts(j, pipeline, "gradient") if v.reference == "ref:f64").detail
+    assert math.isclose(got["want"], jax_rule, rel_tol=1e-5) and math.isclose(got["got"], torch_rule, rel_tol=1e-4), got

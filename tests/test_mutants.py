@@ -3,12 +3,12 @@ number of programs, and its finding is shrunk to a small program."""
 import pytest
 
 from conformance.campaign import Campaign, Options
-from conformance.pipelines import REFERENCES
+from conformance.pipelines import run_set
 from conformance.runner import InProcessExecutor
 from conformance.store import Store
 from generators.programs import Config
 from oracles.expectations import Entry, Expectations
-from tests.mutants import ALSO_FAILS, ERROR_TYPE, EXPECTATIONS, MUTANTS
+from tests.mutants import ALSO_FAILS, DETAIL, ERROR_TYPE, EXPECTATIONS, MUTANTS
 
 MAX_PROGRAMS = 150
 # Shrinking is bounded by steps only (never by seconds) so that the result is deterministic.
@@ -20,12 +20,12 @@ MAX_SHRUNK_SIZE_OF = {"jax:mutant-silent-wrong-where-it-must-raise": 6}
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
 def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
     _, check, reference = MUTANTS[mutant]
-    refs = list(REFERENCES)
+    names = run_set([mutant])
     if reference == "policy":
         # judged against the policy alone: without jax:remat2 the residual comparison
         # cannot claim the finding first
-        refs.remove("jax:remat2")
-    opts = Options(pipelines=refs + [mutant], budget=3600, max_examples=MAX_PROGRAMS, seed=3,
+        names.remove("jax:remat2")
+    opts = Options(pipelines=names, budget=3600, max_examples=MAX_PROGRAMS, seed=3,
                    shrink_seconds=3600, shrink_steps=500, generator=Config(max_stmts=4),
                    stop_when=lambda fs: any(f.pipeline == mutant and f.check == check and f.reference == reference
                                                  for f in fs))
@@ -38,10 +38,15 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
     f = min(mine, key=lambda f: f.size)
     assert f.shrunk
     assert f.error_type == ERROR_TYPE[mutant], (f.error_type, f.detail)
+    for path, want in DETAIL.get(mutant, {}).items():
+        got = f.detail
+        for part in path.split("."):
+            got = got[part]
+        assert got == want, (path, got, f.detail)
     for check2, ref2, et2 in ALSO_FAILS.get(mutant, []):
         assert [check2, mutant, ref2, et2] in f.reproduces, f.reproduces
     assert f.size <= MAX_SHRUNK_SIZE_OF.get(mutant, MAX_SHRUNK_SIZE[check]), (f.size, f.program)
     assert f.size <= f.original_size
     # the references themselves are not blamed for the mutant's behaviour
-    assert not [g for g in camp.findings if g.pipeline in ("jax:none", "jax:remat2") and g.check == check
+    assert not [g for g in camp.findings if g.pipeline in names and g.pipeline != mutant and g.check == check
                 and g.reference not in ("policy",)]

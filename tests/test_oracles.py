@@ -286,3 +286,37 @@ def test_a_rival_that_failed_to_raise_fails_once_on_error_status():
     j = judge(p, o, exp)
     assert [v.key() for v in j.failures()] == [("error", "jax:remat3", "expectations", "none")]
     assert j.failures()[0].detail["status_differs_from"] == ["jax:remat2"]
+
+
+def test_judge_wires_torch_pipelines_to_their_baseline_eager_and_cross_references():
+    """A compiled :prefer pipeline is judged against torch:none (tight), ref:f64 (loose), the
+    policy, eager SAC with the same hints (torch:eager-sac:prefer, not torch:eager-sac) and
+    jax:remat2 across frameworks; each pair fails exactly when its two sides differ."""
+    p = named_chain()
+    g = {"x": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], "w": [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]}
+    off = {"x": [[1.5, 2.0, 3.0], [4.0, 5.0, 6.0]], "w": g["w"]}
+    res = [R(["s", "na"], ["a"], shape=(2, 2))]
+    names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:eager-sac:prefer",
+             "torch:compile-inductor:prefer"]
+
+    def judged(compiled_grads, eager_prefer_grads):
+        o = {n: obs(n, grads=g, res=res if n not in ("ref:f64", "jax:none", "torch:none") else None)
+             for n in names}
+        o["torch:compile-inductor:prefer"] = obs("torch:compile-inductor:prefer", grads=compiled_grads, res=res)
+        o["torch:eager-sac:prefer"] = obs("torch:eager-sac:prefer", grads=eager_prefer_grads, res=res)
+        j = judge(p, o, Expectations([]))
+        return {(v.check, v.reference): v.status for v in j.verdicts if v.pipeline == "torch:compile-inductor:prefer"}
+
+    same = judged(g, g)
+    assert {k for k in same} >= {("gradient", "torch:none"), ("gradient", "ref:f64"), ("residuals", "policy"),
+                                 ("gradient", "torch:eager-sac:prefer"), ("residuals", "torch:eager-sac:prefer"),
+                                 ("gradient", "jax:remat2"), ("residuals", "jax:remat2")}, same
+    assert not [k for k in same if k[1] == "torch:eager-sac"]
+    assert set(same.values()) == {"pass"}, same
+    # wrong against everything but eager SAC with the same hints (which is wrong the same way)
+    v = judged(off, off)
+    assert v[("gradient", "torch:eager-sac:prefer")] == "pass"
+    assert v[("gradient", "torch:none")] == v[("gradient", "ref:f64")] == v[("gradient", "jax:remat2")] == "fail"
+    # right, but its eager counterpart is not: only the eager comparison fails
+    v = judged(g, off)
+    assert [k for k, s in v.items() if s == "fail"] == [("gradient", "torch:eager-sac:prefer")], v

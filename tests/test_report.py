@@ -168,3 +168,48 @@ def test_fuzz_merger_accepts_or_raises_documented_error(tmp_path_factory, data):
         render.render_html(rep, {})
     except ReportInputError as e:
         assert e.file and e.field and e.reason
+
+
+def test_stale_expectations_reach_the_summary_the_report_and_its_page(tmp_path):
+    """A campaign judged with two test entries that cannot fire (one names a jax version that
+    does not exist, one a divergence that never happens): both are stale, with their reason,
+    in the campaign, its summary.md, report.json and report.html; the packaged entries that
+    fired on these programs are not."""
+    import json as _json
+    from conformance.campaign import Campaign, Options, summary_markdown
+    from conformance.runner import InProcessExecutor
+    from conformance.store import Store
+    from generators.programs import Config
+    from oracles.expectations import Entry, Expectations
+    never = {"id": "test-never-matches", "pipelines": ["jax:remat3"], "versions": {"jax": "<0.0.1"},
+             "diverges": {"check": "gradient", "reason": "test"}, "verified_by": "tests/test_report.py"}
+    idle = {"id": "test-never-fires", "pipelines": ["jax:remat3"],
+            "diverges": {"check": "gradient", "reference": "jax:none", "reason": "test"},
+            "verified_by": "tests/test_report.py"}
+    exp = Expectations.load()
+    exp = Expectations(exp.entries + [Entry.model_validate(e) for e in (never, idle)], exp.source)
+    exp_file = tmp_path / "exp.json"
+    exp_file.write_text(_json.dumps({"schema_version": 1, "entries": [
+        _json.loads(e.model_dump_json(exclude_none=True)) for e in exp.entries]}))
+    out = tmp_path / "run"
+    opts = Options(pipelines=["ref:f64", "jax:none", "jax:remat2", "jax:remat3"], budget=600, max_examples=4,
+                   seed=1, shrink_steps=3, generator=Config(max_stmts=3))
+    store = Store(out)
+    store.write_run({"schema_version": 1, "harness": "test", "options": {"pipelines": opts.pipelines, "seed": 1,
+                                                                          "device": "cpu"}, "versions": {}})
+    camp = Campaign(opts, store, InProcessExecutor(), exp)
+    camp.run()
+    store.write_summary(summary_markdown(camp, {"versions": {}}))
+    store.close()
+    why = {s["id"]: s["why"] for s in camp.stale_expectations()}
+    assert why.get("test-never-matches") == "never matched a program in this run", why
+    assert why.get("test-never-fires", "").endswith("but the divergence no longer happens"), why
+    summary = (out / "summary.md").read_text().split("## Stale expectations")[1]
+    assert "`test-never-matches`: never matched" in summary and "`test-never-fires`: matched" in summary
+    rc = cli_main(["report", str(out), "--out", str(tmp_path / "rep"), "--no-repro", "--expectations", str(exp_file)])
+    assert rc == 0
+    rep = _json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert {s["id"]: s["why"] for s in rep["stale_expectations"]} == why
+    page = (tmp_path / "rep" / "report.html").read_text()
+    stale_section = page.split('id="stale"')[1].split("<h2")[0]
+    assert "test-never-matches" in stale_section and "test-never-fires" in stale_section

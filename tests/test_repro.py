@@ -149,3 +149,36 @@ def test_pseudo_code_is_readable():
     code = repro.pseudo_code(prog)
     assert "with checkpoint(policy=nothing_saveable)" in code and "checkpoint_name(x0, 'a')" in code
     assert "custom_vjp(symbolic_zeros=True)" in code
+
+
+def test_repro_is_inconclusive_exit_3_when_a_side_raises_on_a_value_check(tmp_path):
+    """A residuals finding whose program now raises on both sides (constructed: the program of
+    an entry the value reference itself rejects) cannot be judged: exit 3, saying why."""
+    obj = json.loads((REG / "b1421a46abdfc1c7.json").read_text())
+    f = obj["finding"]
+    f.update(check="residuals", pipeline="jax:remat3", reference="jax:remat2", error_type="other", expectation=None,
+             signature="residuals|jax:remat3|jax:remat2|other|", detail={})
+    p = tmp_path / "inconclusive.json"
+    p.write_text(json.dumps(obj))
+    rc, out = run_script(gen(p, "jax"), tmp_path)
+    assert rc == 3, out
+    assert "INCONCLUSIVE" in out and "jax:remat3 raised ValueError" in out and "REPRODUCED" not in out
+
+
+def test_torch_repro_of_a_real_torch_finding_agrees_with_the_harness(tmp_path):
+    """The torch corpus entry (compiled vs eager SAC on nested policies): its standalone script
+    exits 1 and prints REPRODUCED exactly when the harness's own replay still fails that key
+    (so an upstream fix flips both, and the entry's strict xfail reports it)."""
+    from conformance.campaign import replay_pipelines
+    from conformance.runner import InProcessExecutor
+    from oracles.expectations import Expectations
+    from oracles.judge import judge
+    path = REG / "residuals-torch_compile-aot_eager-866d56ae.json"
+    prog, inputs, finding = load_program_file(str(path))
+    obs = InProcessExecutor().run(prog, inputs, replay_pipelines(finding.key()))
+    fails = finding.key() in {v.key() for v in judge(prog, obs, Expectations.load()).failures()}
+    rc, out = run_script(gen(path, "torch"), tmp_path)
+    assert rc == (1 if fails else 0), out
+    assert ("REPRODUCED [residuals] torch:compile-aot_eager vs torch:eager-sac" in out) == fails, out
+    if fails:
+        assert "named value s0/s1 saved by torch:eager-sac but not by torch:compile-aot_eager" in out, out

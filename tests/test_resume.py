@@ -158,6 +158,8 @@ def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, r
         p.wait(10)
         log.append(f"kill {k}: after {len(_lines(out)) - n0} new records (+{delay:.2f}s; "
                    f"{'while shrinking' if k == 2 else 'records'} reached={reached}); {len(workers)} worker(s)")
+        # the moment each kill is for was reached (not a kill after the run ended)
+        assert reached, "\n".join(log)
         now = _lines(out)
         assert now[:len(kept)] == kept, "a record written before the kill changed or vanished"
         kept = now

@@ -95,7 +95,7 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
         "status": status, "key": list(f.key()), "check": f.check, "pipeline": f.pipeline, "reference": f.reference,
         "error_type": f.error_type, "signature": f.signature, "features": f.features, "count": f.count,
         "program_hash": f.program_hash, "size": f.size, "original_size": f.original_size,
-        "expectation": f.expectation, "versions": f.versions, "flags": f.flags, "device": f.device, "cells": cells,
+        "expectation": f.expectation, "tracked": f.tracked, "versions": f.versions, "flags": f.flags, "device": f.device, "cells": cells,
         "pseudo_code": code, "detail": detail, "sides": sides,
         "repro_command": f"remat-conformance repro corpus/{f.program_hash}.json --framework "
                          f"{repro.frameworks_for(f)[0]}",
@@ -175,13 +175,17 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     base_findings: dict[tuple, Any] = {}
     for b in baselines:
         for f in b.findings:
+            if f.tracked is not None and not f.count:
+                continue
             base_keys.add(f.key())
             base_findings.setdefault(f.key(), f)
     cur_keys = {f.key() for f in merged.values()}
     ran = {p for r in inputs if r.info for p in r.info.options.pipelines} | {row for row in rows}
     findings = []
     for (sig, cell), f in merged.items():
-        status = "persisting" if f.key() in base_keys else "new"
+        if f.tracked is not None and not f.count:
+            continue   # a known behaviour (`run --known`) this run never saw
+        status = "persisting" if (f.key() in base_keys or f.tracked is not None) else "new"
         findings.append(_finding_obj(f, status, cells_of[(sig, cell)], with_repro))
     findings.sort(key=lambda x: (CHECK_RANK.get(x["check"], 9), x["status"] != "new", -x["count"], x["signature"]))
     for i, x in enumerate(findings, 1):

@@ -1,0 +1,85 @@
+"""Known behaviours (`run --known`): the corpus loader and how a campaign treats tracked
+findings. No framework runs."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conformance.errors import UsageError
+from conformance.loading import load_known
+from conformance.search import merge_finding
+from tests.test_dedup import KEY, _finding
+
+REG = Path(__file__).parent / "regressions"
+
+
+def test_load_known_names_each_entry_and_leaves_out_fixed_keys():
+    known = load_known([str(REG)])
+    fixed = set(json.loads((REG / "status.json").read_text())["fixed"])
+    files = {p.name for p in REG.glob("*.json") if p.name != "status.json"}
+    assert {f.tracked for f in known} <= files and known
+    assert not [f for f in known if "|".join(f.key()) in fixed]
+    # every entry is known unless its key is fixed
+    assert len(known) == len(files) - sum(
+        1 for p in REG.glob("*.json") if p.name != "status.json"
+        and "|".join(json.loads(p.read_text())["finding"][k] for k in ("check", "pipeline", "reference",
+                                                                      "error_type")) in fixed)
+
+
+def test_load_known_takes_one_entry_file_and_skips_a_second_copy(tmp_path):
+    one = next(p for p in sorted(REG.glob("*.json")) if p.name != "status.json")
+    other = tmp_path / "d"
+    other.mkdir()
+    shutil.copy(one, other / one.name)
+    known = load_known([str(one), str(other)])
+    assert [f.tracked for f in known] == [one.name]
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("nope", "no such file or directory"),
+    ("status", "fixed: must be an object"),
+    ("broken", "invalid JSON"),
+])
+def test_load_known_refuses_with_the_file_named(tmp_path, bad, says):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    shutil.copy(next(p for p in sorted(REG.glob("*.json")) if p.name != "status.json"), d / "a.json")
+    if bad == "status":
+        (d / "status.json").write_text('{"fixed": ["x"]}')
+    if bad == "broken":
+        (d / "b.json").write_text("{")
+    path = tmp_path / "missing" if bad == "nope" else d
+    with pytest.raises(UsageError) as e:
+        load_known([str(path)])
+    assert says in str(e.value) and (path.name in str(e.value) or "b.json" in str(e.value)), str(e.value)
+
+
+def test_a_smaller_finding_of_a_tracked_behaviour_stays_tracked():
+    tracked = _finding(features=("checkpoint", "policy:nothing", "names")).model_copy(
+        update={"tracked": "entry.json", "count": 0})
+    smaller = _finding(features=("checkpoint", "policy:nothing"))
+    findings = [tracked]
+    kept, changed = merge_finding(findings, smaller)
+    assert changed and findings == [kept] and kept is smaller
+    assert kept.tracked == "entry.json" and kept.count == 1
+    # a finding of another behaviour (no nesting of core features) is new
+    other = _finding(features=("checkpoint", "policy:ops"))
+    kept, changed = merge_finding(findings, other)
+    assert changed and kept.tracked is None and len(findings) == 2
+
+
+def test_campaign_tracks_each_entry_once_and_counts_only_new_findings(tmp_path):
+    from conformance.campaign import Campaign, Options
+    from conformance.store import Store
+    c = Campaign(Options(pipelines=["jax:remat3"]), Store(tmp_path / "o"), None, None)
+    known = [_finding().model_copy(update={"tracked": "a.json", "count": 5})]
+    c.track(known)
+    c.track(known)   # a resume: already tracked
+    assert len(c.findings) == 1 and c.findings[0].count == 0   # counts are this run's
+    assert c.new_findings() == [] and c.tracked_seen() == []
+    c.findings[0].count = 2
+    c.findings.append(_finding(key=("gradient",) + KEY[1:3] + ("",)))
+    assert [f.check for f in c.new_findings()] == ["gradient"] and c.tracked_seen() == [c.findings[0]]
