@@ -29,6 +29,9 @@ from conformance.pipelines import base
 from conformance.pipelines.base import Pipeline
 
 
+HANG_MARK_ENV = "REMAT_FAULT_HANG_MARK"   # a file fault:hang creates once it hangs
+
+
 def _delegate(name, program, inputs, device) -> Observation:
     obs = registry.get("jax:none").run(program, inputs, device)
     obs.pipeline = name
@@ -63,6 +66,9 @@ class Fault(Pipeline):
                 os._exit(3)
         if f == "hang":
             with base.timed(t, "backward"):
+                mark = os.environ.get(HANG_MARK_ENV)
+                if mark:   # tells a test that the worker is now inside the hang
+                    open(mark, "w").close()
                 time.sleep(3600)
         if f == "oom":
             with base.timed(t, "forward"):

@@ -110,6 +110,15 @@ class ExtraUnnamedResidual(JaxRemat):
             obs.residuals.append(Residual(cls=[], shape=[5], dtype="float32", bytes=20))
 
 
+class ExtraNamedResidual(JaxRemat):
+    """Reports one named residual twice (one more saved value of a named class)."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        named = [r for r in (obs.residuals or []) if r.names]
+        if named and obs.error is None:
+            obs.residuals.append(named[0].model_copy(deep=True))
+
+
 class MisreportSymbolicZeros(MisreportCustomRule):
     """Flips the is-zero flags its symbolic_zeros bwd rules saw."""
     FIELD = "symbolic_zero_cts"
@@ -170,6 +179,7 @@ MUTANTS = {
     "jax:mutant-misreport-symbolic-zeros": (MisreportSymbolicZeros, "custom_rule", "jax:remat2"),
     "jax:mutant-wrong-error-where-it-must-raise": (WrongErrorWhereItMustRaise, "error", "expectations"),
     "jax:mutant-misreport-fwd-ran": (MisreportFwdRan, "custom_rule", "jax:remat2"),
+    "jax:mutant-extra-named-residual": (ExtraNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-wrong-message-where-it-must-raise": (WrongMessageWhereItMustRaise, "error", "expectations"),
     "torch:mutant-perturb-gradient": (TorchPerturbGradient, "gradient", "jax:remat2"),
     "torch:mutant-compiled-drops-named-residual": (TorchCompiledDropsNamedResidual, "residuals", "torch:eager-sac"),
@@ -186,7 +196,8 @@ ERROR_TYPE = {
     "jax:mutant-silent-wrong-where-it-must-raise": "",
     "jax:mutant-perturb-gradient-beyond-loose": "", "jax:mutant-extra-unnamed-residual": "other",
     "jax:mutant-misreport-symbolic-zeros": "symbolic_zero_cts", "jax:mutant-wrong-error-where-it-must-raise": "TypeError",
-    "jax:mutant-misreport-fwd-ran": "fwd_ran", "jax:mutant-wrong-message-where-it-must-raise": "ValueError",
+    "jax:mutant-misreport-fwd-ran": "fwd_ran", "jax:mutant-extra-named-residual": "extra",
+    "jax:mutant-wrong-message-where-it-must-raise": "ValueError",
     "torch:mutant-perturb-gradient": "cross_value", "torch:mutant-compiled-drops-named-residual": "missing",
 }
 ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64", "")]}

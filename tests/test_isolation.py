@@ -162,11 +162,18 @@ if __name__ == "__main__":
 def test_workers_ignore_sigint_and_exit_when_the_supervisor_dies(tmp_path, when):
     script = tmp_path / "sup.py"
     script.write_text(SUPERVISOR.format(repo=str(REPO), prog=json.dumps(PROG.to_json_obj()), plugin=PLUGIN))
-    p = subprocess.Popen([sys.executable, str(script), when], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    mark = tmp_path / "hanging"
+    env = {**os.environ, fault_pipelines.HANG_MARK_ENV: str(mark)}
+    p = subprocess.Popen([sys.executable, str(script), when], stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
     try:
-        pid = int(p.stdout.readline())
-        time.sleep(0.5)
+        pid = int(p.stdout.readline())     # idle: the worker has answered and waits for a request
+        if when == "hang":                 # the worker is inside fault:hang
+            deadline = time.monotonic() + 60
+            while not mark.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert mark.exists(), "the worker never reached the hang"
         os.kill(pid, signal.SIGINT)        # the supervisor decides what Ctrl-C means, not the worker
+        # a negative (the worker does not die of it) needs a window: half a second, not a sync
         time.sleep(0.5)
         assert _alive(pid)
         p.kill()                           # SIGKILL: no cleanup runs in the supervisor

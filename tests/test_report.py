@@ -213,3 +213,14 @@ def test_stale_expectations_reach_the_summary_the_report_and_its_page(tmp_path):
     page = (tmp_path / "rep" / "report.html").read_text()
     stale_section = page.split('id="stale"')[1].split("<h2")[0]
     assert "test-never-matches" in stale_section and "test-never-fires" in stale_section
+
+
+def test_report_strict_exits_1_only_on_new_findings(tmp_path, capsys):
+    common = ["--no-repro", "--strict"]
+    assert cli_main(["report", str(FIX / "run_a"), "--baseline", str(FIX / "base"), "--out", str(tmp_path / "a")]
+                    + common) == 1   # the fixture has one new finding
+    same = tmp_path / "same"
+    shutil.copytree(FIX / "run_a", same)
+    assert cli_main(["report", str(FIX / "run_a"), "--baseline", str(same), "--out", str(tmp_path / "b")]
+                    + common) == 0   # every finding persists
+    assert "0 new" in capsys.readouterr().out
