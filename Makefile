@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= ci
 RUN_ARGS ?= --budget 240 --out reports/latest --overwrite
 
-.PHONY: run test bench venv clean-venv browser
+.PHONY: run test bench mutation venv clean-venv browser
 
 venv: $(STAMP)
 
@@ -31,6 +31,19 @@ test: $(STAMP) browser
 
 bench: $(STAMP)
 	$(PY) -m conformance.bench
+
+# Mutation score of the oracles and the signature/dedup code (not part of `make test`): mutmut,
+# pinned in requirements-mutation.lock, installed into $(VENV) on first use. Writes
+# reports/mutation/summary.md. MUTATION_ARGS: e.g. --max-children 1, --fail-under 80.
+MUTATION_STAMP := $(VENV)/.mutation-installed
+MUTATION_ARGS ?=
+
+$(MUTATION_STAMP): $(STAMP) requirements-mutation.lock
+	"$(PY)" -m pip install -q -r requirements-mutation.lock
+	touch "$(MUTATION_STAMP)"
+
+mutation: $(MUTATION_STAMP)
+	$(PY) tools/mutation.py $(MUTATION_ARGS)
 
 # Debian's chromium for the report's headless-browser test.
 browser:

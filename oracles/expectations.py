@@ -73,6 +73,13 @@ class Entry(BaseModel):
                 SpecifierSet(spec)
             except InvalidSpecifier as e:
                 raise ValueError(f"versions.{fw}: {e}") from None
+        if self.diverges and self.diverges.error_regex is not None:
+            if self.diverges.check != "error":
+                raise ValueError("diverges.error_regex: only for check 'error' (it matches the error raised)")
+            try:
+                re.compile(self.diverges.error_regex)
+            except re.error as e:
+                raise ValueError(f"diverges.error_regex: bad regex: {e}") from None
         if self.raises:
             for f in ("type", "regex"):
                 try:

@@ -8,7 +8,7 @@ from conformance.runner import InProcessExecutor
 from conformance.store import Store
 from generators.programs import Config
 from oracles.expectations import Entry, Expectations
-from tests.mutants import ALSO_FAILS, DETAIL, ERROR_TYPE, EXPECTATIONS, MUTANTS
+from tests.mutants import ALSO_FAILS, DETAIL, ERROR_TYPE, EXPECTATIONS, GENERATOR, MUTANTS
 
 MAX_PROGRAMS = 150
 # Shrinking is bounded by steps only (never by seconds) so that the result is deterministic.
@@ -26,7 +26,7 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
         # cannot claim the finding first
         names.remove("jax:remat2")
     opts = Options(pipelines=names, budget=3600, max_examples=MAX_PROGRAMS, seed=3,
-                   shrink_seconds=3600, shrink_steps=500, generator=Config(max_stmts=4),
+                   shrink_seconds=3600, shrink_steps=500, generator=Config(max_stmts=4, **GENERATOR.get(mutant, {})),
                    stop_when=lambda fs: any(f.pipeline == mutant and f.check == check and f.reference == reference
                                                  for f in fs))
     exp = Expectations.load()

@@ -131,6 +131,11 @@ def test_expectation_keys_versions_devices_dtypes_features():
     ({"entries": [{"id": "a", "pipelines": ["*"], "unsupported": {"reason": "r"}, "versions": {"jax": "~~1"}}]},
      "entries[0]"),
     ({"entries": "nope"}, "entries"),
+    # an error regex matches an error: on a gradient divergence it is refused, not a judge crash
+    ({"entries": [{"id": "a", "pipelines": ["*"], "diverges": {"check": "gradient", "error_regex": "x",
+                                                                "reason": "r"}}]}, "entries[0]"),
+    ({"entries": [{"id": "a", "pipelines": ["*"], "diverges": {"check": "error", "error_regex": "(",
+                                                                "reason": "r"}}]}, "entries[0]"),
 ])
 def test_bad_expectations_name_the_entry(obj, field, tmp_path):
     f = tmp_path / "e.json"
