@@ -27,7 +27,7 @@ run: $(STAMP)
 	$(VENV)/bin/remat-conformance report reports/latest --out reports/latest/report
 
 test: $(STAMP) browser
-	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto -q $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto -q --durations=15 $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m conformance.bench

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
@@ -77,6 +78,9 @@ def _sync_dir(d: Path) -> None:
 
 # Tests only: on the N-th append of this process, write half the record and SIGKILL ourselves.
 KILL_IN_WRITE_ENV = "REMAT_CONFORMANCE_TEST_KILL_IN_WRITE"
+# tests: after the Nth append, wait (up to a minute) for a Ctrl-C, so that one lands mid-campaign
+PAUSE_AFTER_ENV = "REMAT_CONFORMANCE_TEST_PAUSE_AFTER"
+PAUSED_MARK = ".paused"   # created in the output directory while paused
 
 
 class ResultRecord(BaseModel):
@@ -204,6 +208,7 @@ class Store:
         self._next_seq = 0
         self._appends = 0
         self._kill_at = 0
+        self._pause_at = 0
 
     # -- run.json --------------------------------------------------------------------
     def write_run(self, obj: dict) -> None:
@@ -252,6 +257,13 @@ class Store:
         if rec.get("type") == "result":
             self._keys.add(key)
             self._next_seq += 1
+        if self._pause_at and self._appends == self._pause_at:
+            mark = self.dir / PAUSED_MARK
+            mark.touch()
+            try:
+                time.sleep(60)
+            finally:
+                mark.unlink(missing_ok=True)
         return True
 
     def _open_results(self) -> None:
@@ -279,6 +291,7 @@ class Store:
         self._next_seq = max((r["seq"] for r in results), default=-1) + 1
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._kill_at = int(os.environ.get(KILL_IN_WRITE_ENV, "0") or 0)
+        self._pause_at = int(os.environ.get(PAUSE_AFTER_ENV, "0") or 0)
 
     def results(self) -> tuple[list[dict], str | None]:
         return read_jsonl(self.dir / RESULTS)

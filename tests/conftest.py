@@ -29,3 +29,8 @@ except ValueError:
 
 def pytest_report_header(config):
     return f"conformance gate seed: {GATE_SEED} (replay: REMAT_GATE_SEED={GATE_SEED})"
+
+
+def pytest_terminal_summary(terminalreporter):
+    # `make test` runs pytest -q, which prints no header: the seed is also the summary's last word
+    terminalreporter.write_line(f"conformance gate seed: {GATE_SEED} (replay: REMAT_GATE_SEED={GATE_SEED} make test)")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.store import KILL_IN_WRITE_ENV, Store, read_jsonl
+from conformance.store import KILL_IN_WRITE_ENV, PAUSE_AFTER_ENV, PAUSED_MARK, Store, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 # A test-only pipeline whose gradients are always wrong: a finding on the first program, whatever the
@@ -182,9 +182,12 @@ def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, r
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference, jobs):
     out = tmp_path / "out"
-    p = subprocess.Popen(_cli(out, jobs=jobs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-                         cwd=REPO)
-    assert _wait_for(lambda: len(_lines(out)) >= 2, 240, p)
+    # the store pauses after its second record (a test hook), so the Ctrl-C lands mid-campaign
+    # however loaded the machine: without it a short campaign may end before the signal
+    p = subprocess.Popen(_cli(out, jobs=jobs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**ENV, PAUSE_AFTER_ENV: "2"}, cwd=REPO)
+    assert _wait_for(lambda: (out / PAUSED_MARK).exists(), 240, p)
+    assert len(_lines(out)) == 2
     workers = _spawn_workers_of(p.pid)
     p.send_signal(signal.SIGINT)
     stdout, stderr = p.communicate(timeout=60)
