@@ -111,7 +111,7 @@ def test_pipelines_lists_versions_and_devices():
 def test_short_campaign_writes_every_output(tmp_path):
     # a mutant whose gradients are wrong on every program: the campaign must have findings
     out = tmp_path / "o"
-    r = run("run", "--pipelines", "jax:mutant-perturb-gradient", "--budget", "60", "--max-examples", "6",
+    r = run("run", "--pipelines", "jax:mutant-perturb-gradient", "--budget", "60", "--max-examples", "3",
             "--shrink-steps", "5", "--out", str(out), "--seed", "3", "--quiet", "--no-isolate", env=mutant_env())
     assert r.returncode == 0, r.stderr
     for name in ("run.json", "results.jsonl", "findings.json", "summary.md"):
@@ -120,7 +120,7 @@ def test_short_campaign_writes_every_output(tmp_path):
     assert run_info["options"]["pipelines"][:3] == ["ref:f64", "jax:none", "jax:remat2"]
     assert run_info["versions"]["jax"]
     results = [json.loads(l) for l in (out / "results.jsonl").read_text().splitlines()]
-    assert 1 <= sum(r["type"] == "result" for r in results) <= 6
+    assert 1 <= sum(r["type"] == "result" for r in results) <= 3
     findings = json.loads((out / "findings.json").read_text())
     assert any(f["pipeline"] == "jax:mutant-perturb-gradient" for f in findings), findings
     for f in findings:

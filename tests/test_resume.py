@@ -184,8 +184,11 @@ def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference, jobs):
     out = tmp_path / "out"
     # the store pauses after its second record (a test hook), so the Ctrl-C lands mid-campaign
     # however loaded the machine: without it a short campaign may end before the signal
+    # Ctrl-C reaches the campaign even where this test runs with SIGINT ignored (a background
+    # job of a non-interactive shell: its children inherit the ignoring, and Python keeps it)
     p = subprocess.Popen(_cli(out, jobs=jobs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**ENV, PAUSE_AFTER_ENV: "2"}, cwd=REPO)
+                         env={**ENV, PAUSE_AFTER_ENV: "2"}, cwd=REPO,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert _wait_for(lambda: (out / PAUSED_MARK).exists(), 240, p)
     assert len(_lines(out)) == 2
     workers = _spawn_workers_of(p.pid)

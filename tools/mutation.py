@@ -66,7 +66,7 @@ EQUIVALENT, NOT_WORTH = "equivalent", "not worth killing"
 _FLOAT = ("differs only for non-float data (ints past int64, None); observations hold JSON floats written "
           "from float arrays, for which numpy's default dtype is float64 already")
 _GOT = ("an error verdict's detail.got always has type and message: the defaults differ only for an "
-        "error_regex on another check, which the schema documents as error-only")
+        "error_regex on another check, which the expectations schema refuses")
 JUDGED: list[dict] = [
     dict(fn="conformance/search.py:same_behaviour", added="nested = f.core_features() < g.core_features() or "
          "g.core_features() <= f.core_features()", judgement=EQUIVALENT,
