@@ -5,7 +5,8 @@ programs whoever runs it, whatever was found before. Each program slot is run th
 pipelines its time shares allow and judged. The first unexpected verdict whose behaviour is not
 yet known becomes the shrink target: Hypothesis shrinks while (check, pipeline, reference, error
 type) still holds, running only the pipelines that verdict needs (a program evaluated once in a
-shrink is not evaluated again). The program's other new behaviours are shrunk after it, each from
+shrink is not evaluated again), then tries IR reductions of what it left (conformance.reduce:
+dead statements, outputs, the simplest policy kind). The program's other new behaviours are shrunk after it, each from
 the same program, unless the first finding already covers them. The shrunk program is replayed
 on every pipeline (the pipelines it also fails on are its siblings: one root behaviour), emitted as
 a finding, and the round is run again from its start, the programs already checked skipped, until
@@ -38,6 +39,7 @@ from hypothesis import seed as hseed
 from conformance import pipelines as registry
 from conformance.findings import Finding, make_finding
 from conformance.ir import Program
+from conformance.reduce import candidates
 from conformance.verdict import CHECK_RANK, Verdict
 from generators.programs import cases, input_values
 from oracles.judge import judge
@@ -45,6 +47,8 @@ from oracles.judge import judge
 RESULTS_SCHEMA = 1
 # Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
 SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
+# Evaluations of IR reductions after Hypothesis's shrink (conformance.reduce), per target.
+REDUCE_STEPS = 16
 
 
 class _Found(Exception):
@@ -199,6 +203,7 @@ class Target:
     steps: int = 0
     last_emit: float = 0.0
     tried: dict = dataclasses.field(default_factory=dict)   # (hash, seed) -> failed the target's way
+    reduce_limit: int = 0
 
 
 class Searcher:
@@ -332,8 +337,8 @@ class Searcher:
         _found()
 
     # -- shrinking -----------------------------------------------------------------------
-    def _emit_shrink(self, force=False):
-        t = self.target
+    def _emit_shrink(self, force=False, t: Target | None = None):
+        t = t or self.target
         now = time.monotonic()
         if force or now - t.last_emit >= 0.5:
             t.last_emit = now
@@ -366,8 +371,33 @@ class Searcher:
                 t.program, t.seed, t.verdict, t.observations = prog, seed, v, obs
             _found()
 
+    def _reduce(self, t: Target) -> None:
+        """After Hypothesis: IR rewrites of the shrunk program (`conformance.reduce`), each kept
+        when the target's verdict still fails, until none applies or REDUCE_STEPS evaluations."""
+        names = needed_pipelines(t.key, self.opts.pipelines)
+        for _ in range(REDUCE_STEPS):
+            for cand in candidates(t.program):
+                if t.steps >= t.reduce_limit or self.should_stop(grace=self.shrink_seconds(t.key)):
+                    return
+                h = (cand.content_hash(), t.seed)
+                if h in t.tried and not t.tried[h]:
+                    continue
+                t.steps += 1
+                _, obs, j = self.evaluate(cand, t.seed, names)
+                self._emit_shrink(t=t)
+                v = next((v for v in j.failures() if v.key() == t.key), None)
+                t.tried[h] = v is not None
+                if v is not None:
+                    t.program, t.verdict, t.observations = cand, v, obs
+                    break
+            else:
+                return
+
     def _finish(self, t: Target) -> None:
-        """The shrunk program as a finding: replayed on every pipeline for its siblings."""
+        """The shrunk program as a finding: reduced, then replayed on every pipeline for its
+        siblings."""
+        t.reduce_limit = t.steps + REDUCE_STEPS
+        self._reduce(t)
         inputs = input_values(t.program, t.seed)
         obs0 = t.observations.get(t.key[1])
         f = make_finding(t.verdict, t.program, inputs, obs0.versions if obs0 else self.versions,

@@ -1,0 +1,92 @@
+"""IR reductions after the shrink (conformance.reduce) and their use by the campaign."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from conformance import pipelines as registry
+from conformance.campaign import Options
+from conformance.findings import Finding, decode_inputs
+from conformance.ir import load_program
+from conformance.reduce import SIMPLEST_POLICY, candidates
+from conformance.runner import InProcessExecutor
+from conformance.search import REDUCE_STEPS, Searcher, Target, needed_pipelines
+from oracles.expectations import Expectations
+from oracles.judge import judge
+
+import tests.mutants  # noqa: F401  (registers the mutant pipelines)
+
+
+def op(o, args, out):
+    return {"kind": "op", "op": o, "args": args, "params": {}, "out": out}
+
+
+PROG = {"schema_version": 1, "diff": {"order": 1, "mode": "reverse"}, "extensions": {},
+        "inputs": [{"id": "x0", "shape": [2], "dtype": "float32", "diff": True}],
+        "outputs": ["v1", "v3"],
+        "body": [{"kind": "checkpoint", "args": ["x0"], "prevent_cse": True,
+                  "policy": {"kind": "save_only_names", "names": ["a"]}, "results": ["v1", "v2"],
+                  "body": [op("sin", ["x0"], "v1"), op("cos", ["x0"], "v2")]},
+                 op("exp", ["v2"], "v3"), op("tanh", ["x0"], "v4")]}
+
+
+def test_candidates_remove_dead_code_drop_outputs_and_simplify_policies():
+    prog = load_program(PROG)
+    cands = list(candidates(prog))
+    assert cands and all(c.size() <= prog.size() for c in cands)
+    assert len({c.content_hash() for c in cands}) == len(cands) and prog.content_hash() not in \
+        {c.content_hash() for c in cands}
+    bodies = [c.to_json_obj() for c in cands]
+    # 1. dead code: v4 (read by nothing) goes, everything else stays
+    dce = bodies[0]
+    assert dce["outputs"] == ["v1", "v3"] and [s.get("out") for s in dce["body"][1:]] == ["v3"]
+    # 2. dropping output v3 removes exp and the region's result v2 with the cos computing it
+    drop_v3 = next(b for b in bodies if b["outputs"] == ["v1"])
+    region = drop_v3["body"][0]
+    assert len(drop_v3["body"]) == 1 and region["results"] == ["v1"] and [s["out"] for s in region["body"]] == ["v1"]
+    drop_v1 = next(b for b in bodies if b["outputs"] == ["v3"])
+    assert drop_v1["body"][0]["results"] == ["v2"]
+    # 3. the region's policy replaced by the simplest kind, program otherwise unchanged
+    simple = next(b for b in bodies if b["body"][0]["policy"] == SIMPLEST_POLICY)
+    assert simple["outputs"] == PROG["outputs"] and len(simple["body"]) == 3
+    # nothing left to do on the fully reduced program
+    last = load_program({**PROG, "outputs": ["v1"], "body": [{**PROG["body"][0], "results": ["v1"],
+                         "policy": SIMPLEST_POLICY, "body": [op("sin", ["x0"], "v1")]}]})
+    assert list(candidates(last)) == []
+
+
+def test_nested_policies_and_custom_rule_bodies_are_reduced_in_place():
+    inner = {"kind": "checkpoint", "args": ["x0"], "prevent_cse": True, "policy": {"kind": "everything"},
+             "results": ["w1"], "body": [op("sin", ["x0"], "w1")]}
+    prog = load_program({**PROG, "outputs": ["w1"], "body": [
+        {"kind": "checkpoint", "args": ["x0"], "prevent_cse": True, "policy": SIMPLEST_POLICY, "results": ["w1"],
+         "body": [op("cos", ["x0"], "dead"), inner]}]})
+    cands = [c.to_json_obj() for c in candidates(prog)]
+    assert [s.get("kind") for s in cands[0]["body"][0]["body"]] == ["checkpoint"]       # dead cos gone
+    assert any(c["body"][0]["body"][-1]["policy"] == SIMPLEST_POLICY for c in cands)   # inner region simplified
+
+
+def test_the_searcher_reports_the_reduced_program():
+    """A gradient mutant fails on every program: a shrink target left as PROG (Hypothesis's
+    budget spent) is reported reduced to one output and only what the failure needs, with the
+    reduction's evaluations counted in its shrink steps."""
+    names = list(registry.REFERENCES) + ["jax:mutant-perturb-gradient"]
+    opts = Options(pipelines=names, budget=600, max_examples=1, seed=5, shrink_steps=1)
+    events = []
+    s = Searcher(opts, InProcessExecutor(), Expectations.load(), events.append, [], set(), Counter(),
+                 lambda grace=0: False)
+    prog = load_program(PROG)
+    _, obs, j = s.evaluate(prog, 7, names)
+    v = next(v for v in j.failures() if v.pipeline == "jax:mutant-perturb-gradient" and v.check == "gradient")
+    t = Target(key=v.key(), program=prog, seed=7, verdict=v, observations=obs, original_size=prog.size(),
+               origin=(prog.content_hash(), 7), started=time.monotonic())
+    s._finish(t)
+    f = Finding.model_validate(next(e for e in events if e["ev"] == "finding")["finding"])
+    small = load_program(f.program)
+    assert f.original_size == prog.size() and f.size < prog.size() and len(small.outputs) == 1, f.program
+    assert 0 < f.shrink_steps <= REDUCE_STEPS
+    # no reduction of what is reported still fails the mutant's way
+    inputs, pipes = decode_inputs(f.inputs), needed_pipelines(f.key(), names)
+    for c in candidates(small):
+        obs = InProcessExecutor().run(c, inputs, pipes)
+        assert all(v.key() != f.key() for v in judge(c, obs, Expectations.load(), "cpu").failures()), c.to_json()
