@@ -126,6 +126,22 @@ def _flatten(data) -> list[float] | None:
     return out
 
 
+def corpus_fixed_keys(directory) -> set[str]:
+    """The finding keys ("check|pipeline|reference|error_type") a corpus directory's status.json
+    lists under "fixed" (none without the file)."""
+    from pathlib import Path
+    st = Path(directory) / "status.json"
+    if not st.exists():
+        return set()
+    try:
+        obj = json.loads(read_text(str(st), MiB))
+    except (InputRefused, ValueError) as e:
+        raise UsageError(f"{st}: {e}") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("fixed", {}), dict):
+        raise UsageError(f"{st}: fixed: must be an object of finding keys")
+    return set(obj.get("fixed", {}))
+
+
 def load_known(paths: list[str], limits=None):
     """The findings of regression-corpus entries (`run --known`): each path a corpus entry or a
     directory of them. A directory's status.json lists fixed keys under "fixed": those entries
@@ -136,16 +152,7 @@ def load_known(paths: list[str], limits=None):
     for path in paths:
         p = Path(path)
         if p.is_dir():
-            fixed = set()
-            st = p / "status.json"
-            if st.exists():
-                try:
-                    obj = json.loads(read_text(str(st), MiB))
-                except (InputRefused, ValueError) as e:
-                    raise UsageError(f"{st}: {e}") from None
-                if not isinstance(obj, dict) or not isinstance(obj.get("fixed", {}), dict):
-                    raise UsageError(f"{st}: fixed: must be an object of finding keys")
-                fixed = set(obj.get("fixed", {}))
+            fixed = corpus_fixed_keys(p)
             files = [f for f in sorted(p.glob("*.json")) if f.name != "status.json"]
             if not files:
                 raise UsageError(f"--known: {p}: no corpus entries (*.json) in this directory")

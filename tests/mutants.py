@@ -1,14 +1,8 @@
-"""Deliberately broken pipelines (test-only). Each proves one oracle can fail."""
+"""Deliberately broken pipelines (test-only). Each proves one oracle can fail. The PyTorch ones
+(tests/torch_mutants.py) are built on first use, so that a JAX campaign does not import torch."""
 from conformance.observation import ErrorInfo
-from conformance.pipelines import derive, register_instance
+from conformance.pipelines import derive, register_instance, register_lazy
 from conformance.pipelines.jax_pipelines import JaxRemat
-from conformance.pipelines.torch_pipelines import TorchSAC
-
-
-def _drop_named(obs):
-    named = [r for r in (obs.residuals or []) if r.names]
-    if named:
-        obs.residuals.remove(named[0])
 
 
 def _perturb(obs, off):
@@ -28,7 +22,9 @@ class DropNamedResidual(JaxRemat):
     """Reports one named residual fewer than it saved."""
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
-        _drop_named(obs)
+        named = [r for r in (obs.residuals or []) if r.names]
+        if named:
+            obs.residuals.remove(named[0])
 
 
 class PerturbGradient(JaxRemat):
@@ -149,20 +145,6 @@ class WrongMessageWhereItMustRaise(JaxRemat):
             obs.error = ErrorInfo(type="ValueError", message="mutant: shapes do not match", stage="forward")
 
 
-class TorchPerturbGradient(TorchSAC):
-    """Eager SAC whose gradients are off by a relative 1e-3 in one element: besides its baseline
-    (torch:none), the cross-framework check against jax:remat2 must find it (a finding of its own:
-    another error type, shrunk after the baseline's from the same program)."""
-    def _run(self, program, inputs, obs, device):
-        super()._run(program, inputs, obs, device)
-        _perturb(obs, PerturbGradient.OFF)
-
-
-class TorchCompiledPerturbGradient(TorchPerturbGradient):
-    """Declared as a compiled pipeline (compared with eager SAC, then JAX) but run eagerly, its
-    gradients off by 1e-3: the eager-vs-compiled check's mutant (JAX disagrees the same way)."""
-
-
 MUTANTS = {
     "jax:mutant-drop-named-residual": (DropNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-perturb-gradient": (PerturbGradient, "gradient", "jax:none"),
@@ -178,8 +160,8 @@ MUTANTS = {
     "jax:mutant-misreport-fwd-ran": (MisreportFwdRan, "custom_rule", "jax:remat2"),
     "jax:mutant-extra-named-residual": (ExtraNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-wrong-message-where-it-must-raise": (WrongMessageWhereItMustRaise, "error", "expectations"),
-    "torch:mutant-perturb-gradient": (TorchPerturbGradient, "gradient", "jax:remat2"),
-    "torch:mutant-compiled-perturb-gradient": (TorchCompiledPerturbGradient, "gradient", "torch:eager-sac"),
+    "torch:mutant-perturb-gradient": ("TorchPerturbGradient", "gradient", "jax:remat2"),
+    "torch:mutant-compiled-perturb-gradient": ("TorchCompiledPerturbGradient", "gradient", "torch:eager-sac"),
 }
 # The real pipeline each mutant's declaration (roles, comparisons) is derived from, and what changes.
 LIKE = {"torch:mutant-perturb-gradient": ("torch:eager-sac", {}),
@@ -228,7 +210,15 @@ EXPECTATIONS = {
 def register_all():
     for name, (cls, _, _) in MUTANTS.items():
         like, changes = LIKE.get(name, ("jax:remat3", {"variant": "remat2"}))
-        register_instance(cls(derive(like, name, **changes)))
+        if isinstance(cls, str):   # a class of tests/torch_mutants.py
+            register_lazy(derive(like, name, **changes), lambda s, c=cls: getattr(_torch_mutants(), c)(s))
+        else:
+            register_instance(cls(derive(like, name, **changes)))
+
+
+def _torch_mutants():
+    import tests.torch_mutants
+    return tests.torch_mutants
 
 
 register_all()

@@ -113,6 +113,7 @@ DEFAULT_PIPELINES = tuple(n for n, s in SPECS.items() if s.default)
 
 _extra: dict[str, "Pipeline"] = {}   # test-only pipelines (mutants, fault injection)
 _extra_specs: dict[str, Spec] = {}
+_extra_makers: dict = {}           # name -> make(spec): test-only pipelines built on first use
 _cache: dict[str, "Pipeline"] = {}
 
 
@@ -131,8 +132,15 @@ def register_instance(p: "Pipeline") -> None:
     _extra_specs[p.name] = p.spec
 
 
+def register_lazy(s: Spec, make) -> None:
+    """Register a test-only pipeline built by `make(spec)` on first use (its framework is then
+    imported only by a run that uses it)."""
+    _extra_specs[s.name] = s
+    _extra_makers[s.name] = make
+
+
 def known_names() -> list[str]:
-    return list(SPECS) + list(_extra)
+    return list(SPECS) + [n for n in _extra_specs if n not in SPECS]
 
 
 def _lookup(name: str) -> Spec | None:
@@ -214,6 +222,9 @@ def run_set(rivals: list[str]) -> list[str]:
 
 def get(name: str) -> "Pipeline":
     if name in _extra:
+        return _extra[name]
+    if name in _extra_makers:
+        _extra[name] = _extra_makers.pop(name)(_extra_specs[name])
         return _extra[name]
     if name in _cache:
         return _cache[name]

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from conformance.loading import corpus_fixed_keys
+
 HERE = Path(__file__).parent
-STATUS = json.loads((HERE / "status.json").read_text())
+FIXED = corpus_fixed_keys(HERE)     # the rule `run --known` reads status.json by
 
 
 def _key_str(key) -> str:
@@ -35,7 +37,7 @@ def _entries():
             raise pytest.UsageError(f"{path}: a regression entry needs a finding")
         tid = f"{finding.check}-{finding.pipeline.replace(':', '_')}-{finding.program_hash[:8]}"
         marks = []
-        if _key_str(finding.key()) not in STATUS.get("fixed", {}):
+        if _key_str(finding.key()) not in FIXED:
             marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
                 f"open: [{finding.check}] {finding.pipeline} vs {finding.reference} "
                 f"{finding.error_type or ''} ({', '.join(finding.features)})")))
@@ -52,7 +54,7 @@ def test_regression(path, prog, inputs, finding):
     names = replay_pipelines(finding.key())
     obs = InProcessExecutor(finding.device).run(prog, inputs, names)
     j = judge(prog, obs, Expectations.load(), finding.device)
-    fixed = _key_str(finding.key()) in STATUS.get("fixed", {})
+    fixed = _key_str(finding.key()) in FIXED
     # A fixed entry: no failing verdict of that check on that pipeline at all (a key that only
     # changed its error type, say NotImplementedError -> none, is no fix). An open one: its key.
     hit = [v for v in j.failures() if (v.check, v.pipeline) == (finding.check, finding.pipeline)] if fixed \
