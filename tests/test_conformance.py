@@ -8,6 +8,12 @@ sibling of it) is counted under that entry; anything else is shrunk, and a shrun
 that is not one of the corpus behaviours fails this test. Fixed corpus keys are not known:
 their recurrence fails too. The seed is fresh each run, printed in pytest's header and in
 the failure (REMAT_GATE_SEED replays it); the fixed corpus itself is tests/regressions.
+
+A new variant of a tracked key (the same check, pipeline, reference and error type, shrunk and
+reduced to core features no entry of that key has) fails the gate too: features are what the
+gate sees. Variants that differ only by what the shrinker left by accident are folded first (the
+campaign's reductions put a region's policy to the simplest kind the behaviour allows, and drop
+dead statements and outputs), so that a failure here is a behaviour to judge, not noise.
 """
 import json
 import os
