@@ -33,4 +33,11 @@ def pytest_report_header(config):
 
 def pytest_terminal_summary(terminalreporter):
     # `make test` runs pytest -q, which prints no header: the seed is also the summary's last word
+    from pathlib import Path
+    found = sorted((Path(__file__).resolve().parents[1] / "reports" / "gate").glob(f"{GATE_SEED}-*/*.json"))
+    if found:   # the gate's discoveries: new variants of tracked behaviours (tests/test_conformance.py)
+        terminalreporter.write_line(f"conformance gate: {len(found)} new variant(s) of tracked behaviours; "
+                                    "judge each, adopt with: cp FILE tests/regressions/")
+        for p in found:
+            terminalreporter.write_line(f"  {p}")
     terminalreporter.write_line(f"conformance gate seed: {GATE_SEED} (replay: REMAT_GATE_SEED={GATE_SEED} make test)")
