@@ -203,7 +203,6 @@ class Target:
     steps: int = 0
     last_emit: float = 0.0
     tried: dict = dataclasses.field(default_factory=dict)   # (hash, seed) -> failed the target's way
-    reduce_limit: int = 0
 
 
 class Searcher:
@@ -374,10 +373,10 @@ class Searcher:
     def _reduce(self, t: Target) -> None:
         """After Hypothesis: IR rewrites of the shrunk program (`conformance.reduce`), each kept
         when the target's verdict still fails, until none applies or REDUCE_STEPS evaluations."""
-        names = needed_pipelines(t.key, self.opts.pipelines)
-        for _ in range(REDUCE_STEPS):
+        names, limit = needed_pipelines(t.key, self.opts.pipelines), t.steps + REDUCE_STEPS
+        while True:   # each pass ends in a kept rewrite (a step) or returns
             for cand in candidates(t.program):
-                if t.steps >= t.reduce_limit or self.should_stop(grace=self.shrink_seconds(t.key)):
+                if t.steps >= limit or self.should_stop(grace=self.shrink_seconds(t.key)):
                     return
                 h = (cand.content_hash(), t.seed)
                 if h in t.tried and not t.tried[h]:
@@ -396,7 +395,6 @@ class Searcher:
     def _finish(self, t: Target) -> None:
         """The shrunk program as a finding: reduced, then replayed on every pipeline for its
         siblings."""
-        t.reduce_limit = t.steps + REDUCE_STEPS
         self._reduce(t)
         inputs = input_values(t.program, t.seed)
         obs0 = t.observations.get(t.key[1])
