@@ -142,6 +142,11 @@ def corpus_fixed_keys(directory) -> set[str]:
     return set(obj.get("fixed", {}))
 
 
+def corpus_entry_stem(check: str, pipeline: str, program_hash: str) -> str:
+    """The name a regression-corpus entry of a finding has (without .json), its test id too."""
+    return f"{check}-{pipeline.replace(':', '_')}-{program_hash[:8]}"
+
+
 def load_known(paths: list[str], limits=None):
     """The findings of regression-corpus entries (`run --known`): each path a corpus entry or a
     directory of them. A directory's status.json lists fixed keys under "fixed": those entries

@@ -6,8 +6,8 @@ pipelines its time shares allow and judged. The first unexpected verdict whose b
 yet known becomes the shrink target: Hypothesis shrinks while (check, pipeline, reference, error
 type) still holds, running only the pipelines that verdict needs (a program evaluated once in a
 shrink is not evaluated again), then tries IR reductions of what it left (conformance.reduce:
-dead statements, outputs, the simplest policy kind). The program's other new behaviours are shrunk after it, each from
-the same program, unless the first finding already covers them. The shrunk program is replayed
+dead statements, outputs, the simplest policy kind). The program's other new behaviours are
+shrunk after it, each from the same program, unless the first finding already covers them. The shrunk program is replayed
 on every pipeline (the pipelines it also fails on are its siblings: one root behaviour), emitted as
 a finding, and the round is run again from its start, the programs already checked skipped, until
 every slot of it is checked. A round is therefore done (all its slots checked) or not (stopped);

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.loading import corpus_entry_stem, load_known
 from tests.conftest import GATE_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,6 @@ def finding_key(f: dict) -> tuple:
 
 
 def tracked_keys() -> set[tuple]:
-    from conformance.loading import load_known
     return {tuple(f.key()) for f in load_known([str(REG)])}
 
 
@@ -69,7 +69,7 @@ def keep_variants(variants: list[dict], out: Path, dest: Path) -> list[Path]:
     kept = []
     for f in variants:
         dest.mkdir(parents=True, exist_ok=True)
-        p = dest / f"{f['check']}-{f['pipeline'].replace(':', '_')}-{f['program_hash'][:8]}.json"
+        p = dest / f"{corpus_entry_stem(f['check'], f['pipeline'], f['program_hash'])}.json"
         p.write_text((out / "corpus" / f"{f['program_hash']}.json").read_text())
         kept.append(p)
     return kept
@@ -89,7 +89,6 @@ def test_new_keys_fail_and_variants_of_tracked_keys_are_reported(tmp_path):
     (tmp_path / "o" / "corpus" / f"{h}.json").write_text(entry.read_text())
     kept = keep_variants([{**f, "program_hash": h}], tmp_path / "o", tmp_path / "keep")
     assert [p.name for p in kept] == [f"residuals-jax_remat3-{h[:8]}.json"]
-    from conformance.loading import load_known
     assert [x.key() for x in load_known([str(kept[0])])] == [finding_key(json.loads(entry.read_text())["finding"])]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.loading import corpus_fixed_keys
+from conformance.loading import corpus_entry_stem, corpus_fixed_keys
 
 HERE = Path(__file__).parent
 FIXED = corpus_fixed_keys(HERE)     # the rule `run --known` reads status.json by
@@ -35,7 +35,7 @@ def _entries():
         prog, inputs, finding = load_program_file(str(path))
         if finding is None:
             raise pytest.UsageError(f"{path}: a regression entry needs a finding")
-        tid = f"{finding.check}-{finding.pipeline.replace(':', '_')}-{finding.program_hash[:8]}"
+        tid = corpus_entry_stem(finding.check, finding.pipeline, finding.program_hash)
         marks = []
         if _key_str(finding.key()) not in FIXED:
             marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
