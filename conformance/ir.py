@@ -211,7 +211,7 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
             if isinstance(s, Op):
                 if s.op in O.OPS and O.OPS[s.op].in_rules_only and nondiff is None:
                     raise ProgramError(f"{p}.op", f"{s.op} is only allowed inside custom_vjp fwd/bwd")
-                if s.op == O.NAME_OP and len(str(s.params.get("name", ""))) > limits.max_name_length:
+                if s.op in O.NAME_OPS and len(str(s.params.get("name", ""))) > limits.max_name_length:
                     raise ProgramError(f"{p}.params.name", f"name longer than {limits.max_name_length} characters")
                 t = _infer(s, [types[a] for a in s.args], p, nondiff or [])
                 define(s.out, t, f"{p}.out")
@@ -357,8 +357,13 @@ def known_features() -> set[str]:
             | {f"op:{o}" for o in O.OPS})
 
 
+def input_elements(s: "Op", types: dict) -> int | None:
+    """How many elements an op's first input has (what a size policy decides on)."""
+    return math.prod(types[s.args[0]][0]) if s.args else None
+
+
 def is_name(s) -> bool:
-    return isinstance(s, Op) and s.op == O.NAME_OP
+    return isinstance(s, Op) and s.op in O.NAME_OPS
 
 
 def checkpoint_name_of(s) -> str | None:

@@ -43,8 +43,18 @@ class CustomRuleLog(BaseModel):
     model_config = ConfigDict(extra="forbid")
     perturbed: list[list[bool]] = Field(default_factory=list)          # distinct flag tuples seen by fwd
     symbolic_zero_cts: list[list[bool]] = Field(default_factory=list)  # distinct is-zero tuples seen by bwd
-    fwd_traces: int = 0
-    bwd_calls: int = 0
+    fwd_traces: int = 0      # how often the fwd rule ran (traced or called)
+    bwd_calls: int = 0       # how often the bwd rule ran
+    primal_traces: int = 0   # how often the primal function ran
+
+
+class ReportedResidual(BaseModel):
+    """One line of JAX's own residual report (jax._src.ad_checkpoint.saved_residuals)."""
+    model_config = ConfigDict(extra="forbid")
+    shape: list[int]
+    dtype: str
+    source: str                 # the report's text ("named 'a' from ...", "output of sin from ...")
+    name: str | None = None     # the checkpoint name it prints, if any
 
 
 class Observation(BaseModel):
@@ -58,6 +68,8 @@ class Observation(BaseModel):
     residuals: list[Residual] | None = None
     values: dict[str, Any] | None = None      # every node's value (the reference records them)
     custom_rules: dict[str, CustomRuleLog] = Field(default_factory=dict)
+    residual_report: list[ReportedResidual] | None = None   # JAX's report of the same function
+    residual_report_error: str | None = None                # "Type: message" when the report raised
     error: ErrorInfo | None = None
     unsupported: str | None = None            # pipeline declares the program out of scope
     versions: dict[str, str] = Field(default_factory=dict)

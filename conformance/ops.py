@@ -20,6 +20,8 @@ from typing import Any, Callable
 import numpy as np
 
 NAME_OP = "name"   # checkpoint_name(x, name): the op whose params carry a checkpoint name
+NAME_FWD_OP = "name_fwd"   # checkpoint_name_fwd(x, name): a name for custom_vjp fwd rules
+NAME_OPS = (NAME_OP, NAME_FWD_OP)   # every op that carries a checkpoint name
 ND_INDEX = "index"  # the param of in-rule ops that selects a custom_vjp nondiff argument
 MAX_MAG = 50.0      # generator: outputs stay below this magnitude
 GEN_MAX_DIM = 64    # generator: dimensions stay within ir.Limits' default
@@ -52,6 +54,7 @@ class OpDecl:
     dot: bool = False                # saved by the dots policies (JAX: dot_general, conv_general_dilated)
     dot_no_batch: bool = False       # saved by the dots-without-batch-dims policies when not batched
     in_rules_only: bool = False      # only inside custom_vjp fwd/bwd rules
+    in_fwd_only: bool = False        # generated only inside custom_vjp fwd rules
     nonsmooth: bool = False          # derivative jumps where its input crosses 0
 
     def batched(self, shapes) -> bool:
@@ -356,6 +359,13 @@ define("scale", 1, "unary", _infer_scale, params=("c",),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [g], c=s.params["c"])), gen=_gen_scale, pseudo="{x} * {c}")
 define(NAME_OP, 1, "name", _infer_name, params=("name",), vjp=_vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
        pseudo="checkpoint_name({x}, {name})")
+# jax.ad_checkpoint.checkpoint_name_fwd: under remat3 a name whose saved value the backward
+# pass uses as is (checkpoint_name: primal from the saved value, tangent from the recompute);
+# the same name_p under remat2. Its promise: a name like checkpoint_name for every policy,
+# values unchanged. Generated in custom_vjp fwd rules, where it is meant to be used.
+define(NAME_FWD_OP, 1, "name", _infer_name, params=("name",), vjp=_vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
+       pseudo="checkpoint_name_fwd({x}, {name})", in_fwd_only=True,
+       features=(feature("names_fwd", "checkpoint_name_fwd in a custom_vjp fwd rule"),))
 define("add", 2, "binary", _equal, vjp=_vjp_binary("add"), gen=_gen_binary("add"), pseudo="{x} + {y}")
 define("sub", 2, "binary", _equal, vjp=_vjp_binary("sub"), gen=_gen_binary("sub"), pseudo="{x} - {y}")
 define("mul", 2, "binary", _equal, vjp=_vjp_binary("mul"), gen=_gen_binary("mul"), pseudo="{x} * {y}")
@@ -461,7 +471,7 @@ define("conv1d", 2, "conv", _infer_conv1d, gen=_gen_conv1d, dot=True,
 
 
 def _generated(d: OpDecl, in_rule: bool, nondiff: bool) -> bool:
-    return (d.gen is not None and (not d.in_rules_only or (in_rule and nondiff))
+    return (d.gen is not None and (not d.in_rules_only or (in_rule and nondiff)) and (not d.in_fwd_only or in_rule)
             and (not in_rule or d.vjp is not None))
 
 

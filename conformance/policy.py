@@ -19,6 +19,8 @@ jax.checkpoint_policies members. Op facts (which ops are dots) come from the op 
 | offload_dots_no_batch        | offload_dot_with_no_batch_dims(src, dst)       |
 | save_and_offload_names       | save_and_offload_only_these_names(...)         |
 | ops                          | custom callable: save outputs of these op kinds|
+| min_elements                 | custom callable over avals: save outputs of ops|
+|                              | whose first input has >= N elements            |
 
 Program layer: imports the op table and pydantic only.
 """
@@ -97,9 +99,16 @@ class Ops(_P):
         return v
 
 
+class MinElements(_P):
+    """Custom predicate over the avals a policy is given: save the outputs of every op (a name
+    included) whose first input has at least `elements` elements."""
+    kind: Literal["min_elements"] = "min_elements"
+    elements: int = Field(ge=1, le=1 << 20)
+
+
 Policy = Annotated[
     Union[Everything, Nothing, Dots, DotsNoBatch, SaveOnlyNames, SaveAnyNamesButThese,
-          SaveAnythingExceptNames, Both, OffloadDotsNoBatch, SaveAndOffloadNames, Ops],
+          SaveAnythingExceptNames, Both, OffloadDotsNoBatch, SaveAndOffloadNames, Ops, MinElements],
     Field(discriminator="kind"),
 ]
 Both.model_rebuild()
@@ -122,9 +131,9 @@ def _either(a: str, b: str) -> str:
 @dataclass(frozen=True)
 class KindDecl:
     """One policy kind. `fields` says how the generator fills it: () a plain kind, ('names',),
-    ('saved', 'offloaded'), ('ops',) or ('a', 'b') for two sub-policies."""
+    ('saved', 'offloaded'), ('ops',), ('elements',) or ('a', 'b') for two sub-policies."""
     model: type
-    decide: Callable      # (p, op, name, batched) -> 'save' | 'recompute' | 'offload'
+    decide: Callable      # (p, op, name, batched, elements) -> 'save' | 'recompute' | 'offload'
     fields: tuple[str, ...] = ()
     offloads: bool = False
 
@@ -142,34 +151,56 @@ def _kind(model, decide, fields=(), offloads=False):
 
 
 # Declaration order is the generator's order (the first is the simplest).
-_kind(Nothing, lambda p, op, name, b: "recompute")
-_kind(SaveOnlyNames, lambda p, op, name, b: "save" if name is not None and name in p.names else "recompute",
+_kind(Nothing, lambda p, op, name, b, n: "recompute")
+_kind(SaveOnlyNames, lambda p, op, name, b, n: "save" if name is not None and name in p.names else "recompute",
       ("names",))
-_kind(Everything, lambda p, op, name, b: "save")
-_kind(Dots, lambda p, op, name, b: "save" if _is_dot(op, b) else "recompute")
-_kind(DotsNoBatch, lambda p, op, name, b: "save" if _is_dot_no_batch(op, b) else "recompute")
+_kind(Everything, lambda p, op, name, b, n: "save")
+_kind(Dots, lambda p, op, name, b, n: "save" if _is_dot(op, b) else "recompute")
+_kind(DotsNoBatch, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute")
 _kind(SaveAnyNamesButThese,
-      lambda p, op, name, b: "save" if name is not None and name not in p.names else "recompute", ("names",))
+      lambda p, op, name, b, n: "save" if name is not None and name not in p.names else "recompute", ("names",))
 _kind(SaveAnythingExceptNames,
-      lambda p, op, name, b: "recompute" if name is not None and name in p.names else "save", ("names",))
-_kind(Ops, lambda p, op, name, b: "save" if op in p.ops else "recompute", ("ops",))
-_kind(OffloadDotsNoBatch, lambda p, op, name, b: "offload" if _is_dot_no_batch(op, b) else "recompute",
+      lambda p, op, name, b, n: "recompute" if name is not None and name in p.names else "save", ("names",))
+_kind(Ops, lambda p, op, name, b, n: "save" if op in p.ops else "recompute", ("ops",))
+_kind(OffloadDotsNoBatch, lambda p, op, name, b, n: "offload" if _is_dot_no_batch(op, b) else "recompute",
       offloads=True)
-_kind(SaveAndOffloadNames, lambda p, op, name, b: (
+_kind(SaveAndOffloadNames, lambda p, op, name, b, n: (
     "save" if name is not None and name in p.saved else
     "offload" if name is not None and name in p.offloaded else "recompute"), ("saved", "offloaded"), offloads=True)
-_kind(Both, lambda p, op, name, b: _either(decide(p.a, op, name, b), decide(p.b, op, name, b)), ("a", "b"))
+_kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.elements else "recompute",
+      ("elements",))
+_kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"))
 
 POLICY_KINDS = tuple(KINDS)
 
 
-def decide(p, op: str | None, name: str | None, batched: bool = False) -> str:
+def decide(p, op: str | None, name: str | None, batched: bool = False, elements: int | None = None) -> str:
     """The documented meaning: 'save', 'offload' or 'recompute' for a value produced by op kind
-    `op` (None: an op the IR does not know), with checkpoint name `name` for name ops."""
+    `op` (None: an op the IR does not know), with checkpoint name `name` for name ops, whose
+    first input has `elements` elements (None: unknown)."""
     k = KINDS.get(p.kind)
     if k is None:
         raise ValueError(f"unknown policy kind {p.kind!r}")
-    return k.decide(p, op, name, batched)
+    return k.decide(p, op, name, batched, elements)
+
+
+def thresholds(p) -> list[int]:
+    """The element counts at which a policy's decisions can change (min_elements), sorted."""
+    out = {p.elements} if p.kind == "min_elements" else set()
+    for f in KINDS[p.kind].fields:
+        if f in ("a", "b"):
+            out |= set(thresholds(getattr(p, f)))
+    return sorted(out)
+
+
+def size_class(elements: int | None, bounds: list[int]) -> int:
+    """Which interval between `bounds` an element count falls in (0: below all, or unknown)."""
+    return 0 if elements is None else sum(1 for t in bounds if elements >= t)
+
+
+def class_elements(c: int, bounds: list[int]) -> int | None:
+    """An element count of size class c (its lower bound; None for class 0 with no bounds)."""
+    return bounds[c - 1] if c else (0 if bounds else None)
 
 
 def policy_names(p) -> list[str]:
@@ -179,7 +210,7 @@ def policy_names(p) -> list[str]:
         v = getattr(p, f)
         if f in ("a", "b"):
             out += policy_names(v)
-        elif f != "ops":
+        elif f not in ("ops", "elements"):
             out += list(v)
     return out
 

@@ -74,7 +74,7 @@ def shard_of(prog_hash: str, seed: int, n: int) -> int:
 
 # Checks between two pipelines' own records (saved residuals, custom-rule logs): a shrink step
 # runs only those two (the value references matter to values, errors and the policy check).
-PAIRWISE_CHECKS = ("residuals", "custom_rule")
+PAIRWISE_CHECKS = ("residuals", "custom_rule", "trace_count")
 
 
 def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:

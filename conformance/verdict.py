@@ -10,8 +10,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # Triage order: silent wrong gradients first, then silently ignored policies and residual
-# differences, then custom-rule observations, error behaviour, crashes, timeouts.
-CHECKS = ("gradient", "residuals", "custom_rule", "error", "crash", "timeout")
+# differences, then custom-rule observations, JAX's own residual report disagreeing with what
+# was saved, how often custom rules were traced, error behaviour, crashes, timeouts.
+CHECKS = ("gradient", "residuals", "custom_rule", "residual_report", "trace_count", "error", "crash", "timeout")
 CHECK_RANK: dict[str, int] = {c: i for i, c in enumerate(CHECKS)}
 STATUSES = ("pass", "fail", "expected", "unsupported", "skipped")
 # Where a pipeline run failed, in the order a run goes through them.
@@ -21,9 +22,14 @@ CRASH_PREFIX = "crash:"      # crash:SIGSEGV, crash:SIGABRT, crash:exit-1, crash
 CRASH_OOM = CRASH_PREFIX + "oom"
 TIMEOUT = "timeout"
 # Verdict references that are not pipelines.
-NON_PIPELINE_REFERENCES = ("expectations", "policy")
+# "vjp": the pipeline's own vjp closure (what it really saved), for the residual-report check.
+NON_PIPELINE_REFERENCES = ("expectations", "policy", "vjp")
 # Residual symptoms (a residual verdict's error_type).
 RESIDUAL_SYMPTOMS = ("missing", "extra", "named", "other", "saved_against_policy")
+# Residual-report symptoms: it lists other shapes/dtypes or another count than the closure holds
+# ("count"), or prints a name that no saved value of that class carries ("names"); when the
+# report itself raises, the exception's type.
+REPORT_SYMPTOMS = ("count", "names")
 
 Check = Literal[CHECKS]
 Status = Literal[STATUSES]

@@ -10,6 +10,7 @@ from generators.draws import BOOL, draw_int
 
 NAME_POOL = ("a", "b", "c")
 MAX_OPERAND_BACK = 7      # operands: how far back from the newest value an index reaches
+ELEMENT_THRESHOLDS = (2, 4, 8, 16)   # min_elements policies: the first is the simplest
 
 
 def policy_ops() -> list[str]:
@@ -42,6 +43,8 @@ def draw_policy_plan(draw, kinds: list[str], names=NAME_POOL, depth=0) -> tuple:
             while len(picked) < 3 and draw(BOOL, label="policy_op_more"):
                 picked.append(draw_int(draw, 0, MAX_OPERAND_BACK, "policy_op"))
             kw[f] = picked
+        elif f == "elements":   # thresholds within the generator's small shapes (1-64 elements)
+            kw[f] = ELEMENT_THRESHOLDS[draw_int(draw, 0, len(ELEMENT_THRESHOLDS) - 1, "policy_elements")]
         elif f in ("a", "b"):
             kw[f] = draw_policy_plan(draw, kinds, names, depth + 1)
     return k, kw

@@ -20,7 +20,7 @@ Pure functions over observations; they import no framework.
 """
 from __future__ import annotations
 
-from conformance.ir import Checkpoint, CustomVJP, Op, Program, checkpoint_name_of, is_name, region_context
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, checkpoint_name_of, input_elements, is_name, region_context
 from conformance.observation import Observation
 from conformance.policy import decide
 from oracles import gradients, residuals
@@ -44,12 +44,14 @@ def policy_named(program: Program) -> set[str]:
     differently (that is a declared semantic difference, to be reported, so both the
     innermost and the outer levels count)."""
     out: set[str] = set()
+    types = program.types()
 
     def visit(body, stack):
         for s in body:
             if isinstance(s, Op):
                 if is_name(s) and stack and any(
-                        decide(p, s.op, checkpoint_name_of(s)) != "recompute" for p in stack):
+                        decide(p, s.op, checkpoint_name_of(s), False, input_elements(s, types)) != "recompute"
+                        for p in stack):
                     out.add(s.out)
             elif isinstance(s, Checkpoint):
                 visit(s.body, stack + [s.policy])

@@ -48,7 +48,7 @@ from conformance import pipelines as registry
 from conformance.ir import Program
 from conformance.observation import ErrorInfo, Observation
 from conformance.verdict import Verdict, symptom_check
-from oracles import cross_framework, gradients, residuals
+from oracles import cross_framework, gradients, residual_report, residuals, trace_counts
 from oracles.expectations import Entry, Expectations
 from oracles.missing import missing, skip_unless
 
@@ -136,10 +136,13 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
 
         # -- residuals and custom rules ---------------------------------------------------
         add(residuals.check_policy(program, obs, ref))
+        if registry.records_report(name):
+            add(residual_report.check(obs))
         for rname, mode in registry.comparisons(name, names):
             rref = observations[rname]
             if mode == "same":
-                checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref)]
+                checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref),
+                          trace_counts.compare(obs, rref, registry.same_mode(name, rname))]
             else:
                 checks = [cross_framework.compare_grads(program, obs, rref, values=values,
                                                         values_missing=values_missing),

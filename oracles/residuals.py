@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 
-from conformance.ir import Op, Program, checkpoint_name_of, primal_ops, region_context, walk
+from conformance.ir import Op, Program, checkpoint_name_of, input_elements, primal_ops, region_context, walk
 from conformance.ops import OPS
 from conformance.observation import Observation, Residual
 from conformance.policy import decide
@@ -108,7 +108,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
                 break
             s = ops[i]
             batched = OPS[s.op].batched([types[a][0] for a in s.args])
-            if any(decide(p, s.op, checkpoint_name_of(s), batched) != "recompute" for p in policies[i]):
+            n = input_elements(s, types)
+            if any(decide(p, s.op, checkpoint_name_of(s), batched, n) != "recompute" for p in policies[i]):
                 ok_to_save = True
                 break
         if not ok_to_save and factors and r.cls[0] in values and _aliases(values[r.cls[0]], factors):

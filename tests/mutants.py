@@ -145,6 +145,31 @@ class WrongMessageWhereItMustRaise(JaxRemat):
             obs.error = ErrorInfo(type="ValueError", message="mutant: shapes do not match", stage="forward")
 
 
+class ReportOneResidualFewer(JaxRemat):
+    """JAX's residual report, as it records it, lists one saved value fewer than the closure holds."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.residual_report:
+            obs.residual_report.pop()
+
+
+class ReportWrongName(JaxRemat):
+    """Its residual report prints a checkpoint name on a saved value that carries no such name."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.residual_report:
+            obs.residual_report[0].name = "mutant"
+
+
+class TraceFwdTwice(JaxRemat):
+    """Runs every custom_vjp fwd rule one more time than it needs (its log counts both)."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        for log in obs.custom_rules.values():
+            if log.fwd_traces:
+                log.fwd_traces += 1
+
+
 MUTANTS = {
     "jax:mutant-drop-named-residual": (DropNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-perturb-gradient": (PerturbGradient, "gradient", "jax:none"),
@@ -160,11 +185,16 @@ MUTANTS = {
     "jax:mutant-misreport-fwd-ran": (MisreportFwdRan, "custom_rule", "jax:remat2"),
     "jax:mutant-extra-named-residual": (ExtraNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-wrong-message-where-it-must-raise": (WrongMessageWhereItMustRaise, "error", "expectations"),
+    "jax:mutant-report-one-residual-fewer": (ReportOneResidualFewer, "residual_report", "vjp"),
+    "jax:mutant-report-wrong-name": (ReportWrongName, "residual_report", "vjp"),
+    "jax:mutant-trace-fwd-twice": (TraceFwdTwice, "trace_count", "jax:remat2"),
     "torch:mutant-perturb-gradient": ("TorchPerturbGradient", "gradient", "jax:remat2"),
     "torch:mutant-compiled-perturb-gradient": ("TorchCompiledPerturbGradient", "gradient", "torch:eager-sac"),
 }
 # The real pipeline each mutant's declaration (roles, comparisons) is derived from, and what changes.
 LIKE = {"torch:mutant-perturb-gradient": ("torch:eager-sac", {}),
+        "jax:mutant-report-one-residual-fewer": ("jax:remat3:jit", {"variant": "remat2"}),
+        "jax:mutant-report-wrong-name": ("jax:remat3:jit", {"variant": "remat2"}),
         "torch:mutant-compiled-perturb-gradient": ("torch:compile-aot_eager", {"compile": None})}
 # The error type each mutant's finding must carry, and sibling keys (check, reference, error type)
 # its shrunk program must also fail: the loose float64-reference check for a 10% gradient error.
@@ -177,6 +207,8 @@ ERROR_TYPE = {
     "jax:mutant-misreport-symbolic-zeros": "symbolic_zero_cts", "jax:mutant-wrong-error-where-it-must-raise": "TypeError",
     "jax:mutant-misreport-fwd-ran": "fwd_ran", "jax:mutant-extra-named-residual": "extra",
     "jax:mutant-wrong-message-where-it-must-raise": "ValueError",
+    "jax:mutant-report-one-residual-fewer": "count", "jax:mutant-report-wrong-name": "names",
+    "jax:mutant-trace-fwd-twice": "fwd_traces",
     "torch:mutant-perturb-gradient": "cross_value", "torch:mutant-compiled-perturb-gradient": "cross_value",
 }
 ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64", "")],

@@ -12,7 +12,7 @@ from tests.mutants import ALSO_FAILS, DETAIL, ERROR_TYPE, EXPECTATIONS, GENERATO
 
 MAX_PROGRAMS = 150
 # Shrinking is bounded by steps only (never by seconds) so that the result is deterministic.
-MAX_SHRUNK_SIZE = {"residuals": 6, "gradient": 2, "error": 5, "custom_rule": 5}
+MAX_SHRUNK_SIZE = {"residuals": 6, "gradient": 2, "error": 5, "custom_rule": 5, "residual_report": 2, "trace_count": 4}
 # A mutant whose behaviour needs a program shape of its own (a custom_vjp block with its rules).
 MAX_SHRUNK_SIZE_OF = {"jax:mutant-silent-wrong-where-it-must-raise": 6}
 

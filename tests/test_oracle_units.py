@@ -595,7 +595,8 @@ def test_each_rival_gets_value_policy_and_comparison_checks_references_none():
         ("gradient", "jax:remat2", "jax:none", "pass"), ("gradient", "jax:remat2", "ref:f64", "pass"),
         ("gradient", "jax:remat3", "jax:none", "pass"), ("gradient", "jax:remat3", "ref:f64", "pass"),
         ("residuals", "jax:remat2", "policy", "pass"),
-        ("residuals", "jax:remat3", "jax:remat2", "pass"), ("residuals", "jax:remat3", "policy", "pass")]
+        ("residuals", "jax:remat3", "jax:remat2", "pass"), ("residuals", "jax:remat3", "policy", "pass"),
+        ("trace_count", "jax:remat3", "jax:remat2", "pass")]
     assert j.failures() == [] and j.expectation_hits == {}
     # tight against the baseline, loose against the value reference
     j = judge(named_chain(), _jax(grads3={"x": [1.0, 1.0 + 1e-9, 1.0]}), Expectations([]))
@@ -1236,3 +1237,81 @@ def test_known_after_the_shrink_limit_counts_under_the_closest_finding():
     assert _searcher([a], {K: 1}, max_shrinks=1).known(_v(), {"checkpoint"}, {K}) is a
     # no finding of that key: nothing to count it under
     assert _searcher([_finding(SIBLING)], {K: 9}).known(_v(), feats, {K}) is None
+
+
+# -- JAX's residual report against the closure -----------------------------------------------------
+def _reported(obs_residuals, report, error=None):
+    from conformance.observation import ReportedResidual
+    return Observation(pipeline="jax:remat3:jit", residuals=obs_residuals, grads={}, outputs=[],
+                       residual_report=None if report is None else [ReportedResidual(**r) for r in report],
+                       residual_report_error=error)
+
+
+def test_residual_report_oracle_each_symptom():
+    from oracles import residual_report
+    a = Residual(cls=["na", "s"], names=["a"], shape=[2, 2], dtype="float64", bytes=32, copies=2)
+    b = Residual(cls=["x"], shape=[2, 3], dtype="float64", bytes=48)
+    row = lambda shape, name=None, dtype="float64": {"shape": shape, "dtype": dtype, "name": name,
+                                                     "source": f"named '{name}' from f" if name else "output of sin"}
+    good = [row([2, 2], "a"), row([2, 2]), row([2, 3])]
+    assert residual_report.check(_reported([a, b], good)).status == "pass"
+    # a saved value carries a name that the report does not print (saved as its producer): fine
+    assert residual_report.check(_reported([a, b], [row([2, 2]), row([2, 2]), row([2, 3])])).status == "pass"
+    v = residual_report.check(_reported([a, b], good[:2]))
+    assert (v.status, v.error_type, v.reference) == ("fail", "count", "vjp")
+    assert v.detail["missing_from_report"] == ["float64[6 elements]"] and v.detail["extra_in_report"] == []
+    # copies of one class saved in two layouts (a value and its squeeze) count by element count
+    c = Residual(cls=["v"], shape=[1, 2, 4], dtype="float32", bytes=32, copies=2)
+    assert residual_report.check(_reported([c], [row([1, 2, 4], dtype="float32"), row([2, 4], dtype="float32")])
+                                 ).status == "pass"
+    v = residual_report.check(_reported([a, b], [row([2, 2], "a"), row([2, 2], "a"), row([2, 3], "a")]))
+    assert (v.status, v.error_type) == ("fail", "names")
+    assert v.detail["names"] == {"a": {"printed": 3, "saved": 2}}
+    v = residual_report.check(_reported([a, b], None, "AssertionError: "))
+    assert (v.status, v.error_type) == ("fail", "AssertionError")
+    assert residual_report.check(_reported([a, b], None)).status == "skipped"
+    assert residual_report.check(_reported(None, good)).status == "skipped"
+
+
+def test_trace_count_oracle_judges_growth_in_one_execution_mode():
+    from oracles import trace_counts
+    log = lambda p, f, b: CustomRuleLog(primal_traces=p, fwd_traces=f, bwd_calls=b)
+    ref = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(1, 1, 1), "body[1]": log(0, 1, 1)})
+    same = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(1, 1, 1), "body[1]": log(0, 1, 1)})
+    assert trace_counts.compare(same, ref, True).status == "pass"
+    fewer = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 1, 1), "body[1]": log(0, 1, 1)})
+    assert trace_counts.compare(fewer, ref, True).status == "pass"
+    more = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(2, 1, 1), "body[1]": log(0, 2, 1)})
+    v = trace_counts.compare(more, ref, True)
+    assert (v.status, v.error_type, v.reference) == ("fail", "fwd_traces+primal_traces", "jax:remat2")
+    assert v.detail["blocks"] == {"body[0]": {"primal_traces": {"got": 2, "reference": 1}},
+                                  "body[1]": {"fwd_traces": {"got": 2, "reference": 1}}}
+    assert trace_counts.compare(more, ref, False).status == "skipped"
+    # a fwd rule that runs where the reference's never ran is custom_rule's fwd_ran, not a count
+    idle = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(1, 0, 0)})
+    ran = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(1, 1, 1)})
+    assert trace_counts.compare(ran, idle, True).status == "pass"
+    raised = Observation(pipeline="jax:remat3", error=ErrorInfo(type="E", message="m", stage="forward"))
+    assert trace_counts.compare(raised, ref, True).status == "skipped"
+
+
+def test_min_elements_policy_decides_by_the_first_inputs_size_in_every_adapter():
+    from conformance.pipelines import jax_table, torch_table
+    from conformance.policy import Both, MinElements, decide, size_class, thresholds
+    p = prog([region(["x", "y"], [op("sin", ["x"], "a"), op("sin", ["a"], "b"), op("sin", ["y"], "c"),
+                                  op("sin", ["c"], "d"), op("sum", ["b"], "e", axis=None), op("sum", ["d"], "f", axis=None),
+                                  op("add", ["e", "f"], "g")], ["g"], {"kind": "min_elements", "elements": 4})],
+             inputs=[{"id": "x", "shape": [4], "dtype": "float64", "diff": True},
+                     {"id": "y", "shape": [2], "dtype": "float64", "diff": True}], outputs=["g"])
+    # sin(x) reads 4 elements: saveable; sin(y) reads 2: must be recomputed
+    assert residuals.check_policy(p, ob("p", res=[R(["a"]), R(["b"])])).status == "pass"
+    v = residuals.check_policy(p, ob("p", res=[R(["c"])]))
+    assert v.status == "fail" and v.detail["saved_against_policy"] == ["c:float64[3]"]
+    pol = Both(a=MinElements(elements=4), b=MinElements(elements=8))
+    assert [decide(pol, "sin", None, False, n) for n in (None, 3, 4, 8)] == ["recompute", "recompute", "save", "save"]
+    assert thresholds(pol) == [4, 8] and [size_class(n, [4, 8]) for n in (None, 3, 4, 7, 8, 99)] == [0, 0, 1, 1, 2, 2]
+    table = torch_table.region_decisions(MinElements(elements=4), ["a"])
+    assert table["bounds"] == [4]
+    assert (table[("sin", False, 0)], table[("sin", False, 1)]) == ("recompute", "save")
+    assert (table[("name", "a", 0)], table[("name", "a", 1)]) == ("recompute", "save")
+    assert jax_table.policy_source(pol) == "cp.save_from_both_policies(save_min_elements(4), save_min_elements(8))"

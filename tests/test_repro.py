@@ -182,3 +182,28 @@ def test_torch_repro_of_a_real_torch_finding_agrees_with_the_harness(tmp_path):
     assert ("REPRODUCED [residuals] torch:compile-aot_eager vs torch:eager-sac" in out) == fails, out
     if fails:
         assert "named value s0/s1 saved by torch:eager-sac but not by torch:compile-aot_eager" in out, out
+
+
+def test_jax_repro_of_a_residual_report_finding_checks_the_report(tmp_path):
+    # A residual_report finding on a real pipeline: the script compares JAX's report with the
+    # closure and conforms (exit 0); with one report row dropped, as a wrong report would be,
+    # the same script reproduces (exit 1).
+    from conformance.findings import make_finding
+    from conformance.verdict import Verdict
+    from generators.programs import input_values
+    from tests.programs import named_chain
+    prog = named_chain()
+    inputs = input_values(prog, 0)
+    v = Verdict(check="residual_report", pipeline="jax:remat3:jit", reference="vjp", status="fail", error_type="count")
+    f = make_finding(v, prog, inputs, {}, {}, "cpu")
+    src = repro.generate(prog, inputs, f, "jax")
+    rc, out = run_script(src, tmp_path)
+    assert rc == 0, out
+    assert "OK: [residual_report] jax:remat3:jit vs vjp" in out and "named 'a'" in out
+    marker = "rows = saved_residuals(lambda *x: loss_fn(*x)[0], *d)"
+    assert marker in src
+    rc, out = run_script(src.replace(marker, marker + "[:-1]"), tmp_path, name="tampered.py")
+    assert rc == 1, out
+    assert "REPRODUCED [residual_report] jax:remat3:jit vs vjp" in out and "the report lists" in out
+    with pytest.raises(repro.ReproError, match="residual_report"):
+        repro.generate(prog, inputs, f, "torch")

@@ -61,6 +61,11 @@ class Spec:
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
+    # JAX: also record JAX's own residual report (saved_residuals) of the function it
+    # differentiates, judged against the closure. Only traced (jit) runs: eager vjp shares one
+    # buffer between equal concrete values (a name and its producer), which the report of the
+    # traced function cannot know.
+    residual_report: bool = False
     repro_default: bool = False      # the framework's pipeline for repros of bare programs
 
     @property
@@ -77,7 +82,7 @@ def _jax_rivals():
                 continue
             refs = ("jax:remat2:jit", "jax:remat2") if jit and variant != "remat2" else ("jax:remat2",)
             out.append(Spec(name, "jax", "JaxRemat", variant=variant, jit=jit, compare=(Compare(refs, "same"),),
-                            default=True, repro_default=name == "jax:remat3"))
+                            default=True, repro_default=name == "jax:remat3", residual_report=jit))
     return out
 
 
@@ -186,6 +191,18 @@ def runs_in(name: str, framework: str) -> bool:
 
 def residual_reference(framework: str) -> str | None:
     return next((n for n, s in SPECS.items() if s.role == REFERENCE and s.framework == framework), None)
+
+
+def same_mode(a: str, b: str) -> bool:
+    """Whether two pipelines execute alike (both eager, both jit, or compiled with one backend)."""
+    sa, sb = _lookup(a), _lookup(b)
+    return bool(sa and sb and (sa.jit, sa.compile) == (sb.jit, sb.compile))
+
+
+def records_report(name: str) -> bool:
+    """Whether the pipeline records JAX's residual report (the residual_report check)."""
+    s = _lookup(name)
+    return bool(s and s.residual_report)
 
 
 def is_reference(name: str) -> bool:

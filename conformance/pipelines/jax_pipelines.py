@@ -7,6 +7,7 @@ every dtype in a program is explicit.
 from __future__ import annotations
 
 import os
+import re
 import time
 from contextlib import contextmanager
 from typing import Any
@@ -16,10 +17,10 @@ os.environ.setdefault("JAX_ENABLE_X64", "1")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from jax.ad_checkpoint import checkpoint_name  # noqa: E402
+from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
 from conformance.ir import Checkpoint, CustomVJP, Interpreter, Op, Program, node_index  # noqa: E402
-from conformance.observation import CustomRuleLog, ErrorInfo, Observation  # noqa: E402
+from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.pipelines import jax_table  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.tables import compile_table, unlowered  # noqa: E402
@@ -64,7 +65,7 @@ def jax_flags(flags: dict[str, bool]):
 
 
 NAMESPACE: dict = {"jax": jax, "jnp": jnp, "lax": jax.lax, "cp": jax.checkpoint_policies,
-                   "checkpoint_name": checkpoint_name}
+                   "checkpoint_name": checkpoint_name, "checkpoint_name_fwd": checkpoint_name_fwd}
 exec(jax_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
 OPS = compile_table(jax_table.OPS, NAMESPACE)
 
@@ -111,6 +112,7 @@ class Lowering(Interpreter):
             return e
 
         def primal(*args):
+            log.primal_traces += 1
             e = run_fwd(args[:nnd], args[nnd:])
             return tuple(e[r] for r in s.results)
 
@@ -257,6 +259,9 @@ class JaxBase(Pipeline):
                 with timed(t, "residuals"):
                     leaves = [x for x in jax.tree.leaves(vjp_fn) if hasattr(x, "shape")]
                     obs.residuals = self._canonical(program, leaves)
+            if self.spec.residual_report:
+                with timed(t, "residual_report"):
+                    self._report(program, const, diff_ids, d, obs)
             if program.diff.order == 2:
                 stage = "second_order"
 
@@ -274,10 +279,39 @@ class JaxBase(Pipeline):
             obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
         obs.custom_rules = {k: v for k, v in low.logs.items()}
 
+    def _report(self, program: Program, const, diff_ids, d, obs: Observation):
+        """JAX's own residual report of the loss this run differentiates (traced afresh with its
+        own lowering, so that the custom-rule logs stay this run's)."""
+        low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
+
+        def loss(*x):
+            return sum(jnp.sum(o).astype(jnp.float64) for o in low.outputs(const, diff_ids, x))
+        try:
+            rows = saved_residuals(loss, *d)
+        except Exception as e:   # the diagnostic itself failed: the oracle judges it
+            obs.residual_report_error = f"{type(e).__name__}: {str(e)[:2000]}"
+            return
+        obs.residual_report = [reported(aval, text) for aval, text in rows]
+
     def _canonical(self, program: Program, leaves):
         values = node_values(program, self._inputs)
         return canonicalise([np.asarray(x) for x in leaves], values, node_index(program),
                             memory=[_memory_kind(x) for x in leaves])
+
+
+_NAMED = re.compile(r"^named '(.*)' from ")
+
+
+def saved_residuals(f, *args):
+    """JAX's residual report: (aval, text) per saved value (a private API; public from
+    jax.ad_checkpoint.print_saved_residuals)."""
+    from jax._src.ad_checkpoint import saved_residuals as report
+    return report(f, *args)
+
+
+def reported(aval, text: str) -> ReportedResidual:
+    m = _NAMED.match(text)
+    return ReportedResidual(shape=list(aval.shape), dtype=str(aval.dtype), source=text, name=m.group(1) if m else None)
 
 
 def _memory_kind(x) -> str | None:

@@ -31,6 +31,7 @@ OPS: dict[str, Lowering] = {
     "reshape": L("jnp.reshape({x}, {shape})", ("reshape",)),
     "broadcast": L("jnp.broadcast_to({x}, {shape})", ("broadcast_in_dim",)),
     "name": L("checkpoint_name({x}, {name})", ("name",)),
+    "name_fwd": L("checkpoint_name_fwd({x}, {name})", ("name",)),
     "relu": L("jax.nn.relu({x})", ("custom_jvp_call", "max")),
     "step": L("({x} > 0).astype({x}.dtype)", ("gt", "convert_element_type")),
     "slice": L("lax.slice_in_dim({x}, {start}, {stop}, axis={axis})", ("slice",)),
@@ -54,12 +55,19 @@ POLICIES: dict[str, str] = {
                                "names_which_can_be_offloaded={offloaded}, offload_src='device', "
                                "offload_dst='pinned_host')"),
     "ops": "save_prims({prims})",
+    "min_elements": "save_min_elements({elements})",
 }
 
 PRELUDE = '''
 def save_prims(prims):
     """A custom policy: save the outputs of these JAX primitives."""
     return lambda prim, *_, **__: prim.name in prims
+
+
+def save_min_elements(n):
+    """A custom policy over the avals: save the outputs of primitives whose first input has at
+    least n elements."""
+    return lambda prim, *avals, **__: bool(avals) and getattr(avals[0], "size", 0) >= n
 '''
 
 
@@ -68,7 +76,7 @@ def policy_source(p) -> str:
     fields = {}
     for f in KINDS[p.kind].fields:
         v = getattr(p, f)
-        fields[f] = policy_source(v) if f in ("a", "b") else repr(list(v))
+        fields[f] = policy_source(v) if f in ("a", "b") else repr(v) if f == "elements" else repr(list(v))
     if p.kind == "ops":
         fields["prims"] = repr(sorted({pr for o in p.ops for pr in OPS[o].policy_ops}))
     return POLICIES[p.kind].format(**fields)

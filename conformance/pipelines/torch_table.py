@@ -8,9 +8,9 @@ a custom identity op carrying the name), and PRELUDE's helpers.
 from __future__ import annotations
 
 from conformance.ir import is_name, walk
-from conformance.ops import NAME_OP
+from conformance.ops import NAME_OP, NAME_OPS
 from conformance.pipelines.tables import Lowering, op_source
-from conformance.policy import decide
+from conformance.policy import class_elements, decide, thresholds
 
 L = Lowering
 OPS: dict[str, Lowering] = {
@@ -33,6 +33,7 @@ OPS: dict[str, Lowering] = {
     "reshape": L("torch.reshape({x}, {shape})", ("A.view", "A._unsafe_view", "A.reshape")),
     "broadcast": L("torch.broadcast_to({x}, {shape})", ("A.expand",)),
     "name": L("tag({x}, {name})", ("torch.ops.rc.tag",)),
+    "name_fwd": L("tag({x}, {name})", ("torch.ops.rc.tag",)),   # PyTorch has one kind of name
     "relu": L("torch.relu({x})", ("A.relu",)),
     "step": L("({x} > 0).to({x}.dtype)", ("A.gt", "A._to_copy")),
     "slice": L("torch.narrow({x}, {axis}, {start}, {stop} - {start})", ("A.slice", "A.narrow")),
@@ -43,7 +44,9 @@ OPS: dict[str, Lowering] = {
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),
 # whose decisions for a region are precomputed into a table (`decisions`, from
-# region_decisions) keyed by (IR op kind, batched) and (name op, checkpoint name).
+# region_decisions) keyed by (IR op kind, batched, size class) and (name op, checkpoint name,
+# size class). The size class says between which of the policy's element-count thresholds
+# (decisions["bounds"], min_elements policies) the op's first input falls; 0 without any.
 PRELUDE = '''
 def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None):
     """A SAC policy_fn: aten op -> IR op kinds (kinds_of), then the region's decisions."""
@@ -51,12 +54,16 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None):
     table = ({"save": P.PREFER_SAVE, "recompute": P.PREFER_RECOMPUTE, "offload": P.PREFER_CPU_OFFLOAD} if prefer
              else {"save": P.MUST_SAVE, "recompute": P.MUST_RECOMPUTE, "offload": P.MUST_CPU_OFFLOAD})
 
+    bounds = decisions["bounds"]
+
     def policy_fn(ctx, op, *args, **kwargs):
         packet = getattr(op, "overloadpacket", op)
+        n = args[0].numel() if args and isinstance(args[0], torch.Tensor) else None
+        c = 0 if n is None else sum(1 for t in bounds if n >= t)
         if packet is tag_packet:
-            ds = [decisions[("name", args[1])]]
+            ds = [decisions[("name", args[1], c)]]
         else:
-            ds = [decisions[k] for k in kinds_of.get(packet, [(None, False)])]
+            ds = [decisions[k + (c,)] for k in kinds_of.get(packet, [(None, False)])]
         d = "save" if "save" in ds else "offload" if "offload" in ds else "recompute"
         if calls is not None and not torch.compiler.is_compiling():
             calls.append((str(op), bool(ctx.is_recompute), d))
@@ -69,7 +76,7 @@ def kinds_of_source() -> str:
     """Source of a dict: aten overload packet -> [(IR op kind, batched)], from the table."""
     by: dict[str, list] = {}
     for op, low in OPS.items():
-        if op == NAME_OP:
+        if op in NAME_OPS:
             continue
         for pk in low.policy_ops:
             by.setdefault(pk, []).append((op, False))
@@ -82,16 +89,21 @@ TAG_PACKET = OPS[NAME_OP].policy_ops[0]
 
 
 def region_decisions(policy, names: list[str]) -> dict:
-    """Every decision a region's policy_fn can need: per (op kind, batched), the unknown op
-    (None, False), and per checkpoint name of the program."""
-    out: dict = {(None, False): decide(policy, None, None)}
-    for op, low in OPS.items():
-        if op == NAME_OP:
-            continue
-        for batched in ([False, True] if low.batched_ops else [False]):
-            out[(op, batched)] = decide(policy, op, None, batched)
-    for n in names:
-        out[("name", n)] = decide(policy, NAME_OP, n)
+    """Every decision a region's policy_fn can need: per (op kind, batched) and size class,
+    the unknown op (None, False), and per checkpoint name of the program; "bounds": the
+    policy's element-count thresholds that delimit the size classes."""
+    bounds = thresholds(policy)
+    out: dict = {"bounds": bounds}
+    for c in range(len(bounds) + 1):
+        n = class_elements(c, bounds)
+        out[(None, False, c)] = decide(policy, None, None, False, n)
+        for op, low in OPS.items():
+            if op in NAME_OPS:
+                continue
+            for batched in ([False, True] if low.batched_ops else [False]):
+                out[(op, batched, c)] = decide(policy, op, None, batched, n)
+        for nm in names:
+            out[("name", nm, c)] = decide(policy, NAME_OP, nm, False, n)
     return out
 
 

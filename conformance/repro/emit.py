@@ -17,7 +17,7 @@ from conformance.pipelines import jax_table
 _GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions)_?\d+$")
 _RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoint", "log", "dt", "program",
              "loss_fn", "run", "tag", "TAG_PACKET", "KINDS_OF", "CONST", "INPUTS", "DIFF", "sys", "re", "os", "env",
-             "inputs", "sac_policy", "save_prims", "checkpoint_name", "itertools", "Counter", "faulthandler", "LOG",
+             "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
              "NAMES", "REMAT", "F64", "PREFER", "SETTINGS", "all_values", "main", "res", "cts", "ctx",
              "torch_checkpoint", "CheckpointPolicy", "create_selective_checkpoint_contexts", "compiled", "Saved",
              "identify", "VALUE_REF"}

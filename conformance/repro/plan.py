@@ -6,7 +6,7 @@ import textwrap
 from dataclasses import dataclass
 
 from conformance import pipelines as registry
-from conformance.ir import Program, checkpoint_name_of, primal_ops, region_context
+from conformance.ir import Program, checkpoint_name_of, input_elements, primal_ops, region_context
 from conformance.ops import OPS
 from conformance.policy import decide
 from conformance.verdict import NON_PIPELINE_REFERENCES as VERDICT_REFS
@@ -73,6 +73,8 @@ def plan(prog, finding, fw: str, pipeline: str | None = None) -> Plan:
                 ref = own if (own and pipe != own and ref_f != "policy") else "policy"
             elif check == "custom_rule":
                 ref = own if own and pipe != own else none
+            elif check == "residual_report":
+                raise ReproError(f"--framework: the residual_report check is JAX's own report; {fw} has none")
             else:
                 ref = "expectations"
         if ref == pipe and check != "error":
@@ -110,7 +112,8 @@ def must_not_save(prog: Program) -> list[str]:
         if vid in exempt or not policies.get(vid):
             continue
         batched = OPS[s.op].batched([types[a][0] for a in s.args])
-        if all(decide(p, s.op, checkpoint_name_of(s), batched) == "recompute" for p in policies[vid]):
+        n = input_elements(s, types)
+        if all(decide(p, s.op, checkpoint_name_of(s), batched, n) == "recompute" for p in policies[vid]):
             out.append(vid)
     return sorted(out)
 
@@ -122,6 +125,9 @@ _SENTENCE = {
     "residuals": "{P} and {R} claim the same checkpoint policy but save different residuals.",
     "custom_rule": "The custom_vjp rules see different perturbed flags / symbolic-zero cotangents under {P} "
                    "than under {R}.",
+    "residual_report": "JAX's residual report (print_saved_residuals) under {P} disagrees with what its vjp "
+                       "closure saves.",
+    "trace_count": "The custom rules are traced or called a different number of times under {P} than under {R}.",
     "error:expect": "{P} must raise an error matching {E} ({W}) but does not.",
     "error": "{P} raises an error where nothing should raise.",
     "crash": "{P} crashes the process.",
