@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from conformance import ops as O
-from conformance.policy import POLICY_KINDS, Policy, combines, offloads, policy_names
+from conformance.policy import POLICY_KINDS, Policy, policy_names
 
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "float64")
@@ -82,9 +82,28 @@ class CustomVJP(_M):
     optimize_remat: bool = False
 
 
-Stmt = Annotated[Union[Op, Checkpoint, CustomVJP], Field(discriminator="kind")]
+class CustomJVP(_M):
+    """jax.custom_jvp block. `body` is the primal function of `args`, computing `results`. The
+    jvp rule runs `body` again on the primals (its names included), binds one tangent id per
+    arg (`tangents`), then runs `jvp`, which computes one output tangent per result
+    (`jvp_results`) from the primal values and the tangents."""
+    kind: Literal["custom_jvp"] = "custom_jvp"
+    args: list[str]
+    body: list["Stmt"]
+    results: list[str]
+    tangents: list[str]
+    jvp: list["Stmt"]
+    jvp_results: list[str]
+
+
+Stmt = Annotated[Union[Op, Checkpoint, CustomVJP, CustomJVP], Field(discriminator="kind")]
 Checkpoint.model_rebuild()
 CustomVJP.model_rebuild()
+CustomJVP.model_rebuild()
+# walk() contexts: "main" (the program), "fwd" (a custom_vjp fwd rule), "bwd" (its bwd rule),
+# "primal" (a custom_jvp's primal body, run by its jvp rule too), "jvp" (its tangent statements).
+# Derivative contexts hold rule code, not program values.
+DERIVATIVE_CTX = ("bwd", "jvp")
 
 
 class Diff(_M):
@@ -122,6 +141,7 @@ class Program(_M):
         return sum(1 for _ in walk(self.body))
 
     def features(self) -> frozenset[str]:
+        from conformance.features import compute_features
         return frozenset(compute_features(self))
 
     def types(self) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -140,7 +160,7 @@ class ProgramError(ValueError):
 
 def walk(body, depth=0, path="body", ctx=None):
     """Yield (stmt, depth, path, ctx) for every statement, recursively.
-    depth counts enclosing checkpoint regions; ctx is 'main', 'fwd' or 'bwd'."""
+    depth counts enclosing checkpoint regions; ctx is 'main', 'fwd', 'bwd', 'primal' or 'jvp'."""
     ctx = ctx or "main"
     for i, s in enumerate(body):
         p = f"{path}[{i}]"
@@ -150,6 +170,9 @@ def walk(body, depth=0, path="body", ctx=None):
         elif isinstance(s, CustomVJP):
             yield from walk(s.fwd, depth, p + ".fwd", "fwd")
             yield from walk(s.bwd, depth, p + ".bwd", "bwd")
+        elif isinstance(s, CustomJVP):
+            yield from walk(s.body, depth, p + ".body", "primal")
+            yield from walk(s.jvp, depth, p + ".jvp", "jvp")
 
 
 def _infer(op: Op, arg_types, path, nondiff) -> tuple[tuple[int, ...], str]:
@@ -264,6 +287,32 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                                            f"cotangent type {types[r]} differs from arg type {types[a]}")
                 for r in s.results:
                     scope.add(r)
+            elif isinstance(s, CustomJVP):
+                if nondiff is not None:
+                    raise ProgramError(p, "custom_jvp blocks cannot nest inside custom rules")
+                if len(set(s.args)) != len(s.args):
+                    raise ProgramError(f"{p}.args", "duplicate args")
+                inner = check_body(s.body, set(s.args), f"{p}.body", depth, [])
+                if not s.results:
+                    raise ProgramError(f"{p}.results", "a custom_jvp block must have at least one result")
+                for k, r in enumerate(s.results):
+                    if r not in inner or r in s.args:
+                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in the body")
+                if len(s.tangents) != len(s.args):
+                    raise ProgramError(f"{p}.tangents", f"need one tangent id per arg ({len(s.args)})")
+                for k, (t, a) in enumerate(zip(s.tangents, s.args)):
+                    define(t, types[a], f"{p}.tangents[{k}]")
+                jinner = check_body(s.jvp, inner | set(s.tangents), f"{p}.jvp", depth, [])
+                if len(s.jvp_results) != len(s.results):
+                    raise ProgramError(f"{p}.jvp_results", f"need one tangent per result ({len(s.results)})")
+                for k, (t, r) in enumerate(zip(s.jvp_results, s.results)):
+                    if t not in jinner:
+                        raise ProgramError(f"{p}.jvp_results[{k}]", f"{t!r} is not defined in jvp")
+                    if types[t] != types[r]:
+                        raise ProgramError(f"{p}.jvp_results[{k}]",
+                                           f"tangent type {types[t]} differs from result type {types[r]}")
+                for r in s.results:
+                    scope.add(r)
         return scope
 
     top = check_body(prog.body, {i.id for i in prog.inputs}, "body", 0, None)
@@ -318,45 +367,6 @@ def load_program(obj: Any, limits: Limits | None = None) -> Program:
     return validate(prog, limits)
 
 
-# ---------------------------------------------------------------------------------
-# Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
-FEATURE_DOC: dict[str, str] = {
-    "checkpoint": "at least one checkpoint region",
-    "nested_checkpoint": "a region inside another region",
-    "depth3": "regions nested three deep or more",
-    "nested_policy_conflict": "a region inside another region with a different policy",
-    "prevent_cse_false": "a region with prevent_cse=False",
-    "offload_in_both": "a both(p, q) policy one of whose parts offloads",
-    "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
-    "op:<op>": "the program uses this op (for expectations; not part of signatures)",
-    "names": "checkpoint_name used",
-    "dup_names": "the same name on several values",
-    "unread_name": "a named value that nothing reads",
-    "names_in_fwd": "checkpoint_name inside a custom_vjp fwd",
-    "custom_vjp": "a custom_vjp block",
-    "custom_vjp_in_checkpoint": "a custom_vjp block inside a checkpoint region",
-    "symbolic_zeros": "custom_vjp with symbolic_zeros=True",
-    "optimize_remat": "custom_vjp with optimize_remat=True",
-    "optimize_remat_symbolic_zeros": "one custom_vjp block with both optimize_remat and symbolic_zeros",
-    "sz_fwd_remat": "a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
-                    "(remat3 must rematerialise that fwd)",
-    "nondiff_args": "custom_vjp with nondiff arguments",
-    "unused_result": "a custom_vjp result that nothing reads (zero cotangent)",
-    "nondiff_input": "a program input that is not differentiated",
-    "residual_is_arg": "a custom_vjp residual that is one of its args",
-    **O.FEATURE_DOC,
-    "second_order": "grad of grad",
-    "float32": "a float32 value",
-    "float64": "a float64 value",
-}
-
-
-def known_features() -> set[str]:
-    """Every feature name a program can have: the vocabulary with its patterns expanded."""
-    return ({k for k in FEATURE_DOC if "<" not in k} | {f"policy:{k}" for k in POLICY_KINDS}
-            | {f"op:{o}" for o in O.OPS})
-
-
 def input_elements(s: "Op", types: dict) -> int | None:
     """How many elements an op's first input has (what a size policy decides on)."""
     return math.prod(types[s.args[0]][0]) if s.args else None
@@ -368,90 +378,6 @@ def is_name(s) -> bool:
 
 def checkpoint_name_of(s) -> str | None:
     return s.params.get("name") if is_name(s) else None
-
-
-def compute_features(prog: Program) -> set[str]:
-    f: set[str] = set()
-    types = infer_types(prog)
-    name_counts: dict[str, int] = {}
-    reads: dict[str, int] = {}
-    for s, depth, _, ctx in walk(prog.body):
-        for a in s.args:
-            reads[a] = reads.get(a, 0) + 1
-        if isinstance(s, Checkpoint):
-            f.add("checkpoint")
-            f.add(f"policy:{s.policy.kind}")
-            if combines(s.policy) and offloads(s.policy):
-                f.add("offload_in_both")
-            if depth >= 1:
-                f.add("nested_checkpoint")
-            if depth >= 2:
-                f.add("depth3")
-            if not s.prevent_cse:
-                f.add("prevent_cse_false")
-        elif isinstance(s, CustomVJP):
-            f.add("custom_vjp")
-            if depth >= 1:
-                f.add("custom_vjp_in_checkpoint")
-            if s.symbolic_zeros:
-                f.add("symbolic_zeros")
-            if s.optimize_remat:
-                f.add("optimize_remat")
-                if s.symbolic_zeros:
-                    f.add("optimize_remat_symbolic_zeros")
-            if s.symbolic_zeros and depth >= 1 and any(is_name(x) for x, _, _, _ in walk(s.fwd)):
-                f.add("sz_fwd_remat")
-            if s.nondiff:
-                f.add("nondiff_args")
-            if set(s.residuals) & set(s.args):
-                f.add("residual_is_arg")
-            for r in s.residuals:
-                reads[r] = reads.get(r, 0) + 1
-        elif isinstance(s, Op):
-            f.add(f"op:{s.op}")
-            if is_name(s):
-                f.add("names")
-                if ctx == "fwd":
-                    f.add("names_in_fwd")
-                n = s.params["name"]
-                name_counts[n] = name_counts.get(n, 0) + 1
-            d = O.OPS[s.op]
-            if d.features:
-                shapes = [types[a][0] for a in s.args]
-                f.add(d.batched_feature if d.batched(shapes) else d.features[0])
-                f.update(d.features[1:])
-    for o in prog.outputs:
-        reads[o] = reads.get(o, 0) + 1
-    for s, _, _, _ in walk(prog.body):
-        if is_name(s) and reads.get(s.out, 0) == 0:
-            f.add("unread_name")
-        if isinstance(s, CustomVJP) and any(reads.get(r, 0) == 0 for r in s.results):
-            f.add("unused_result")
-    if any(c > 1 for c in name_counts.values()):
-        f.add("dup_names")
-    if any(not i.diff for i in prog.inputs):
-        f.add("nondiff_input")
-    if prog.diff.order == 2:
-        f.add("second_order")
-    if _policy_conflict(prog.body, None):
-        f.add("nested_policy_conflict")
-    for _, dt in types.values():
-        f.add(dt)
-    return f
-
-
-def _policy_conflict(body, outer) -> bool:
-    """A checkpoint region directly or indirectly inside another whose policy differs from the
-    nearest enclosing region's (custom_vjp fwd/bwd bodies included)."""
-    for s in body:
-        if isinstance(s, Checkpoint):
-            if outer is not None and s.policy != outer:
-                return True
-            if _policy_conflict(s.body, s.policy):
-                return True
-        elif isinstance(s, CustomVJP) and (_policy_conflict(s.fwd, outer) or _policy_conflict(s.bwd, outer)):
-            return True
-    return False
 
 
 # ---------------------------------------------------------------------------------
@@ -467,17 +393,17 @@ class NodeInfo:
 
 
 def node_index(prog: Program) -> dict[str, NodeInfo]:
-    """Every primal value id -> where it is defined (bwd-rule values excluded)."""
+    """Every primal value id -> where it is defined (derivative-rule values excluded)."""
     out = {i.id: NodeInfo(i.id, f"inputs[{k}]", "input", None, 0, "main") for k, i in enumerate(prog.inputs)}
     for s, depth, path, ctx in walk(prog.body):
-        if isinstance(s, Op) and ctx != "bwd":
+        if isinstance(s, Op) and ctx not in DERIVATIVE_CTX:
             out[s.out] = NodeInfo(s.out, path, s.op, checkpoint_name_of(s), depth, ctx)
     return out
 
 
 def primal_ops(prog: Program) -> dict[str, Op]:
     """Value id -> the op defining it, for every op outside custom_vjp bwd rules."""
-    return {s.out: s for s, _, _, ctx in walk(prog.body) if isinstance(s, Op) and ctx != "bwd"}
+    return {s.out: s for s, _, _, ctx in walk(prog.body) if isinstance(s, Op) and ctx not in DERIVATIVE_CTX}
 
 
 def region_context(prog: Program) -> tuple[dict[str, list], set[str]]:
@@ -500,14 +426,18 @@ def region_context(prog: Program) -> tuple[dict[str, list], set[str]]:
                 exempt.update(s.args)
                 exempt.update(s.results)
                 visit(s.fwd, stack)
+            elif isinstance(s, CustomJVP):
+                exempt.update(s.args)
+                exempt.update(s.results)
+                visit(s.body, stack)
     visit(prog.body, [])
     return policies, exempt
 
 
 def defined_ids(body) -> set[str]:
     """Every id a body defines, its regions' and blocks' bodies included (not bwd rules)."""
-    return {s.out for s, _, _, ctx in walk(body) if isinstance(s, Op) and ctx != "bwd"} | {
-        r for s, _, _, ctx in walk(body) if not isinstance(s, Op) and ctx != "bwd" for r in s.results}
+    return {s.out for s, _, _, ctx in walk(body) if isinstance(s, Op) and ctx not in DERIVATIVE_CTX} | {
+        r for s, _, _, ctx in walk(body) if not isinstance(s, Op) and ctx not in DERIVATIVE_CTX for r in s.results}
 
 
 def free_vars(body) -> list[str]:
@@ -544,6 +474,11 @@ class Interpreter:
             return tuple(e[r] for r in s.results)
         return fn
 
+    def jvp_block(self, s: "CustomJVP", path: str, args: list) -> list:
+        """A custom_jvp block (default: its primal body inline)."""
+        e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+        return [e[r] for r in s.results]
+
     def inline(self, s: CustomVJP, path: str, args: list) -> list:
         """A custom_vjp block's primal: its fwd run inline."""
         e = self.body(s.fwd, dict(zip(s.args, args)), s.nondiff, path + ".fwd")
@@ -565,6 +500,8 @@ class Interpreter:
                     self.record[s.out] = env[s.out]
             elif isinstance(s, Checkpoint):
                 env.update(zip(s.results, self.region(s, p)(*[env[a] for a in s.args])))
+            elif isinstance(s, CustomJVP):
+                env.update(zip(s.results, self.jvp_block(s, p, [env[a] for a in s.args])))
             else:
                 env.update(zip(s.results, self.block(s, p, [env[a] for a in s.args])))
         return env

@@ -18,7 +18,7 @@ HASH = re.compile(r"^[0-9a-f]{16}$")
 def check_finding(f, where: str) -> None:
     """Refuse a finding whose names are unknown or whose strings leave their character set."""
     from conformance import pipelines as registry
-    from conformance.ir import known_features
+    from conformance.features import known_features
     from conformance.verdict import CHECKS, NON_PIPELINE_REFERENCES as VERDICT_REFS
     known = registry.known_names()
     features = known_features()

@@ -56,6 +56,11 @@ class OpDecl:
     in_rules_only: bool = False      # only inside custom_vjp fwd/bwd rules
     in_fwd_only: bool = False        # generated only inside custom_vjp fwd rules
     nonsmooth: bool = False          # derivative jumps where its input crosses 0
+    # Forward mode (custom_jvp rules), from the declarations: "linear" (the op applied to the
+    # tangents), "identity" (the tangent itself: a name tags primal values only), "diagonal"
+    # (elementwise: the vjp rule with the tangent as cotangent),
+    # "bilinear" (op(tx, y) + op(x, ty)), "zero" (piecewise constant); None: no jvp rule.
+    tangent: str | None = None
 
     def batched(self, shapes) -> bool:
         return self.batched_feature is not None and len(shapes[0]) == 3
@@ -344,57 +349,57 @@ def _infer_broadcast(shapes, p, nd):
 
 # ---- the declarations --------------------------------------------------------------------------------
 define("sin", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("cos", [a])])),
-       gen=_bounded, outside_factors=lambda a, y: [np.cos(a)])
+       gen=_bounded, outside_factors=lambda a, y: [np.cos(a)], tangent="diagonal")
 define("cos", 1, "unary", _same,
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("neg", [d.emit("sin", [a])])])),
-       gen=_bounded, outside_factors=lambda a, y: [np.sin(a), -np.sin(a)])
-define("tanh", 1, "unary", _same, vjp=_vjp_unary(_vjp_tanh), gen=_bounded, outside_factors=lambda a, y: [1 - y * y])
-define("exp", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, s.out])), gen=_gen_exp)
+       gen=_bounded, outside_factors=lambda a, y: [np.sin(a), -np.sin(a)], tangent="diagonal")
+define("tanh", 1, "unary", _same, vjp=_vjp_unary(_vjp_tanh), gen=_bounded, outside_factors=lambda a, y: [1 - y * y], tangent="diagonal")
+define("exp", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, s.out])), gen=_gen_exp, tangent="diagonal")
 define("sigmoid", 1, "unary", _same, vjp=_vjp_unary(_vjp_sigmoid), gen=_bounded,
-       outside_factors=lambda a, y: [y * (1 - y)])
+       outside_factors=lambda a, y: [y * (1 - y)], tangent="diagonal")
 define("square", 1, "unary", _same,
-       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [d.emit("mul", [g, a])], c=2.0)), gen=_gen_square)
-define("neg", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("neg", [g])), gen=_keep, pseudo="-{x}")
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [d.emit("mul", [g, a])], c=2.0)), gen=_gen_square, tangent="diagonal")
+define("neg", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("neg", [g])), gen=_keep, pseudo="-{x}", tangent="linear")
 define("scale", 1, "unary", _infer_scale, params=("c",),
-       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [g], c=s.params["c"])), gen=_gen_scale, pseudo="{x} * {c}")
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [g], c=s.params["c"])), gen=_gen_scale, pseudo="{x} * {c}", tangent="linear")
 define(NAME_OP, 1, "name", _infer_name, params=("name",), vjp=_vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
-       pseudo="checkpoint_name({x}, {name})")
+       pseudo="checkpoint_name({x}, {name})", tangent="identity")
 # jax.ad_checkpoint.checkpoint_name_fwd: under remat3 a name whose saved value the backward
 # pass uses as is (checkpoint_name: primal from the saved value, tangent from the recompute);
 # the same name_p under remat2. Its promise: a name like checkpoint_name for every policy,
 # values unchanged. Generated in custom_vjp fwd rules, where it is meant to be used.
 define(NAME_FWD_OP, 1, "name", _infer_name, params=("name",), vjp=_vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
        pseudo="checkpoint_name_fwd({x}, {name})", in_fwd_only=True,
-       features=(feature("names_fwd", "checkpoint_name_fwd in a custom_vjp fwd rule"),))
-define("add", 2, "binary", _equal, vjp=_vjp_binary("add"), gen=_gen_binary("add"), pseudo="{x} + {y}")
-define("sub", 2, "binary", _equal, vjp=_vjp_binary("sub"), gen=_gen_binary("sub"), pseudo="{x} - {y}")
-define("mul", 2, "binary", _equal, vjp=_vjp_binary("mul"), gen=_gen_binary("mul"), pseudo="{x} * {y}")
+       features=(feature("names_fwd", "checkpoint_name_fwd in a custom rule's primal code"),), tangent="identity")
+define("add", 2, "binary", _equal, vjp=_vjp_binary("add"), gen=_gen_binary("add"), pseudo="{x} + {y}", tangent="linear")
+define("sub", 2, "binary", _equal, vjp=_vjp_binary("sub"), gen=_gen_binary("sub"), pseudo="{x} - {y}", tangent="linear")
+define("mul", 2, "binary", _equal, vjp=_vjp_binary("mul"), gen=_gen_binary("mul"), pseudo="{x} * {y}", tangent="bilinear")
 define("matmul", 2, "matmul", _infer_matmul, vjp=_vjp_matmul, gen=_gen_matmul, pseudo="{x} @ {y}", dot=True,
        dot_no_batch=True, features=(feature("matmul", "a matrix product"),),
-       batched_feature=feature("batch_matmul", "a batched matrix product"))
+       batched_feature=feature("batch_matmul", "a batched matrix product"), tangent="bilinear")
 _RED = feature("reduction", "sum or mean")
-define("sum", 1, "reduce", _infer_reduce, params=("axis",), vjp=_vjp_reduce, gen=_gen_reduce("sum"), features=(_RED,))
+define("sum", 1, "reduce", _infer_reduce, params=("axis",), vjp=_vjp_reduce, gen=_gen_reduce("sum"), features=(_RED,), tangent="linear")
 define("mean", 1, "reduce", _infer_reduce, params=("axis",), vjp=_vjp_reduce, gen=_gen_reduce("mean"),
-       features=(_RED,))
+       features=(_RED,), tangent="linear")
 _LAYOUT = feature("layout", "transpose, reshape or broadcast")
 define("transpose", 1, "layout", _infer_transpose, params=("perm",),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("transpose", [g], perm=_inv(s.params["perm"]))),
-       gen=_gen_transpose, features=(_LAYOUT,))
+       gen=_gen_transpose, features=(_LAYOUT,), tangent="linear")
 define("reshape", 1, "layout", _infer_reshape, params=("shape",),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("reshape", [g], shape=list(d.types[a][0]))),
-       gen=_gen_reshape, features=(_LAYOUT,))
+       gen=_gen_reshape, features=(_LAYOUT,), tangent="linear")
 define("broadcast", 1, "layout", _infer_broadcast, params=("shape",), vjp=_vjp_broadcast, gen=_gen_broadcast,
-       features=(_LAYOUT,))
+       features=(_LAYOUT,), tangent="linear")
 define("nondiff_scale", 1, "nondiff", _infer_nondiff_scale, params=(ND_INDEX,),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("nondiff_scale", [g], **{ND_INDEX: s.params[ND_INDEX]})),
-       gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True)
+       gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True, tangent="linear")
 
 
 _NONSMOOTH = feature("nonsmooth", "relu or step: a derivative that jumps at 0")
 define("relu", 1, "nonsmooth", _same, gen=_keep, nonsmooth=True, features=(_NONSMOOTH,),
-       vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("step", [a])])))
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("step", [a])])), tangent="diagonal")
 define("step", 1, "nonsmooth", _same, gen=_bounded, nonsmooth=True, features=(_NONSMOOTH,),
-       vjp=lambda d, s: None)   # piecewise constant: no cotangent for its argument
+       vjp=lambda d, s: None, tangent="zero")   # piecewise constant: no cotangent for its argument
 
 
 def _gen_slice(c, x):
@@ -444,9 +449,9 @@ def _infer_pad(shapes, p, nd):
 
 _SLICING = feature("slicing", "slice or pad (a view, and its inverse, in PyTorch)")
 define("slice", 1, "slicing", _infer_slice, params=("axis", "start", "stop"), vjp=_vjp_slice, gen=_gen_slice,
-       features=(_SLICING,))
+       features=(_SLICING,), tangent="linear")
 define("pad", 1, "slicing", _infer_pad, params=("axis", "before", "after"), vjp=_vjp_pad, gen=_gen_pad,
-       features=(_SLICING,))
+       features=(_SLICING,), tangent="linear")
 
 
 def _gen_conv1d(c, x):

@@ -26,9 +26,9 @@ def _refs(stmt: dict) -> set[str]:
         x = stack.pop()
         if isinstance(x, dict):
             for k, v in x.items():
-                if k in ("args", "results", "residuals", "cts", "bwd_results"):
+                if k in ("args", "results", "residuals", "cts", "bwd_results", "tangents", "jvp_results"):
                     out.update(a for a in v if isinstance(a, str))
-                elif k in ("body", "fwd", "bwd"):
+                elif k in ("body", "fwd", "bwd", "jvp"):
                     stack.extend(v)
     return out
 

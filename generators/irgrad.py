@@ -1,8 +1,9 @@
-"""Reverse-mode differentiation of an IR op list into IR statements, by the op table's rules.
+"""Differentiation of an IR op list into IR statements, by the op table's rules.
 
 Used by the generator to build custom_vjp bwd rules that are the true derivative of
-their fwd (optionally made deliberately non-standard by scaling). Returns the bwd
-statements and the fwd values (residuals) they read.
+their fwd (optionally made deliberately non-standard by scaling; reverse mode, `vjp_ops`,
+which also returns the fwd values the bwd reads: the residuals), and custom_jvp tangent
+rules (forward mode, `jvp_ops`).
 """
 from __future__ import annotations
 
@@ -46,3 +47,38 @@ def vjp_ops(fwd: list[Op], types: dict, results: list[str], cts: list[str], args
             raise ValueError(f"no derivative rule for {s.op}")
         rule(d, s)
     return d.stmts, {x: d.cts[x] for x in args if x in d.cts}, d.used
+
+
+def jvp_ops(body: list[Op], types: dict, args: list[str], tangents: list[str],
+            fresh: Callable[[], str]) -> tuple[list[Op], dict[str, str]]:
+    """Forward-mode differentiation of an op list (a custom_jvp rule's tangent statements), by
+    each op's declared tangent kind. Every value gets a tangent (arguments' tangents are always
+    given, zeros where not perturbed). Return (tangent ops, value id -> tangent id)."""
+    tan: dict[str, str] = dict(zip(args, tangents))
+    stmts: list[Op] = []
+
+    def emit(op: str, a: list[str], **params) -> str:
+        o = fresh()
+        stmts.append(Op(op=op, args=list(a), params=params, out=o))
+        return o
+
+    for s in body:
+        kind = OPS[s.op].tangent
+        ts = [tan[a] for a in s.args]
+        if kind == "linear":
+            tan[s.out] = emit(s.op, ts, **s.params)
+        elif kind == "identity":
+            tan[s.out] = ts[0]
+        elif kind == "zero":
+            tan[s.out] = emit("scale", [ts[0]], c=0.0)
+        elif kind == "bilinear":
+            x, y = s.args
+            tan[s.out] = emit(ACC_OP, [emit(s.op, [ts[0], y], **s.params), emit(s.op, [x, ts[1]], **s.params)])
+        elif kind == "diagonal":   # elementwise: the transpose of a diagonal Jacobian is itself
+            d = Vjp(types, [s.out], [ts[0]], set(), fresh)
+            OPS[s.op].vjp(d, s)
+            stmts.extend(d.stmts)
+            tan[s.out] = d.cts[s.args[0]]
+        else:
+            raise ValueError(f"no tangent rule for {s.op}")
+    return stmts, tan

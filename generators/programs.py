@@ -21,11 +21,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, free_vars, validate
+from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Diff, Input, Op, Program, free_vars, validate
 from conformance.policy import KINDS
 from generators.draws import BOOL, draw_int, flag, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
-from generators.irgrad import vjp_ops
+from generators.irgrad import jvp_ops, vjp_ops
 
 # Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
 # that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
@@ -43,6 +43,7 @@ class Config:
     max_depth: int = 3        # regions nested at most this deep
     dtypes: tuple[str, ...] = ("float32", "float64")
     custom_vjp: bool = True
+    custom_jvp: bool = True
     checkpoint: bool = True
     second_order: bool = True
     offload_policies: bool = True
@@ -75,6 +76,7 @@ _FEATURE_FLAGS = (
     ("custom_vjp", _HALF), ("symbolic_zeros", _HALF), ("optimize_remat", _HALF), ("nondiff_args", _HALF),
     ("nonstandard_rules", _HALF), ("unused_results", _HALF),
     ("extra_inputs", _HALF), ("nondiff_inputs", _HALF), ("dead_values", _HALF), ("second_order", (1, 8)),
+    ("custom_jvp", _HALF),
 )
 
 
@@ -94,9 +96,12 @@ def _allowed(cfg: Config) -> dict[str, bool]:
         a["nesting"] = False
     a["prevent_cse"] &= a["checkpoint"]
     if not cfg.custom_vjp:
-        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "nonstandard_rules",
-                  "unused_results"):
+        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args"):
             a[n] = False
+    if not cfg.custom_jvp:
+        a["custom_jvp"] = False
+    if not cfg.custom_vjp and not cfg.custom_jvp:
+        a["nonstandard_rules"] = a["unused_results"] = False
     if not cfg.second_order:
         a["second_order"] = False
     if cfg.max_inputs < 2:
@@ -152,7 +157,8 @@ class _Frame:
     def __init__(self, kind, parent, depth):
         self.kind, self.parent, self.depth = kind, parent, depth
         self.items: list = []          # Op | _Frame
-        self.in_cvjp = kind == "custom_vjp" or (parent is not None and parent.in_cvjp)
+        # inside a custom rule (a custom_vjp fwd or a custom_jvp body): ops with derivatives only
+        self.in_cvjp = kind in ("custom_vjp", "custom_jvp") or (parent is not None and parent.in_cvjp)
         self.nondiff: list[float] = [] if parent is None else list(parent.nondiff)
 
 
@@ -325,10 +331,17 @@ class _Gen:
         if k == _ITEM_REGION and not (self.sw["checkpoint"] and not f.in_cvjp and f.depth < self.cfg.max_depth
                                       and (f.depth == 0 or self.sw["nesting"])):
             k = _ITEM_OP
+        block = "custom_vjp"
         if k == _ITEM_CVJP and f.in_cvjp:   # blocks do not nest: closes this one (rules stay short)
             k = _ITEM_CLOSE
-        elif k == _ITEM_CVJP and not self.sw["custom_vjp"]:
-            k = _ITEM_OP
+        elif k == _ITEM_CVJP:
+            on_vjp, on_jvp = self.sw["custom_vjp"], self.sw["custom_jvp"]
+            if not (on_vjp or on_jvp):
+                k = _ITEM_OP
+            elif on_vjp and on_jvp:   # both kinds on: a choice (the first, a custom_vjp)
+                block = "custom_jvp" if draw(BOOL, label="block_is_custom_jvp") else "custom_vjp"
+            else:
+                block = "custom_jvp" if on_jvp else "custom_vjp"
         if k == _ITEM_OP:
             self._gen_op()
             return 1
@@ -338,11 +351,13 @@ class _Gen:
             if f.parent is not None and f.items:
                 self.frame = f.parent
             return 0
-        g = _Frame("checkpoint" if k == _ITEM_REGION else "custom_vjp", f, f.depth + (k == _ITEM_REGION))
+        g = _Frame("checkpoint" if k == _ITEM_REGION else block, f, f.depth + (k == _ITEM_REGION))
         if k == _ITEM_REGION:
             self._open_region(g)
-        else:
+        elif block == "custom_vjp":
             self._open_cvjp(g)
+        else:
+            self._open_cjvp(g)
         f.items.append(g)
         self.frame = g
         return 1
@@ -366,6 +381,11 @@ class _Gen:
         g.optimize_remat = sw["optimize_remat"] and draw(BOOL, label="optimize_remat")
         g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
+
+    def _open_cjvp(self, g: _Frame):
+        g.nondiff, g.symbolic_zeros, g.optimize_remat = [], False, False
+        g.nonstandard = draw_int(self.draw, 0, 7, "nonstandard_result") if self.sw["nonstandard_rules"] else None
+        g.extra_result = self.sw["unused_results"]
 
     def stream(self):
         draw = self.draw
@@ -443,12 +463,35 @@ class _Gen:
                 results = results or [defined[-1]]
                 body.append(Checkpoint(args=free_vars(inner), body=inner, results=results,
                                        policy=self._policy(it, inner), prevent_cse=it.prevent_cse))
+            elif it.kind == "custom_jvp":
+                body.append(self._cjvp(it, inner, defined, results))
             else:
                 body.append(self._cvjp(it, inner, defined, results))
         return body
 
     def _policy(self, it: _Frame, inner):
         return make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])
+
+    def _cjvp(self, it: _Frame, body, defined, results) -> CustomJVP:
+        if not results:
+            results = [defined[-1]]
+        if it.extra_result:
+            extra = [d for d in defined if d not in results]
+            if extra:
+                results = sorted(results + extra[:1], key=defined.index)
+        args = free_vars(body)
+        tangents = [self.fresh("t") for _ in args]
+        for t, a in zip(tangents, args):
+            self.types[t] = self.types[a]
+        jvp, tan = jvp_ops(body, self.types, args, tangents, lambda: self.fresh("j"))
+        jvp_results = [tan[r] for r in results]
+        # A deliberately non-standard but well-defined rule: scale one result's tangent.
+        if it.nonstandard is not None:
+            k = it.nonstandard % len(results)
+            o = self.fresh("j")
+            jvp.append(Op(op=O.SCALE_OP, args=[jvp_results[k]], params={"c": 3.0}, out=o))
+            jvp_results[k] = o
+        return CustomJVP(args=args, body=body, results=results, tangents=tangents, jvp=jvp, jvp_results=jvp_results)
 
     def _cvjp(self, it: _Frame, fwd, defined, results) -> CustomVJP:
         if not results:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from conformance.ir import Op, Program, walk
+from conformance.ir import DERIVATIVE_CTX, Op, Program, walk
 from conformance.ops import OPS
 from conformance.observation import Observation
 from conformance.verdict import Verdict
@@ -58,7 +58,7 @@ def near_kink(program: Program, values: dict | None) -> list[str]:
     band = KINK_BAND_EPS * float(np.finfo(_dtype(program)).eps) * (1 + program.size())
     out = []
     for s, _, _, ctx in walk(program.body):
-        if isinstance(s, Op) and ctx != "bwd" and OPS[s.op].nonsmooth:
+        if isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].nonsmooth:
             x = values.get(s.args[0])
             if x is not None and np.any(np.abs(np.asarray(x, np.float64)) < band):
                 out.append(s.args[0])
@@ -67,7 +67,7 @@ def near_kink(program: Program, values: dict | None) -> list[str]:
 
 def has_nonsmooth(program: Program) -> bool:
     """Whether an op declared nonsmooth runs outside a custom_vjp bwd (near_kink's scope)."""
-    return any(isinstance(s, Op) and ctx != "bwd" and OPS[s.op].nonsmooth for s, _, _, ctx in walk(program.body))
+    return any(isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].nonsmooth for s, _, _, ctx in walk(program.body))
 
 
 def _dtype(program: Program) -> str:

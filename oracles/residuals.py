@@ -9,7 +9,7 @@ from collections import Counter
 
 import numpy as np
 
-from conformance.ir import Op, Program, checkpoint_name_of, input_elements, primal_ops, region_context, walk
+from conformance.ir import DERIVATIVE_CTX, Op, Program, checkpoint_name_of, input_elements, primal_ops, region_context, walk
 from conformance.ops import OPS
 from conformance.observation import Observation, Residual
 from conformance.policy import decide
@@ -62,14 +62,14 @@ def _outside_factors(program: Program, policies: dict, values: dict) -> list[np.
     out = []
     for s, _, _, ctx in walk(program.body):
         factors = OPS[s.op].outside_factors if isinstance(s, Op) else None
-        if (factors and ctx != "bwd" and not policies.get(s.out) and s.args[0] in values and s.out in values):
+        if (factors and ctx not in DERIVATIVE_CTX and not policies.get(s.out) and s.args[0] in values and s.out in values):
             a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], np.float64)
             out += factors(a, y)
     return out
 
 
 def _has_outside_factors(program: Program, policies: dict) -> bool:
-    return any(isinstance(s, Op) and OPS[s.op].outside_factors and ctx != "bwd" and not policies.get(s.out)
+    return any(isinstance(s, Op) and OPS[s.op].outside_factors and ctx not in DERIVATIVE_CTX and not policies.get(s.out)
                for s, _, _, ctx in walk(program.body))
 
 

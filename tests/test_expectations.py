@@ -171,3 +171,31 @@ def test_custom_rule_higher_order_differs(pipeline, nondiff):
     assert base and all(v.status == "pass" for v in base)   # the entry never excuses PyTorch against itself
     got = next(v for v in _verdicts(j, pipeline, "gradient") if v.reference == "ref:f64").detail
     assert math.isclose(got["want"], jax_rule, rel_tol=1e-5) and math.isclose(got["got"], torch_rule, rel_tol=1e-4), got
+
+
+def _custom_jvp_program():
+    # sin with its jvp rule (cos), under grad; the rule runs the body again, names included
+    return prog([{"kind": "custom_jvp", "args": ["x"], "body": [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a")],
+                  "results": ["n"], "tangents": ["t"], "jvp": [op("cos", ["x"], "c"), op("mul", ["t", "c"], "d")],
+                  "jvp_results": ["d"]}])
+
+
+def test_torch_declares_custom_jvp_unsupported():
+    from conformance.pipelines.torch_pipelines import NO_CUSTOM_JVP
+    p = _custom_jvp_program()
+    names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:compile-aot_eager"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    j = judge(p, obs, PACKAGED)
+    entry = next(e for e in PACKAGED.entries if e.id == "torch-no-custom-jvp")
+    assert entry.unsupported.reason == NO_CUSTOM_JVP   # one reason, said by the pipeline and the data
+    for name in ("torch:eager-sac", "torch:compile-aot_eager"):
+        assert obs[name].unsupported == NO_CUSTOM_JVP and obs[name].grads is None
+        (v,) = _verdicts(j, name, "error")
+        assert (v.status, v.expectation) == ("unsupported", "torch-no-custom-jvp")
+    assert j.expectation_hits.get("torch-no-custom-jvp") == "fired"
+    # JAX runs it, through the rule: the gradient is cos(x), and the rule ran
+    x = input_values(p, 0)["x"]
+    assert obs["jax:remat2"].custom_rules["body[0]"].fwd_traces >= 1
+    import numpy as np
+    np.testing.assert_allclose(obs["ref:f64"].grads["x"], np.cos(x), rtol=1e-12)
+    assert not j.failures(), [v.key() for v in j.failures()]

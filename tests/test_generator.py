@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import seed as hseed
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, CustomVJP, Op, validate, walk
+from conformance.ir import DERIVATIVE_CTX, Checkpoint, CustomJVP, CustomVJP, Op, validate, walk
 from conformance.policy import KINDS, offloads
 from generators.programs import DIMS, RARE_DIMS, Config, op_families, programs, swarm_dimensions, swarms
 
@@ -39,13 +39,17 @@ def blocks(p):
     return [s for s, *_ in walk(p.body) if isinstance(s, CustomVJP)]
 
 
+def jvp_blocks(p):
+    return [s for s, *_ in walk(p.body) if isinstance(s, CustomJVP)]
+
+
 def primal_ops(p):
-    return [s for s, _, _, ctx in walk(p.body) if isinstance(s, Op) and ctx != "bwd"]
+    return [s for s, _, _, ctx in walk(p.body) if isinstance(s, Op) and ctx not in DERIVATIVE_CTX]
 
 
 def primal_size(p):
-    """Statements outside custom_vjp bwd rules (those are derived from fwd, not drawn)."""
-    return sum(1 for _, _, _, ctx in walk(p.body) if ctx != "bwd")
+    """Statements outside custom rules' derivative code (derived from the primal, not drawn)."""
+    return sum(1 for _, _, _, ctx in walk(p.body) if ctx not in DERIVATIVE_CTX)
 
 
 def dead_values(p):
@@ -61,7 +65,8 @@ def dead_values(p):
 
 def nonstandard_rule(p):
     return any(s.op == O.SCALE_OP and s.params.get("c") == 3.0 and s.out in b.bwd_results
-               for b in blocks(p) for s in b.bwd)
+               for b in blocks(p) for s in b.bwd) or any(
+        s.op == O.SCALE_OP and s.params.get("c") == 3.0 and s.out in b.jvp_results for b in jvp_blocks(p) for s in b.jvp)
 
 
 def families(p):
@@ -75,6 +80,7 @@ SHOWS = {
     "nesting": lambda p: "nested_checkpoint" in p.features(),
     "prevent_cse": lambda p: "prevent_cse_false" in p.features(),
     "custom_vjp": lambda p: bool(blocks(p)),
+    "custom_jvp": lambda p: bool(jvp_blocks(p)),
     "symbolic_zeros": lambda p: "symbolic_zeros" in p.features(),
     "optimize_remat": lambda p: "optimize_remat" in p.features(),
     "nondiff_args": lambda p: "nondiff_args" in p.features(),
@@ -150,6 +156,7 @@ CONFIGS = {
     "no offload": (dict(offload_policies=False), lambda p: not any(offloads(r.policy) for r in regions(p))),
     "float64": (dict(dtypes=("float64",)), lambda p: all(i.dtype == "float64" for i in p.inputs)),
     "depth 1": (dict(max_depth=1), lambda p: "nested_checkpoint" not in p.features()),
+    "no custom_jvp": (dict(custom_jvp=False), lambda p: not jvp_blocks(p)),
     "small": (dict(max_stmts=2, max_inputs=2), lambda p: len(p.inputs) <= 2 and primal_size(p) <= 4 * 2),
 }
 

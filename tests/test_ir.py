@@ -4,7 +4,8 @@ import json
 import pytest
 from hypothesis import given
 
-from conformance.ir import FEATURE_DOC, Limits, Program, ProgramError, load_program
+from conformance.features import FEATURE_DOC
+from conformance.ir import Limits, Program, ProgramError, load_program
 from generators.programs import cases
 from tests.programs import named_chain, op, prog, region, seed_program
 
@@ -22,7 +23,7 @@ def test_generated_programs_round_trip_exactly(case):
 @given(cases())
 def test_features_come_from_the_documented_vocabulary(case):
     p, _ = case
-    from conformance.ir import known_features
+    from conformance.features import known_features
     documented = known_features()
     assert {k for k in FEATURE_DOC if "<" not in k} <= documented
     for f in p.features():

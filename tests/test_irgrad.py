@@ -55,3 +55,31 @@ def test_derivative_rule_matches_autodiff(op, seed):
     for a, w in zip(args, want):
         got = env[cts[a]] if a in cts else np.zeros_like(w)
         np.testing.assert_allclose(np.asarray(got), np.asarray(w), rtol=1e-10, atol=1e-12, err_msg=f"{op} d/d{a}")
+
+
+def test_every_op_with_a_derivative_has_a_tangent_rule():
+    assert {o for o, d in OPS.items() if d.vjp is not None} == {o for o, d in OPS.items() if d.tangent}
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+@settings(max_examples=5)
+@given(seed=st.integers(0, 2 ** 16))
+def test_tangent_rule_matches_forward_mode_autodiff(op, seed):
+    from generators.irgrad import jvp_ops
+    shapes, params = CASES[op]
+    rng = np.random.default_rng(seed)
+    args = [f"a{i}" for i in range(len(shapes))]
+    tangents = [f"t{i}" for i in range(len(shapes))]
+    xs = [rng.uniform(-1, 1, s) + (0.05 if op in ("relu", "step") else 0.0) for s in shapes]
+    ts = [rng.uniform(-1, 1, s) for s in shapes]
+    nondiff = [2.0]
+    f = lambda *a: J.OPS[op](list(a), params, nondiff)   # noqa: E731
+    y, want = jax.jvp(f, [jnp.asarray(x) for x in xs], [jnp.asarray(t) for t in ts])
+    types = {a: (tuple(s), "float64") for a, s in zip(args, shapes)}
+    types["y"] = (tuple(np.shape(y)), "float64")
+    k = iter(range(1000))
+    stmts, tan = jvp_ops([Op(op=op, args=args, params=params, out="y")], types, args, tangents, lambda: f"j{next(k)}")
+    env = {**dict(zip(args, map(jnp.asarray, xs))), **dict(zip(tangents, map(jnp.asarray, ts))), "y": y}
+    for s in stmts:
+        env[s.out] = J.OPS[s.op]([env[a] for a in s.args], s.params, nondiff)
+    np.testing.assert_allclose(np.asarray(env[tan["y"]]), np.asarray(want), rtol=1e-10, atol=1e-12, err_msg=op)

@@ -29,10 +29,10 @@ def finite_difference(prog, inputs, eps=1e-6):
     return out
 
 
-# custom_vjp rules may be deliberately non-standard (scaled), so finite differences are
+# custom_vjp and custom_jvp rules may be deliberately non-standard (scaled), so finite differences are
 # compared on programs without them; the rules themselves are checked just below.
 @settings(max_examples=15)
-@given(cases(Config(custom_vjp=False, second_order=False, max_stmts=4)))
+@given(cases(Config(custom_vjp=False, custom_jvp=False, second_order=False, max_stmts=4)))
 def test_reference_matches_finite_differences(case):
     prog, seed = case
     inputs = input_values(prog, seed)

@@ -207,3 +207,25 @@ def test_jax_repro_of_a_residual_report_finding_checks_the_report(tmp_path):
     assert "REPRODUCED [residual_report] jax:remat3:jit vs vjp" in out and "the report lists" in out
     with pytest.raises(repro.ReproError, match="residual_report"):
         repro.generate(prog, inputs, f, "torch")
+
+
+def test_jax_repro_of_a_custom_jvp_program_runs_its_rule(tmp_path):
+    # A custom_jvp block with a name in its body, under checkpoint: the script builds the block as
+    # jax.custom_jvp with its rule, and the residual check conforms (remat2 vs remat2:jit).
+    from conformance.ir import load_program
+    from conformance.findings import make_finding
+    from conformance.verdict import Verdict
+    from generators.programs import input_values
+    from tests.programs import op, prog, region
+    blk = {"kind": "custom_jvp", "args": ["x"], "body": [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a")],
+           "results": ["n"], "tangents": ["t"], "jvp": [op("cos", ["x"], "c"), op("mul", ["t", "c"], "d")],
+           "jvp_results": ["d"]}
+    p = prog([region(["x"], [blk, op("tanh", ["n"], "y")], ["y"], {"kind": "save_only_names", "names": ["a"]})])
+    inputs = input_values(p, 0)
+    v = Verdict(check="residuals", pipeline="jax:remat2:jit", reference="jax:remat2", status="fail", error_type="other")
+    src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), "jax")
+    assert "jax.custom_jvp(block_" in src and ".defjvp(block_" in src
+    rc, out = run_script(src, tmp_path)
+    assert rc == 0, out
+    assert "OK: [residuals] jax:remat2:jit vs jax:remat2" in out
+    assert "with custom_jvp():" in repro.pseudo_code(p) and load_program(p.to_json_obj()) == p

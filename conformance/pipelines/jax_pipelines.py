@@ -19,7 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
-from conformance.ir import Checkpoint, CustomVJP, Interpreter, Op, Program, node_index  # noqa: E402
+from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Interpreter, Op, Program, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.pipelines import jax_table  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
@@ -44,7 +44,7 @@ if _compile_cache_dir():
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_compilation_cache_max_size", 2 ** 30)
 
-ALL_FLAGS = ("jax_remat3", "jax_custom_vjp3")
+ALL_FLAGS = ("jax_remat3", "jax_custom_vjp3", "jax_custom_jvp3")
 
 
 def flags_supported() -> dict[str, bool]:
@@ -102,6 +102,33 @@ class Lowering(Interpreter):
         if not self.custom:
             return self.inline(s, path, args)
         return self.custom_vjp(s, path)(*s.nondiff, *args)
+
+    def jvp_block(self, s: CustomJVP, path: str, args: list) -> list:
+        if not self.custom:
+            return super().jvp_block(s, path, args)
+        return self.custom_jvp(s, path)(*args)
+
+    def custom_jvp(self, s: CustomJVP, path: str):
+        """jax.custom_jvp: the primal body, and a rule that runs it again and then the tangent
+        statements. Its log counts primal runs (primal_traces) and rule runs (fwd_traces)."""
+        log = self.logs.setdefault(path, CustomRuleLog())
+
+        def primal(*args):
+            log.primal_traces += 1
+            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+            return tuple(e[r] for r in s.results)
+
+        def rule(primals, tangents):
+            log.fwd_traces += 1
+            e = self.body(s.body, dict(zip(s.args, primals)), None, path + ".body")
+            outs = tuple(e[r] for r in s.results)
+            e.update(zip(s.tangents, tangents))
+            e = self.body(s.jvp, e, None, path + ".jvp")
+            return outs, tuple(e[t] for t in s.jvp_results)
+
+        f = jax.custom_jvp(primal)
+        f.defjvp(rule)
+        return f
 
     def custom_vjp(self, s: CustomVJP, path: str):
         nnd = len(s.nondiff)

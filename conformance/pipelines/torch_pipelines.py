@@ -44,6 +44,11 @@ def _tolist(x) -> Any:
 
 
 # ---- pipelines --------------------------------------------------------------------------------
+# The reason, also in the expectations data (entry torch-no-custom-jvp).
+NO_CUSTOM_JVP = ("PyTorch has no custom_jvp: an autograd.Function's jvp rule serves forward-mode AD only, "
+                 "never the reverse mode these programs are differentiated in")
+
+
 class TorchBase(Pipeline):
     """A PyTorch pipeline; its registry entry (spec) says remat, prefer, the compile backend
     (None: eager) and, for aot_eager, the partitioner."""
@@ -89,6 +94,9 @@ class TorchBase(Pipeline):
         missing = unlowered(program, torch_table.OPS)
         if missing:
             obs.unsupported = f"no PyTorch lowering for ops {missing}"
+            return obs
+        if "custom_jvp" in program.features():
+            obs.unsupported = NO_CUSTOM_JVP
             return obs
         torch.manual_seed(0)
         settings = [(torch._dynamo.config, "fail_on_recompile_limit_hit", True),

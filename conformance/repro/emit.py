@@ -11,7 +11,7 @@ import keyword
 import re
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
+from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Op, Program, walk
 from conformance.pipelines import jax_table
 
 _GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions)_?\d+$")
@@ -30,6 +30,8 @@ def identifiers(prog: Program) -> dict[str, str]:
             ids.append(s.out)
         elif isinstance(s, CustomVJP):
             ids += list(s.cts)
+        elif isinstance(s, CustomJVP):
+            ids += list(s.tangents)
     out, used = {}, set()
     for k, i in enumerate(ids):
         n = i if (i.isidentifier() and i.isascii() and not keyword.iskeyword(i) and i not in _RESERVED
@@ -42,7 +44,7 @@ def identifiers(prog: Program) -> dict[str, str]:
 
 
 class Emitter:
-    """Source for one dialect. Subclasses: op_text, region, block, zeros, value_input."""
+    """Source for one dialect. Subclasses: op_text, region, block, jvp_block, zeros, value_input."""
 
     def __init__(self, prog: Program):
         self.prog = prog
@@ -85,7 +87,12 @@ class Emitter:
                 lines += self.region(s, p, ind, nd)
             elif isinstance(s, CustomVJP):
                 lines += self.block(s, p, ind)
+            elif isinstance(s, CustomJVP):
+                lines += self.jvp_block(s, p, ind)
         return lines
+
+    def jvp_block(self, s: CustomJVP, path: str, ind: str) -> list[str]:
+        raise NotImplementedError(f"{type(self).__name__}: no custom_jvp")
 
     def program(self) -> tuple[str, str]:
         """(definitions, the body of `program(*diff_inputs)`)."""
@@ -109,6 +116,8 @@ class Emitter:
                     visit(s.body, literal)
                 elif isinstance(s, CustomVJP):
                     visit(s.fwd, list(s.nondiff))
+                elif isinstance(s, CustomJVP):
+                    visit(s.body, literal)
         visit(self.prog.body, None)
         lines.append("    env = {" + ", ".join(f"{json.dumps(k)}: {self.n[k]}" for k in keys) + "}")
         return "\n".join(lines)
@@ -146,6 +155,22 @@ class PseudoEmitter(Emitter):
         out += [f"{ind}        return {self.tuple_([self.n[r] if r else 'zeros' for r in s.bwd_results])}",
                 f"{ind}    export {', '.join(results)}"]
         return out
+
+
+def _pseudo_jvp_block(self, s, path, ind):
+    args, results = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
+    out = [f"{ind}with custom_jvp():   # {path}", f"{ind}    def primal({', '.join(args)}):"]
+    out += self.body(s.body, ind + "        ", path + ".body", None)
+    out += [f"{ind}        return {self.tuple_(results)}",
+            f"{ind}    def jvp(primals={self.tuple_(args)}, tangents={self.tuple_([self.n[t] for t in s.tangents])}):",
+            f"{ind}        {self.tuple_(results)} = primal({', '.join(args)})"]
+    out += self.body(s.jvp, ind + "        ", path + ".jvp", None)
+    out += [f"{ind}        return {self.tuple_(results)}, {self.tuple_([self.n[t] for t in s.jvp_results])}",
+            f"{ind}    export {', '.join(results)}"]
+    return out
+
+
+PseudoEmitter.jvp_block = _pseudo_jvp_block
 
 
 def pseudo_code(program) -> str:

@@ -29,6 +29,25 @@ class JaxEmitter(Emitter):
         pol = jax_table.policy_source(s.policy)
         return [f"{ind}{res} = checkpoint({fn}, policy={pol}, prevent_cse={s.prevent_cse})({', '.join(args)})"]
 
+    def jvp_block(self, s, path, ind):
+        b = f"block_{self.next_id()}"
+        args, results = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
+        tans = [self.n[t] for t in s.tangents]
+        src = [f"# custom_jvp block {path}", f"def {b}_primal({', '.join(args)}):",
+               "    \"\"\"The primal body (the jvp rule runs it again).\"\"\""]
+        src += self.body(s.body, "    ", path + ".body", None)
+        src += [f"    return {self.tuple_(results)}", "", "", f"def {b}_jvp(primals, tangents):",
+                f"    {self.tuple_(args)} = primals", f"    {self.tuple_(tans)} = tangents"]
+        src += self.body(s.body, "    ", path + ".body", None)
+        src += self.body(s.jvp, "    ", path + ".jvp", None)
+        src += [f"    return {self.tuple_(results)}, {self.tuple_([self.n[t] for t in s.jvp_results])}", "", "",
+                f"def {b}(*args):",
+                "    \"\"\"The custom_jvp function, built where it is called (as the harness does).\"\"\"",
+                f"    log({path!r})", f"    f = jax.custom_jvp({b}_primal)", f"    f.defjvp({b}_jvp)",
+                "    return f(*args)", ""]
+        self.defs.append("\n".join(src))
+        return [f"{ind}{self.tuple_(results)} = {b}({', '.join(args)})"]
+
     def block(self, s, path, ind):
         b = f"block_{self.next_id()}"
         nd, args, results, resid, cts, ndv = self.block_names(s)

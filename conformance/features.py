@@ -1,0 +1,142 @@
+"""Program features: the documented vocabulary (README "Feature vocabulary") and what a
+program has of it. Expectations, signatures, the swarm's coverage table and reports read them.
+
+Program layer: imports the IR and the op table only.
+"""
+from __future__ import annotations
+
+from conformance import ops as O
+from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Op, Program, infer_types, is_name, walk
+from conformance.policy import POLICY_KINDS, combines, offloads
+
+# Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
+FEATURE_DOC: dict[str, str] = {
+    "checkpoint": "at least one checkpoint region",
+    "nested_checkpoint": "a region inside another region",
+    "depth3": "regions nested three deep or more",
+    "nested_policy_conflict": "a region inside another region with a different policy",
+    "prevent_cse_false": "a region with prevent_cse=False",
+    "offload_in_both": "a both(p, q) policy one of whose parts offloads",
+    "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
+    "op:<op>": "the program uses this op (for expectations; not part of signatures)",
+    "names": "checkpoint_name used",
+    "dup_names": "the same name on several values",
+    "unread_name": "a named value that nothing reads",
+    "names_in_fwd": "checkpoint_name inside a custom_vjp fwd",
+    "custom_vjp": "a custom_vjp block",
+    "custom_vjp_in_checkpoint": "a custom_vjp block inside a checkpoint region",
+    "symbolic_zeros": "custom_vjp with symbolic_zeros=True",
+    "optimize_remat": "custom_vjp with optimize_remat=True",
+    "optimize_remat_symbolic_zeros": "one custom_vjp block with both optimize_remat and symbolic_zeros",
+    "sz_fwd_remat": "a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
+                    "(remat3 must rematerialise that fwd)",
+    "nondiff_args": "custom_vjp with nondiff arguments",
+    "unused_result": "a custom_vjp result that nothing reads (zero cotangent)",
+    "nondiff_input": "a program input that is not differentiated",
+    "residual_is_arg": "a custom_vjp residual that is one of its args",
+    "custom_jvp": "a custom_jvp block",
+    "custom_jvp_in_checkpoint": "a custom_jvp block inside a checkpoint region",
+    "names_in_custom_jvp": "checkpoint names in a custom_jvp body (its jvp rule runs them too)",
+    **O.FEATURE_DOC,
+    "second_order": "grad of grad",
+    "float32": "a float32 value",
+    "float64": "a float64 value",
+}
+
+
+def known_features() -> set[str]:
+    """Every feature name a program can have: the vocabulary with its patterns expanded."""
+    return ({k for k in FEATURE_DOC if "<" not in k} | {f"policy:{k}" for k in POLICY_KINDS}
+            | {f"op:{o}" for o in O.OPS})
+
+
+def compute_features(prog: Program) -> set[str]:
+    f: set[str] = set()
+    types = infer_types(prog)
+    name_counts: dict[str, int] = {}
+    reads: dict[str, int] = {}
+    for s, depth, _, ctx in walk(prog.body):
+        for a in s.args:
+            reads[a] = reads.get(a, 0) + 1
+        if isinstance(s, Checkpoint):
+            f.add("checkpoint")
+            f.add(f"policy:{s.policy.kind}")
+            if combines(s.policy) and offloads(s.policy):
+                f.add("offload_in_both")
+            if depth >= 1:
+                f.add("nested_checkpoint")
+            if depth >= 2:
+                f.add("depth3")
+            if not s.prevent_cse:
+                f.add("prevent_cse_false")
+        elif isinstance(s, CustomVJP):
+            f.add("custom_vjp")
+            if depth >= 1:
+                f.add("custom_vjp_in_checkpoint")
+            if s.symbolic_zeros:
+                f.add("symbolic_zeros")
+            if s.optimize_remat:
+                f.add("optimize_remat")
+                if s.symbolic_zeros:
+                    f.add("optimize_remat_symbolic_zeros")
+            if s.symbolic_zeros and depth >= 1 and any(is_name(x) for x, _, _, _ in walk(s.fwd)):
+                f.add("sz_fwd_remat")
+            if s.nondiff:
+                f.add("nondiff_args")
+            if set(s.residuals) & set(s.args):
+                f.add("residual_is_arg")
+            for r in s.residuals:
+                reads[r] = reads.get(r, 0) + 1
+        elif isinstance(s, CustomJVP):
+            f.add("custom_jvp")
+            if depth >= 1:
+                f.add("custom_jvp_in_checkpoint")
+            if any(is_name(x) for x, _, _, _ in walk(s.body)):
+                f.add("names_in_custom_jvp")
+        elif isinstance(s, Op):
+            f.add(f"op:{s.op}")
+            if is_name(s):
+                f.add("names")
+                if ctx == "fwd":
+                    f.add("names_in_fwd")
+                n = s.params["name"]
+                name_counts[n] = name_counts.get(n, 0) + 1
+            d = O.OPS[s.op]
+            if d.features:
+                shapes = [types[a][0] for a in s.args]
+                f.add(d.batched_feature if d.batched(shapes) else d.features[0])
+                f.update(d.features[1:])
+    for o in prog.outputs:
+        reads[o] = reads.get(o, 0) + 1
+    for s, _, _, _ in walk(prog.body):
+        if is_name(s) and reads.get(s.out, 0) == 0:
+            f.add("unread_name")
+        if isinstance(s, (CustomVJP, CustomJVP)) and any(reads.get(r, 0) == 0 for r in s.results):
+            f.add("unused_result")
+    if any(c > 1 for c in name_counts.values()):
+        f.add("dup_names")
+    if any(not i.diff for i in prog.inputs):
+        f.add("nondiff_input")
+    if prog.diff.order == 2:
+        f.add("second_order")
+    if _policy_conflict(prog.body, None):
+        f.add("nested_policy_conflict")
+    for _, dt in types.values():
+        f.add(dt)
+    return f
+
+
+def _policy_conflict(body, outer) -> bool:
+    """A checkpoint region directly or indirectly inside another whose policy differs from the
+    nearest enclosing region's (custom_vjp fwd/bwd bodies included)."""
+    for s in body:
+        if isinstance(s, Checkpoint):
+            if outer is not None and s.policy != outer:
+                return True
+            if _policy_conflict(s.body, s.policy):
+                return True
+        elif isinstance(s, CustomVJP) and (_policy_conflict(s.fwd, outer) or _policy_conflict(s.bwd, outer)):
+            return True
+        elif isinstance(s, CustomJVP) and _policy_conflict(s.body, outer):
+            return True
+    return False
