@@ -34,6 +34,9 @@ FEATURE_DOC: dict[str, str] = {
     "unused_result": "a custom_vjp result that nothing reads (zero cotangent)",
     "nondiff_input": "a program input that is not differentiated",
     "residual_is_arg": "a custom_vjp residual that is one of its args",
+    "custom_gradient": "a custom rule spelled with jax.custom_gradient (remat=False)",
+    "rule_remat": "a custom rule with a rematerialisation rule: defremat or custom_gradient(remat=True) "
+                  "(needs jax_custom_vjp3 and jax_remat3)",
     "custom_jvp": "a custom_jvp block",
     "custom_jvp_in_checkpoint": "a custom_jvp block inside a checkpoint region",
     "names_in_custom_jvp": "checkpoint names in a custom_jvp body (its jvp rule runs them too)",
@@ -85,6 +88,10 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("nondiff_args")
             if set(s.residuals) & set(s.args):
                 f.add("residual_is_arg")
+            if s.spelling == "custom_gradient":
+                f.add("custom_gradient")
+            elif s.spelling in ("defremat", "custom_gradient_remat"):
+                f.add("rule_remat")
             for r in s.residuals:
                 reads[r] = reads.get(r, 0) + 1
         elif isinstance(s, CustomJVP):

@@ -80,6 +80,11 @@ class CustomVJP(_M):
     nondiff: list[float] = Field(default_factory=list)
     symbolic_zeros: bool = False
     optimize_remat: bool = False
+    # How the rule is spelled in JAX: custom_vjp + defvjp; jax.custom_gradient (bwd closes over
+    # the residuals), with remat=True (a rem function recomputes the residuals); defremat (fwd
+    # saves nothing, rem recomputes the residuals from the args). The last two need
+    # jax_custom_vjp3 and jax_remat3. PyTorch has one spelling (autograd.Function).
+    spelling: Literal["defvjp", "custom_gradient", "custom_gradient_remat", "defremat"] = "defvjp"
 
 
 class CustomJVP(_M):
@@ -122,7 +127,7 @@ class Program(_M):
 
     # --- serialisation -------------------------------------------------------------
     def to_json_obj(self) -> dict:
-        return self.model_dump(mode="json", exclude_defaults=False)
+        return _drop_default_spelling(self.model_dump(mode="json", exclude_defaults=False))
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_obj(), sort_keys=True, separators=(",", ":"))
@@ -146,6 +151,18 @@ class Program(_M):
 
     def types(self) -> dict[str, tuple[tuple[int, ...], str]]:
         return infer_types(self)
+
+
+def _drop_default_spelling(x):
+    """A custom_vjp block's default spelling is left out of its JSON, so that programs written
+    before the field existed keep their content hashes."""
+    if isinstance(x, dict):
+        if x.get("kind") == "custom_vjp" and x.get("spelling") == "defvjp":
+            x = {k: v for k, v in x.items() if k != "spelling"}
+        return {k: _drop_default_spelling(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_drop_default_spelling(v) for v in x]
+    return x
 
 
 # ---------------------------------------------------------------------------------
@@ -260,6 +277,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 for k, v in enumerate(s.nondiff):
                     if not isinstance(v, (int, float)) or not math.isfinite(v):
                         raise ProgramError(f"{p}.nondiff[{k}]", "must be a finite number")
+                if s.spelling != "defvjp" and (s.symbolic_zeros or s.optimize_remat or s.nondiff):
+                    raise ProgramError(f"{p}.spelling", f"{s.spelling} has no symbolic_zeros, optimize_remat "
+                                                        "or nondiff arguments")
                 inner = check_body(s.fwd, set(s.args), f"{p}.fwd", depth, list(s.nondiff))
                 if not s.results:
                     raise ProgramError(f"{p}.results", "a custom_vjp block must have at least one result")

@@ -46,6 +46,7 @@ class CustomRuleLog(BaseModel):
     fwd_traces: int = 0      # how often the fwd rule ran (traced or called)
     bwd_calls: int = 0       # how often the bwd rule ran
     primal_traces: int = 0   # how often the primal function ran
+    rem_traces: int = 0      # how often a rematerialisation rule (defremat, custom_gradient remat) ran
 
 
 class ReportedResidual(BaseModel):

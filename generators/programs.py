@@ -51,6 +51,10 @@ class Config:
     swarm: bool = True        # False: every feature the config allows is available to every program
 
 
+# custom_vjp spellings (the first is the plain one); the swarm's rule_spellings turns the others on
+SPELLINGS = ("defvjp", "custom_gradient", "custom_gradient_remat", "defremat")
+
+
 @dataclass
 class Val:
     id: str
@@ -78,13 +82,16 @@ _FEATURE_FLAGS = (
     ("extra_inputs", _HALF), ("nondiff_inputs", _HALF), ("dead_values", _HALF), ("second_order", (1, 8)),
     ("custom_jvp", _HALF),
 )
+# Dimensions added later are drawn after every other one, so that the earlier dimensions keep
+# their places in the choice sequence (the shrinker's moves depend on them).
+_LATE_FLAGS = (("rule_spellings", _HALF),)
 
 
 def swarm_dimensions() -> list[str]:
     """The names of every swarm dimension (besides the dtype). The first policy kind and the
     first op family are the plain forms, always available; every other one is a dimension."""
     return ([n for n, _ in _FEATURE_FLAGS] + [f"policy:{k}" for k in list(KINDS)[1:]]
-            + [f"family:{f}" for f in op_families()[1:]])
+            + [f"family:{f}" for f in op_families()[1:]] + [n for n, _ in _LATE_FLAGS])
 
 
 def _allowed(cfg: Config) -> dict[str, bool]:
@@ -96,7 +103,7 @@ def _allowed(cfg: Config) -> dict[str, bool]:
         a["nesting"] = False
     a["prevent_cse"] &= a["checkpoint"]
     if not cfg.custom_vjp:
-        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args"):
+        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings"):
             a[n] = False
     if not cfg.custom_jvp:
         a["custom_jvp"] = False
@@ -124,7 +131,7 @@ class Swarm:
 
 def draw_swarm(draw, cfg: Config) -> Swarm:
     allowed = _allowed(cfg)
-    probs = dict(_FEATURE_FLAGS)
+    probs = dict(_FEATURE_FLAGS + _LATE_FLAGS)
     on = {}
     for n in swarm_dimensions():
         if not allowed[n]:
@@ -152,7 +159,7 @@ class _NoInput(Exception):
 class _Frame:
     """An open (then closed) region or block while the item stream is read."""
     __slots__ = ("kind", "parent", "depth", "items", "policy_choice", "prevent_cse", "nondiff",
-                 "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp")
+                 "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp", "spelling")
 
     def __init__(self, kind, parent, depth):
         self.kind, self.parent, self.depth = kind, parent, depth
@@ -375,10 +382,12 @@ class _Gen:
         # optimize_remat: with symbolic_zeros it is documented as unsupported (every pipeline
         # must raise NotImplementedError), and a program where every block raises checks
         # nothing else.
-        if sw["nondiff_args"]:
+        g.spelling = SPELLINGS[draw_int(draw, 0, len(SPELLINGS) - 1, "spelling")] if sw["rule_spellings"] else SPELLINGS[0]
+        plain = g.spelling == SPELLINGS[0]   # the other spellings have none of the options below
+        if sw["nondiff_args"] and plain:
             g.nondiff = [NONDIFF_VALUES[draw_int(draw, 0, len(NONDIFF_VALUES) - 1, "nondiff_value")]]
-        g.symbolic_zeros = sw["symbolic_zeros"]
-        g.optimize_remat = sw["optimize_remat"] and draw(BOOL, label="optimize_remat")
+        g.symbolic_zeros = sw["symbolic_zeros"] and plain
+        g.optimize_remat = sw["optimize_remat"] and plain and draw(BOOL, label="optimize_remat")
         g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
 
@@ -517,7 +526,7 @@ class _Gen:
         residuals = sorted(used, key=order.__getitem__)
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
-                         optimize_remat=it.optimize_remat)
+                         optimize_remat=it.optimize_remat, spelling=it.spelling)
 
 
 @st.composite

@@ -15,7 +15,7 @@ from conformance.observation import Observation
 from conformance.verdict import Verdict
 from oracles.missing import skip_unless
 
-COUNTERS = ("primal_traces", "fwd_traces", "bwd_calls")
+COUNTERS = ("primal_traces", "fwd_traces", "bwd_calls", "rem_traces")
 
 
 def compare(obs: Observation, ref: Observation, same_mode: bool) -> Verdict:
@@ -30,7 +30,7 @@ def compare(obs: Observation, ref: Observation, same_mode: bool) -> Verdict:
     for path in sorted(set(obs.custom_rules) & set(ref.custom_rules)):
         a, b = obs.custom_rules[path], ref.custom_rules[path]
         for c in COUNTERS:
-            if c != "primal_traces" and getattr(b, c) == 0:
+            if c in ("fwd_traces", "bwd_calls") and getattr(b, c) == 0:
                 continue   # custom_rule's fwd_ran
             if getattr(a, c) > getattr(b, c):
                 grew.setdefault(path, {})[c] = {"got": getattr(a, c), "reference": getattr(b, c)}

@@ -199,3 +199,49 @@ def test_torch_declares_custom_jvp_unsupported():
     import numpy as np
     np.testing.assert_allclose(obs["ref:f64"].grads["x"], np.cos(x), rtol=1e-12)
     assert not j.failures(), [v.key() for v in j.failures()]
+
+
+def _spelled_block(spelling):
+    return {"kind": "custom_vjp", "args": ["x"], "fwd": [op("sin", ["x"], "s")], "results": ["s"], "residuals": ["x"],
+            "cts": ["g"], "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d")], "bwd_results": ["d"],
+            "spelling": spelling}
+
+
+@pytest.mark.parametrize("spelling", ["defremat", "custom_gradient_remat"])
+def test_rule_remat_needs_custom_vjp3(spelling):
+    from tests.programs import region
+    p = prog([region(["x"], [_spelled_block(spelling), op("tanh", ["s"], "y")], ["y"], {"kind": "nothing"})])
+    assert "rule_remat" in p.features()
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3+cvjp3"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    j = judge(p, obs, PACKAGED)
+    for name in ("jax:remat2", "jax:remat3"):
+        got = {(v.reference, v.status, v.expectation) for v in _verdicts(j, name, "error")}
+        assert ("expectations", "expected", "rule-remat-needs-custom-vjp3") in got, got
+        assert obs[name].error.type == "NotImplementedError"
+    # custom_vjp3 runs the rule: its rem ran on the backward pass, its gradients are the reference's
+    assert obs["jax:remat3+cvjp3"].error is None
+    assert obs["jax:remat3+cvjp3"].custom_rules["body[0].body[0]"].rem_traces >= 1
+    status = [v for v in _verdicts(j, "jax:remat3+cvjp3", "error") if v.reference == "jax:remat2"]
+    assert [(v.status, v.expectation) for v in status] == [("expected", "rule-remat-reference-cannot-run")]
+    assert [v.status for v in _verdicts(j, "jax:remat3+cvjp3", "gradient")] == ["pass", "pass"]
+    assert not j.failures(), [v.key() for v in j.failures()]
+    # each entry is needed: without the first the references' error is a finding, without the
+    # second custom_vjp3's success where its reference raised is
+    for gone, key in (("rule-remat-needs-custom-vjp3", ("error", "jax:remat2", "expectations")),
+                      ("rule-remat-reference-cannot-run", ("error", "jax:remat3+cvjp3", "jax:remat2"))):
+        without = Expectations([e for e in PACKAGED.entries if e.id != gone], PACKAGED.source)
+        keys = {v.key()[:3] for v in judge(p, obs, without).failures()}
+        assert key in keys, (gone, keys)
+
+
+def test_custom_gradient_spelling_runs_everywhere_and_agrees():
+    from tests.programs import region
+    p = prog([region(["x"], [_spelled_block("custom_gradient"), op("tanh", ["s"], "y")], ["y"], {"kind": "nothing"})])
+    assert "custom_gradient" in p.features() and p.to_json_obj()["body"][0]["body"][0]["spelling"] == "custom_gradient"
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3+cvjp3", "torch:none", "torch:eager-sac"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    j = judge(p, obs, PACKAGED)
+    assert all(o.error is None for o in obs.values()), {n: o.error for n, o in obs.items()}
+    assert obs["jax:remat2"].custom_rules["body[0].body[0]"].bwd_calls >= 1
+    assert not j.failures(), [v.key() for v in j.failures()]

@@ -229,3 +229,27 @@ def test_jax_repro_of_a_custom_jvp_program_runs_its_rule(tmp_path):
     assert rc == 0, out
     assert "OK: [residuals] jax:remat2:jit vs jax:remat2" in out
     assert "with custom_jvp():" in repro.pseudo_code(p) and load_program(p.to_json_obj()) == p
+
+
+@pytest.mark.parametrize("spelling", ["custom_gradient", "custom_gradient_remat", "defremat"])
+def test_jax_repro_spells_the_rule_as_the_program_does(spelling, tmp_path):
+    # custom_gradient / custom_gradient(remat=True) / defremat: the script spells the rule so and
+    # runs it under custom_vjp3 (the rematerialisation rules need it); the no-remat reference uses
+    # the same VJP spelled without a rem rule; gradients agree (exit 0)
+    from conformance.findings import make_finding
+    from conformance.verdict import Verdict
+    from generators.programs import input_values
+    from tests.programs import op, prog, region
+    blk = {"kind": "custom_vjp", "args": ["x"], "fwd": [op("sin", ["x"], "s")], "results": ["s"], "residuals": ["x"],
+           "cts": ["g"], "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d")], "bwd_results": ["d"],
+           "spelling": spelling}
+    p = prog([region(["x"], [blk, op("tanh", ["s"], "y")], ["y"], {"kind": "nothing"})])
+    inputs = input_values(p, 0)
+    v = Verdict(check="gradient", pipeline="jax:remat3+cvjp3", reference="jax:none", status="fail")
+    src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), "jax")
+    assert ("jax.custom_gradient(" in src) == spelling.startswith("custom_gradient")
+    assert (".defremat(" in src) == (spelling == "defremat")
+    rc, out = run_script(src, tmp_path)
+    assert rc == 0, out
+    assert "OK: [gradient] jax:remat3+cvjp3 vs jax:none" in out
+    assert f"spelling={spelling!r}" in repro.pseudo_code(p)

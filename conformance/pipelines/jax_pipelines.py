@@ -173,6 +173,41 @@ class Lowering(Interpreter):
                 outs.append(jnp.zeros(shp, dt) if r is None else e[r])
             return tuple(outs)
 
+        spelling = s.spelling
+        if not self.remat and spelling in REMAT_SPELLINGS:
+            # outside jax.remat a rematerialisation rule defines the same VJP as running rem
+            # right after fwd (custom_vjp.defremat's docstring): no-remat references use that
+            spelling = REMAT_SPELLINGS[spelling]
+        if spelling == "custom_gradient":
+            def spelled(*args):
+                outs, res = fwd(*args)
+                return outs, lambda g: bwd(res, g)
+            return jax.custom_gradient(spelled)
+        if spelling == "custom_gradient_remat":
+            def spelled(*args):
+                log.fwd_traces += 1
+                e = run_fwd((), args)
+
+                def rem(*args2):
+                    log.rem_traces += 1
+                    e2 = run_fwd((), args2)
+                    res = tuple(e2[r] for r in s.residuals)
+                    return tuple(e2[r] for r in s.results), lambda g: bwd(res, g)
+                return tuple(e[r] for r in s.results), rem
+            return jax.custom_gradient(spelled, remat=True)
+        if spelling == "defremat":
+            def fwd_nothing(*args):   # saves nothing: rem recomputes the residuals from the args
+                log.fwd_traces += 1
+                e = run_fwd((), args)
+                return tuple(e[r] for r in s.results), ()
+
+            def rem(_, *args):
+                log.rem_traces += 1
+                e = run_fwd((), args)
+                return tuple(e[r] for r in s.results), tuple(e[r] for r in s.residuals)
+            f = jax.custom_vjp(primal)
+            f.defremat(fwd_nothing, rem, bwd)
+            return f
         f = jax.custom_vjp(primal, nondiff_argnums=tuple(range(nnd)))
         kw = {}
         if s.symbolic_zeros:
@@ -181,6 +216,10 @@ class Lowering(Interpreter):
             kw["optimize_remat"] = True
         f.defvjp(fwd, bwd, **kw)
         return f
+
+
+# A spelling with a rematerialisation rule -> the spelling of the same VJP outside jax.remat.
+REMAT_SPELLINGS = {"defremat": "defvjp", "custom_gradient_remat": "custom_gradient"}
 
 
 def _tolist(x) -> Any:

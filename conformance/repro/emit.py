@@ -146,6 +146,7 @@ class PseudoEmitter(Emitter):
     def block(self, s, path, ind):
         nd, args, results, resid, cts, ndv = self.block_names(s)
         opts = [f"{o}=True" for o in ("symbolic_zeros", "optimize_remat") if getattr(s, o)]
+        opts += [f"spelling={s.spelling!r}"] if s.spelling != "defvjp" else []
         opts += [f"nondiff=[{', '.join(ndv)}]"] if ndv else []
         out = [f"{ind}with custom_vjp({', '.join(opts)}):   # {path}", f"{ind}    def fwd({', '.join(args)}):"]
         out += self.body(s.fwd, ind + "        ", path + ".fwd", nd)

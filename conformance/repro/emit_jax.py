@@ -72,9 +72,21 @@ class JaxEmitter(Emitter):
         kw = "".join(f", {o}=True" for o in ("symbolic_zeros", "optimize_remat") if getattr(s, o))
         src += [f"def {b}_primal({sig}):", f"    return {b}_rule({sig})[0]", "", "",
                 f"def {b}(*args):",
-                "    \"\"\"The custom_vjp function, built where it is called (as the harness does).\"\"\"",
-                f"    log({path!r})",
-                f"    f = jax.custom_vjp({b}_primal" + (f", nondiff_argnums={tuple(range(len(nd)))!r})" if nd else ")"),
-                f"    f.defvjp({b}_fwd, {b}_bwd{kw})", "    return f(*args)", ""]
+                "    \"\"\"The custom rule, built where it is called (as the harness does).\"\"\"",
+                f"    log({path!r})"]
+        if s.spelling in ("custom_gradient", "custom_gradient_remat"):
+            src += ["    def spelled(*args):", f"        outs, res = {b}_rule(*args)",
+                    f"        rem = lambda *a: ({b}_rule(*a)[0], lambda g: {b}_bwd({b}_rule(*a)[1], g))",
+                    f"        return outs, (lambda g: {b}_bwd(res, g))" + (" if not REMAT else rem" if s.spelling.endswith("remat") else ""),
+                    "    return jax.custom_gradient(spelled" + (", remat=REMAT)(*args)" if s.spelling.endswith("remat") else ")(*args)"), ""]
+        elif s.spelling == "defremat":
+            src += [f"    f = jax.custom_vjp({b}_primal)",
+                    "    if REMAT:   # fwd saves nothing; rem recomputes the residuals from the args",
+                    f"        f.defremat(lambda *a: ({b}_rule(*a)[0], ()), lambda _, *a: {b}_rule(*a), {b}_bwd)",
+                    "    else:   # outside jax.remat the same VJP as running rem right after fwd",
+                    f"        f.defvjp({b}_fwd, {b}_bwd)", "    return f(*args)", ""]
+        else:
+            src += [f"    f = jax.custom_vjp({b}_primal" + (f", nondiff_argnums={tuple(range(len(nd)))!r})" if nd else ")"),
+                    f"    f.defvjp({b}_fwd, {b}_bwd{kw})", "    return f(*args)", ""]
         self.defs.append("\n".join(src))
         return [f"{ind}{self.tuple_(results)} = {b}({', '.join(ndv + args)})"]
