@@ -170,7 +170,8 @@ class Lowering(Interpreter):
             outs = []
             for r, a in zip(s.bwd_results, s.args):
                 shp, dt = types[a]
-                outs.append(jnp.zeros(shp, dt) if r is None else e[r])
+                # a zero cotangent is None, as users write it; custom_gradient's vjp returns arrays
+                outs.append(e[r] if r is not None else None if s.spelling in NONE_ZEROS else jnp.zeros(shp, dt))
             return tuple(outs)
 
         spelling = s.spelling
@@ -218,6 +219,8 @@ class Lowering(Interpreter):
         return f
 
 
+# Spellings whose bwd rule says a zero cotangent with None.
+NONE_ZEROS = ("defvjp", "defremat")
 # A spelling with a rematerialisation rule -> the spelling of the same VJP outside jax.remat.
 REMAT_SPELLINGS = {"defremat": "defvjp", "custom_gradient_remat": "custom_gradient"}
 

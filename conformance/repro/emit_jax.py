@@ -52,7 +52,8 @@ class JaxEmitter(Emitter):
         b = f"block_{self.next_id()}"
         nd, args, results, resid, cts, ndv = self.block_names(s)
         sig = ", ".join(nd + args)
-        ret = [self.n[r] if r else self.zeros(a) for r, a in zip(s.bwd_results, s.args)]
+        none = s.spelling in ("defvjp", "defremat")   # a zero cotangent is None, as users write it
+        ret = [self.n[r] if r else "None" if none else self.zeros(a) for r, a in zip(s.bwd_results, s.args)]
         src = [f"# custom_vjp block {path} (symbolic_zeros={s.symbolic_zeros}, optimize_remat={s.optimize_remat}, "
                f"nondiff args {ndv or 'none'})",
                f"def {b}_rule({sig}):", "    \"\"\"The fwd statements: (results, residuals).\"\"\""]
