@@ -85,6 +85,9 @@ class CustomVJP(_M):
     # saves nothing, rem recomputes the residuals from the args). The last two need
     # jax_custom_vjp3 and jax_remat3. PyTorch has one spelling (autograd.Function).
     spelling: Literal["defvjp", "custom_gradient", "custom_gradient_remat", "defremat"] = "defvjp"
+    # The pytree the residuals travel in from fwd (or defremat's rem) to bwd: a flat tuple, a
+    # dict, or nested tuples and dicts. custom_gradient closes over them instead.
+    residual_tree: Literal["tuple", "dict", "nested"] = "tuple"
 
 
 class CustomJVP(_M):
@@ -153,12 +156,16 @@ class Program(_M):
         return infer_types(self)
 
 
+# custom_vjp fields added after programs were first stored: left out of the JSON at their
+# defaults, so that those programs keep their content hashes.
+_LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple"}
+
+
 def _drop_default_spelling(x):
-    """A custom_vjp block's default spelling is left out of its JSON, so that programs written
-    before the field existed keep their content hashes."""
+    """A custom_vjp block's later fields are left out of its JSON at their defaults."""
     if isinstance(x, dict):
-        if x.get("kind") == "custom_vjp" and x.get("spelling") == "defvjp":
-            x = {k: v for k, v in x.items() if k != "spelling"}
+        if x.get("kind") == "custom_vjp":
+            x = {k: v for k, v in x.items() if not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
         return {k: _drop_default_spelling(v) for k, v in x.items()}
     if isinstance(x, list):
         return [_drop_default_spelling(v) for v in x]
@@ -277,6 +284,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 for k, v in enumerate(s.nondiff):
                     if not isinstance(v, (int, float)) or not math.isfinite(v):
                         raise ProgramError(f"{p}.nondiff[{k}]", "must be a finite number")
+                if s.residual_tree != "tuple" and s.spelling.startswith("custom_gradient"):
+                    raise ProgramError(f"{p}.residual_tree", f"{s.spelling} passes no residuals (its bwd closes "
+                                                             "over them)")
                 if s.spelling != "defvjp" and (s.symbolic_zeros or s.optimize_remat or s.nondiff):
                     raise ProgramError(f"{p}.spelling", f"{s.spelling} has no symbolic_zeros, optimize_remat "
                                                         "or nondiff arguments")

@@ -53,6 +53,7 @@ class Config:
 
 # custom_vjp spellings (the first is the plain one); the swarm's rule_spellings turns the others on
 SPELLINGS = ("defvjp", "custom_gradient", "custom_gradient_remat", "defremat")
+RESIDUAL_TREES = ("tuple", "dict", "nested")   # the pytree custom_vjp residuals travel in
 
 
 @dataclass
@@ -84,7 +85,7 @@ _FEATURE_FLAGS = (
 )
 # Dimensions added later are drawn after every other one, so that the earlier dimensions keep
 # their places in the choice sequence (the shrinker's moves depend on them).
-_LATE_FLAGS = (("rule_spellings", _HALF),)
+_LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF))
 
 
 def swarm_dimensions() -> list[str]:
@@ -103,7 +104,7 @@ def _allowed(cfg: Config) -> dict[str, bool]:
         a["nesting"] = False
     a["prevent_cse"] &= a["checkpoint"]
     if not cfg.custom_vjp:
-        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings"):
+        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees"):
             a[n] = False
     if not cfg.custom_jvp:
         a["custom_jvp"] = False
@@ -159,7 +160,8 @@ class _NoInput(Exception):
 class _Frame:
     """An open (then closed) region or block while the item stream is read."""
     __slots__ = ("kind", "parent", "depth", "items", "policy_choice", "prevent_cse", "nondiff",
-                 "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp", "spelling")
+                 "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp", "spelling",
+                 "residual_tree")
 
     def __init__(self, kind, parent, depth):
         self.kind, self.parent, self.depth = kind, parent, depth
@@ -384,6 +386,9 @@ class _Gen:
         # nothing else.
         g.spelling = SPELLINGS[draw_int(draw, 0, len(SPELLINGS) - 1, "spelling")] if sw["rule_spellings"] else SPELLINGS[0]
         plain = g.spelling == SPELLINGS[0]   # the other spellings have none of the options below
+        g.residual_tree = RESIDUAL_TREES[0]
+        if sw["residual_trees"] and not g.spelling.startswith("custom_gradient"):
+            g.residual_tree = RESIDUAL_TREES[draw_int(draw, 0, len(RESIDUAL_TREES) - 1, "residual_tree")]
         if sw["nondiff_args"] and plain:
             g.nondiff = [NONDIFF_VALUES[draw_int(draw, 0, len(NONDIFF_VALUES) - 1, "nondiff_value")]]
         g.symbolic_zeros = sw["symbolic_zeros"] and plain
@@ -526,7 +531,7 @@ class _Gen:
         residuals = sorted(used, key=order.__getitem__)
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
-                         optimize_remat=it.optimize_remat, spelling=it.spelling)
+                         optimize_remat=it.optimize_remat, spelling=it.spelling, residual_tree=it.residual_tree)
 
 
 @st.composite

@@ -253,3 +253,23 @@ def test_jax_repro_spells_the_rule_as_the_program_does(spelling, tmp_path):
     assert rc == 0, out
     assert "OK: [gradient] jax:remat3+cvjp3 vs jax:none" in out
     assert f"spelling={spelling!r}" in repro.pseudo_code(p)
+
+
+@pytest.mark.parametrize("spelling,tree", [("defvjp", "dict"), ("defvjp", "nested"), ("defremat", "nested")])
+def test_jax_repro_passes_residuals_in_the_programs_pytree(spelling, tree, tmp_path):
+    from conformance.findings import make_finding
+    from conformance.verdict import Verdict
+    from generators.programs import input_values
+    from tests.programs import op, prog, region
+    blk = {"kind": "custom_vjp", "args": ["x"], "fwd": [op("sin", ["x"], "s"), op("cos", ["x"], "k")],
+           "results": ["s"], "residuals": ["x", "k"], "cts": ["g"], "bwd": [op("mul", ["g", "k"], "d")],
+           "bwd_results": ["d"], "spelling": spelling, "residual_tree": tree}
+    p = prog([region(["x"], [blk, op("tanh", ["s"], "y")], ["y"], {"kind": "nothing"})])
+    assert "residual_pytree" in p.features()
+    inputs = input_values(p, 0)
+    v = Verdict(check="gradient", pipeline="jax:remat3+cvjp3", reference="jax:none", status="fail")
+    src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), "jax")
+    assert f"pack_residuals({tree!r}, res)" in src and f"unpack_residuals({tree!r}, res)" in src
+    rc, out = run_script(src, tmp_path)
+    assert rc == 0, out
+    assert "OK: [gradient] jax:remat3+cvjp3 vs jax:none" in out

@@ -133,6 +133,9 @@ class Lowering(Interpreter):
     def custom_vjp(self, s: CustomVJP, path: str):
         nnd = len(s.nondiff)
         log = self.logs.setdefault(path, CustomRuleLog())
+        tree = s.residual_tree
+        pack = lambda res: NAMESPACE["pack_residuals"](tree, res)          # noqa: E731
+        unpack = lambda res: NAMESPACE["unpack_residuals"](tree, res)      # noqa: E731
 
         def run_fwd(nondiff, arrs):
             e = self.body(s.fwd, dict(zip(s.args, arrs)), nondiff, path + ".fwd")
@@ -152,7 +155,7 @@ class Lowering(Interpreter):
                     log.perturbed.append(flags)
                 arrs = [a.value for a in arrs]
             e = run_fwd(args[:nnd], arrs)
-            return tuple(e[r] for r in s.results), tuple(e[r] for r in s.residuals)
+            return tuple(e[r] for r in s.results), pack(tuple(e[r] for r in s.residuals))
 
         def bwd(*args):
             log.bwd_calls += 1
@@ -164,7 +167,7 @@ class Lowering(Interpreter):
                 if zs not in log.symbolic_zero_cts:
                     log.symbolic_zero_cts.append(zs)
                 cts = [jnp.zeros(types[r][0], types[r][1]) if z else c for c, z, r in zip(cts, zs, s.results)]
-            e = dict(zip(s.residuals, res))
+            e = dict(zip(s.residuals, unpack(res)))
             e.update(zip(s.cts, cts))
             e = self.body(s.bwd, e, nondiff, path + ".bwd")
             outs = []
@@ -183,7 +186,7 @@ class Lowering(Interpreter):
             def spelled(*args):
                 outs, res = fwd(*args)
                 return outs, lambda g: bwd(res, g)
-            return jax.custom_gradient(spelled)
+            return jax.custom_gradient(spelled)   # (residual_tree is "tuple" here)
         if spelling == "custom_gradient_remat":
             def spelled(*args):
                 log.fwd_traces += 1
@@ -192,7 +195,7 @@ class Lowering(Interpreter):
                 def rem(*args2):
                     log.rem_traces += 1
                     e2 = run_fwd((), args2)
-                    res = tuple(e2[r] for r in s.residuals)
+                    res = pack(tuple(e2[r] for r in s.residuals))
                     return tuple(e2[r] for r in s.results), lambda g: bwd(res, g)
                 return tuple(e[r] for r in s.results), rem
             return jax.custom_gradient(spelled, remat=True)
@@ -205,7 +208,7 @@ class Lowering(Interpreter):
             def rem(_, *args):
                 log.rem_traces += 1
                 e = run_fwd((), args)
-                return tuple(e[r] for r in s.results), tuple(e[r] for r in s.residuals)
+                return tuple(e[r] for r in s.results), pack(tuple(e[r] for r in s.residuals))
             f = jax.custom_vjp(primal)
             f.defremat(fwd_nothing, rem, bwd)
             return f

@@ -64,6 +64,24 @@ def save_prims(prims):
     return lambda prim, *_, **__: prim.name in prims
 
 
+def pack_residuals(tree, res):
+    """custom_vjp residuals as the pytree a rule passes them in: a tuple, a dict, or nested."""
+    res = tuple(res)
+    if tree == "dict":
+        return {f"r{i}": r for i, r in enumerate(res)}
+    if tree == "nested":
+        return (res[:1], {"rest": res[1:]}) if res else ((), {"rest": ()})
+    return res
+
+
+def unpack_residuals(tree, res):
+    if tree == "dict":
+        return tuple(res[f"r{i}"] for i in range(len(res)))
+    if tree == "nested":
+        return tuple(res[0]) + tuple(res[1]["rest"])
+    return tuple(res)
+
+
 def save_min_elements(n):
     """A custom policy over the avals: save the outputs of primitives whose first input has at
     least n elements."""

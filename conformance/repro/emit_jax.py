@@ -62,9 +62,11 @@ class JaxEmitter(Emitter):
         if s.symbolic_zeros:
             src += [f"    log({path!r}, \"perturbed\", [{', '.join(f'bool({a}.perturbed)' for a in args)}])",
                     f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}"]
-        src += [f"    return {b}_rule({sig})", "", "", f"def {b}_bwd({', '.join(nd + ['res', 'cts'])}):"]
+        tree = repr(s.residual_tree)
+        src += [f"    outs, res = {b}_rule({sig})", f"    return outs, pack_residuals({tree}, res)", "", "",
+                f"def {b}_bwd({', '.join(nd + ['res', 'cts'])}):"]
         if resid:
-            src.append(f"    {self.tuple_(resid)} = res")
+            src.append(f"    {self.tuple_(resid)} = unpack_residuals({tree}, res)")
         src.append(f"    {self.tuple_(cts)} = cts")
         if s.symbolic_zeros:
             src.append(f"    log({path!r}, \"symbolic_zero_cts\", [{', '.join(f'isinstance({c}, {SZ})' for c in cts)}])")
@@ -76,14 +78,14 @@ class JaxEmitter(Emitter):
                 "    \"\"\"The custom rule, built where it is called (as the harness does).\"\"\"",
                 f"    log({path!r})"]
         if s.spelling in ("custom_gradient", "custom_gradient_remat"):
-            src += ["    def spelled(*args):", f"        outs, res = {b}_rule(*args)",
-                    f"        rem = lambda *a: ({b}_rule(*a)[0], lambda g: {b}_bwd({b}_rule(*a)[1], g))",
+            src += ["    def spelled(*args):", f"        outs, res = {b}_fwd(*args)",
+                    f"        rem = lambda *a: ({b}_rule(*a)[0], lambda g: {b}_bwd({b}_fwd(*a)[1], g))",
                     f"        return outs, (lambda g: {b}_bwd(res, g))" + (" if not REMAT else rem" if s.spelling.endswith("remat") else ""),
                     "    return jax.custom_gradient(spelled" + (", remat=REMAT)(*args)" if s.spelling.endswith("remat") else ")(*args)"), ""]
         elif s.spelling == "defremat":
             src += [f"    f = jax.custom_vjp({b}_primal)",
                     "    if REMAT:   # fwd saves nothing; rem recomputes the residuals from the args",
-                    f"        f.defremat(lambda *a: ({b}_rule(*a)[0], ()), lambda _, *a: {b}_rule(*a), {b}_bwd)",
+                    f"        f.defremat(lambda *a: ({b}_rule(*a)[0], ()), lambda _, *a: {b}_fwd(*a), {b}_bwd)",
                     "    else:   # outside jax.remat the same VJP as running rem right after fwd",
                     f"        f.defvjp({b}_fwd, {b}_bwd)", "    return f(*args)", ""]
         else:
