@@ -58,6 +58,10 @@ class Entry(BaseModel):
     dtypes: list[str] | None = None
     features: list[str] = Field(default_factory=list)        # all required
     absent_features: list[str] = Field(default_factory=list)  # none allowed
+    # framework flags the run must have had (e.g. {"jax_custom_vjp3": false}): what a framework
+    # requires of a program is declared by the flags it needs, so every pipeline run with those
+    # flags (test-only ones included) matches
+    flags: dict[str, bool] = Field(default_factory=dict)
     raises: Raises | None = None
     diverges: Diverges | None = None
     unsupported: Unsupported | None = None
@@ -93,8 +97,10 @@ class Entry(BaseModel):
         return "raises" if self.raises else "diverges" if self.diverges else "unsupported"
 
     def matches(self, pipeline: str, versions: dict[str, str], device: str, dtypes: set[str],
-                features: set[str]) -> bool:
+                features: set[str], flags: dict | None = None) -> bool:
         if not any(fnmatch.fnmatchcase(pipeline, g) for g in self.pipelines):
+            return False
+        if any((flags or {}).get(k, False) != v for k, v in self.flags.items()):
             return False
         for fw, spec in self.versions.items():
             v = versions.get(fw)
@@ -157,8 +163,8 @@ class Expectations:
                 raise ExpectationsError(str(path), f"entries[{k}]{'.' + loc if loc else ''}", err["msg"]) from None
         return cls(entries, str(path))
 
-    def matching(self, pipeline, versions, device, dtypes, features) -> list[Entry]:
-        return [e for e in self.entries if e.matches(pipeline, versions, device, dtypes, features)]
+    def matching(self, pipeline, versions, device, dtypes, features, flags=None) -> list[Entry]:
+        return [e for e in self.entries if e.matches(pipeline, versions, device, dtypes, features, flags)]
 
 
 def stale(expectations: Expectations, pipelines, hits: dict) -> list[dict]:

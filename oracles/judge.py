@@ -107,7 +107,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     # why the value reference's node values (kink and alias checks) do not exist, if it failed
     values_missing = missing(ref, "node_values") if ref is not None and not ref.ok() else None
     names = set(observations)
-    entries = {n: expectations.matching(n, o.versions, device, dtypes, feats) for n, o in observations.items()}
+    entries = {n: expectations.matching(n, o.versions, device, dtypes, feats, o.flags) for n, o in observations.items()}
     # Every pipeline's error verdict first: status equivalence reads the references' verdicts.
     errors = {n: _error_verdict(j, o, entries[n], ref, value_ref) for n, o in observations.items()}
 

@@ -220,6 +220,13 @@ DETAIL = {"jax:mutant-wrong-message-where-it-must-raise": {"got.type": "ValueErr
                                                           "got.message": "mutant: shapes do not match"},
           "jax:mutant-wrong-error-where-it-must-raise": {"got.type": "TypeError"},
           "jax:mutant-swallow-error": {"got": None}}
+# Every mutant runs with remat2's flags (no jax_custom_vjp3): like the remat2 pipelines it raises
+# the documented error on a rematerialisation rule (the packaged entry names jax:remat*).
+COMMON_EXPECTATIONS = [
+    {"id": "mutant-rule-remat-needs-custom-vjp3", "pipelines": ["jax:mutant-*"], "features": ["rule_remat"],
+     "flags": {"jax_custom_vjp3": False},
+     "raises": {"type": "NotImplementedError", "regex": "requires the jax_custom_vjp3"},
+     "verified_by": "tests/mutants.py (test-only)"}]
 # Expectation entries a mutant is judged with besides the packaged ones.
 _MUST_RAISE_SZ = {"features": ["symbolic_zeros"], "raises": {"type": ".*", "regex": "(?i)symbolic.?zeros"},
                   "verified_by": "tests/mutants.py (test-only)"}

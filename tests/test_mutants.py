@@ -8,7 +8,7 @@ from conformance.runner import InProcessExecutor
 from conformance.store import Store
 from generators.programs import Config
 from oracles.expectations import Entry, Expectations
-from tests.mutants import ALSO_FAILS, DETAIL, ERROR_TYPE, EXPECTATIONS, GENERATOR, MUTANTS
+from tests.mutants import ALSO_FAILS, COMMON_EXPECTATIONS, DETAIL, ERROR_TYPE, EXPECTATIONS, GENERATOR, MUTANTS
 
 MAX_PROGRAMS = 150
 # Shrinking is bounded by steps only (never by seconds) so that the result is deterministic.
@@ -30,7 +30,8 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
                    stop_when=lambda fs: any(f.pipeline == mutant and f.check == check and f.reference == reference
                                                  for f in fs))
     exp = Expectations.load()
-    exp = Expectations(exp.entries + [Entry.model_validate(e) for e in EXPECTATIONS.get(mutant, [])], exp.source)
+    extra = COMMON_EXPECTATIONS + EXPECTATIONS.get(mutant, [])
+    exp = Expectations(exp.entries + [Entry.model_validate(e) for e in extra], exp.source)
     camp = Campaign(opts, Store(tmp_path / "out"), InProcessExecutor(), exp)
     camp.run()
     mine = [f for f in camp.findings if f.pipeline == mutant and f.check == check and f.reference == reference]

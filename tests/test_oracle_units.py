@@ -996,6 +996,12 @@ def test_an_entry_matches_on_every_key_at_once():
     assert bare.matches(**{**MATCH, "versions": {}, "device": "tpu", "dtypes": set(), "features": set()})
     assert _entry(features=["custom_vjp", "names"]).matches(**MATCH)
     assert not _entry(features=["custom_vjp", "names", "nesting"]).matches(**MATCH)
+    # flags: the run must have had them (an unset flag counts as False)
+    needs = _entry(flags={"jax_custom_vjp3": False})
+    assert needs.matches(**MATCH) and needs.matches(**MATCH, flags={"jax_remat3": True})
+    assert not needs.matches(**MATCH, flags={"jax_custom_vjp3": True})
+    on = _entry(flags={"jax_custom_vjp3": True})
+    assert on.matches(**MATCH, flags={"jax_custom_vjp3": True}) and not on.matches(**MATCH)
 
 
 def test_matching_passes_every_key_to_the_entries():
