@@ -88,6 +88,10 @@ class CustomVJP(_M):
     # The pytree the residuals travel in from fwd (or defremat's rem) to bwd: a flat tuple, a
     # dict, or nested tuples and dicts. custom_gradient closes over them instead.
     residual_tree: Literal["tuple", "dict", "nested"] = "tuple"
+    # symbolic_zeros rules that branch on CustomVJPPrimal.perturbed, as users write them: fwd
+    # marks the perturbed args in its residual pytree's structure, bwd returns None (a zero
+    # cotangent) for every arg fwd saw unperturbed.
+    perturbed_branch: bool = False
 
 
 class CustomJVP(_M):
@@ -158,7 +162,7 @@ class Program(_M):
 
 # custom_vjp fields added after programs were first stored: left out of the JSON at their
 # defaults, so that those programs keep their content hashes.
-_LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple"}
+_LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False}
 
 
 def _drop_default_spelling(x):
@@ -284,6 +288,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 for k, v in enumerate(s.nondiff):
                     if not isinstance(v, (int, float)) or not math.isfinite(v):
                         raise ProgramError(f"{p}.nondiff[{k}]", "must be a finite number")
+                if s.perturbed_branch and not s.symbolic_zeros:
+                    raise ProgramError(f"{p}.perturbed_branch", "needs symbolic_zeros (fwd sees perturbed flags "
+                                                                "only then)")
                 if s.residual_tree != "tuple" and s.spelling.startswith("custom_gradient"):
                     raise ProgramError(f"{p}.residual_tree", f"{s.spelling} passes no residuals (its bwd closes "
                                                              "over them)")

@@ -85,7 +85,7 @@ _FEATURE_FLAGS = (
 )
 # Dimensions added later are drawn after every other one, so that the earlier dimensions keep
 # their places in the choice sequence (the shrinker's moves depend on them).
-_LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF))
+_LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed_branch", _HALF))
 
 
 def swarm_dimensions() -> list[str]:
@@ -104,7 +104,8 @@ def _allowed(cfg: Config) -> dict[str, bool]:
         a["nesting"] = False
     a["prevent_cse"] &= a["checkpoint"]
     if not cfg.custom_vjp:
-        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees"):
+        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees",
+                  "perturbed_branch"):
             a[n] = False
     if not cfg.custom_jvp:
         a["custom_jvp"] = False
@@ -161,7 +162,7 @@ class _Frame:
     """An open (then closed) region or block while the item stream is read."""
     __slots__ = ("kind", "parent", "depth", "items", "policy_choice", "prevent_cse", "nondiff",
                  "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp", "spelling",
-                 "residual_tree")
+                 "residual_tree", "perturbed_branch")
 
     def __init__(self, kind, parent, depth):
         self.kind, self.parent, self.depth = kind, parent, depth
@@ -392,6 +393,7 @@ class _Gen:
         if sw["nondiff_args"] and plain:
             g.nondiff = [NONDIFF_VALUES[draw_int(draw, 0, len(NONDIFF_VALUES) - 1, "nondiff_value")]]
         g.symbolic_zeros = sw["symbolic_zeros"] and plain
+        g.perturbed_branch = g.symbolic_zeros and sw["perturbed_branch"]
         g.optimize_remat = sw["optimize_remat"] and plain and draw(BOOL, label="optimize_remat")
         g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
@@ -531,7 +533,8 @@ class _Gen:
         residuals = sorted(used, key=order.__getitem__)
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
-                         optimize_remat=it.optimize_remat, spelling=it.spelling, residual_tree=it.residual_tree)
+                         optimize_remat=it.optimize_remat, spelling=it.spelling, residual_tree=it.residual_tree,
+                         perturbed_branch=it.perturbed_branch)
 
 
 @st.composite

@@ -83,6 +83,7 @@ SHOWS = {
     "custom_jvp": lambda p: bool(jvp_blocks(p)),
     "rule_spellings": lambda p: any(b.spelling != "defvjp" for b in blocks(p)),
     "residual_trees": lambda p: "residual_pytree" in p.features(),
+    "perturbed_branch": lambda p: "perturbed_branch" in p.features(),
     "symbolic_zeros": lambda p: "symbolic_zeros" in p.features(),
     "optimize_remat": lambda p: "optimize_remat" in p.features(),
     "nondiff_args": lambda p: "nondiff_args" in p.features(),

@@ -273,3 +273,29 @@ def test_jax_repro_passes_residuals_in_the_programs_pytree(spelling, tree, tmp_p
     rc, out = run_script(src, tmp_path)
     assert rc == 0, out
     assert "OK: [gradient] jax:remat3+cvjp3 vs jax:none" in out
+
+
+def test_jax_repro_of_a_rule_that_branches_on_perturbed(tmp_path):
+    # symbolic_zeros fwd marks the perturbed args in its residual pytree, bwd drops the others'
+    # cotangents: the script builds that rule, and it conforms on a pipeline pair where it does
+    from conformance.findings import make_finding
+    from conformance.verdict import Verdict
+    from generators.programs import input_values
+    from tests.programs import op, prog, region
+    blk = {"kind": "custom_vjp", "args": ["t", "w"], "fwd": [op("sin", ["t"], "s"), op("mul", ["s", "w"], "m")],
+           "results": ["m"], "residuals": ["t", "w", "s"], "cts": ["g"],
+           "bwd": [op("cos", ["t"], "c0"), op("mul", ["g", "w"], "gw"), op("mul", ["gw", "c0"], "dt"),
+                   op("mul", ["g", "s"], "dw")],
+           "bwd_results": ["dt", "dw"], "symbolic_zeros": True, "perturbed_branch": True}
+    p = prog([op("tanh", ["x"], "t"), region(["t", "w"], [blk], ["m"], {"kind": "nothing"})],
+             inputs=[{"id": "x", "shape": [3], "dtype": "float32", "diff": True},
+                     {"id": "w", "shape": [3], "dtype": "float32", "diff": False}], outputs=["m"])
+    assert "perturbed_branch" in p.features()
+    inputs = input_values(p, 0)
+    v = Verdict(check="gradient", pipeline="jax:remat2:jit", reference="jax:none", status="fail")
+    src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), "jax")
+    assert "mark_perturbed(" in src and "read_perturbed(res, 2)" in src
+    rc, out = run_script(src, tmp_path)
+    assert rc == 0, out
+    assert "OK: [gradient] jax:remat2:jit vs jax:none" in out
+    assert "bwd_branches_on_perturbed=True" in repro.pseudo_code(p)

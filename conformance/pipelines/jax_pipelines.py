@@ -155,7 +155,10 @@ class Lowering(Interpreter):
                     log.perturbed.append(flags)
                 arrs = [a.value for a in arrs]
             e = run_fwd(args[:nnd], arrs)
-            return tuple(e[r] for r in s.results), pack(tuple(e[r] for r in s.residuals))
+            res = pack(tuple(e[r] for r in s.residuals))
+            if s.perturbed_branch:   # the perturbed args, as the residual pytree's structure
+                res = NAMESPACE["mark_perturbed"](res, flags)
+            return tuple(e[r] for r in s.results), res
 
         def bwd(*args):
             log.bwd_calls += 1
@@ -167,6 +170,9 @@ class Lowering(Interpreter):
                 if zs not in log.symbolic_zero_cts:
                     log.symbolic_zero_cts.append(zs)
                 cts = [jnp.zeros(types[r][0], types[r][1]) if z else c for c, z, r in zip(cts, zs, s.results)]
+            keep = None
+            if s.perturbed_branch:
+                res, keep = NAMESPACE["read_perturbed"](res, len(s.args))
             e = dict(zip(s.residuals, unpack(res)))
             e.update(zip(s.cts, cts))
             e = self.body(s.bwd, e, nondiff, path + ".bwd")
@@ -175,6 +181,8 @@ class Lowering(Interpreter):
                 shp, dt = types[a]
                 # a zero cotangent is None, as users write it; custom_gradient's vjp returns arrays
                 outs.append(e[r] if r is not None else None if s.spelling in NONE_ZEROS else jnp.zeros(shp, dt))
+            if keep is not None:   # the branch: nothing for an arg fwd saw unperturbed
+                outs = [o if k else None for o, k in zip(outs, keep)]
             return tuple(outs)
 
         spelling = s.spelling

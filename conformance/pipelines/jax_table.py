@@ -82,6 +82,16 @@ def unpack_residuals(tree, res):
     return tuple(res)
 
 
+def mark_perturbed(res, flags):
+    """A residual pytree whose structure says which args fwd saw perturbed (a static fact)."""
+    return {"res": res, "perturbed": {f"a{i}": () for i, f in enumerate(flags) if f}}
+
+
+def read_perturbed(res, n):
+    """(the residuals, per arg whether fwd saw it perturbed) from mark_perturbed's pytree."""
+    return res["res"], [f"a{i}" in res["perturbed"] for i in range(n)]
+
+
 def save_min_elements(n):
     """A custom policy over the avals: save the outputs of primitives whose first input has at
     least n elements."""

@@ -148,6 +148,7 @@ class PseudoEmitter(Emitter):
         opts = [f"{o}=True" for o in ("symbolic_zeros", "optimize_remat") if getattr(s, o)]
         opts += [f"spelling={s.spelling!r}"] if s.spelling != "defvjp" else []
         opts += [f"residuals_as={s.residual_tree!r}"] if s.residual_tree != "tuple" else []
+        opts += ["bwd_branches_on_perturbed=True"] if s.perturbed_branch else []
         opts += [f"nondiff=[{', '.join(ndv)}]"] if ndv else []
         out = [f"{ind}with custom_vjp({', '.join(opts)}):   # {path}", f"{ind}    def fwd({', '.join(args)}):"]
         out += self.body(s.fwd, ind + "        ", path + ".fwd", nd)

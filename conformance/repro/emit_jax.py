@@ -63,15 +63,28 @@ class JaxEmitter(Emitter):
             src += [f"    log({path!r}, \"perturbed\", [{', '.join(f'bool({a}.perturbed)' for a in args)}])",
                     f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}"]
         tree = repr(s.residual_tree)
-        src += [f"    outs, res = {b}_rule({sig})", f"    return outs, pack_residuals({tree}, res)", "", "",
-                f"def {b}_bwd({', '.join(nd + ['res', 'cts'])}):"]
+        if s.perturbed_branch:   # fwd marks the perturbed args in the residual pytree's structure
+            src += [f"    outs, res = {b}_rule({sig})",
+                    f"    return outs, mark_perturbed(pack_residuals({tree}, res), [{', '.join(f'bool({a}_p)' for a in args)}])"]
+            src[src.index(f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}")] = (
+                f"    {', '.join(f'{a}_p' for a in args)} = {', '.join(f'{a}.perturbed' for a in args)}\n"
+                f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}")
+        else:
+            src += [f"    outs, res = {b}_rule({sig})", f"    return outs, pack_residuals({tree}, res)"]
+        src += ["", "", f"def {b}_bwd({', '.join(nd + ['res', 'cts'])}):"]
+        if s.perturbed_branch:
+            src.append(f"    res, keep = read_perturbed(res, {len(args)})")
         if resid:
             src.append(f"    {self.tuple_(resid)} = unpack_residuals({tree}, res)")
         src.append(f"    {self.tuple_(cts)} = cts")
         if s.symbolic_zeros:
             src.append(f"    log({path!r}, \"symbolic_zero_cts\", [{', '.join(f'isinstance({c}, {SZ})' for c in cts)}])")
             src += [f"    {c} = {self.zeros(r)} if isinstance({c}, {SZ}) else {c}" for c, r in zip(cts, s.results)]
-        src += self.body(s.bwd, "    ", path + ".bwd", nd) + [f"    return {self.tuple_(ret)}", "", ""]
+        src += self.body(s.bwd, "    ", path + ".bwd", nd)
+        if s.perturbed_branch:   # the branch: nothing for an arg fwd saw unperturbed
+            src += [f"    return tuple(c if k else None for c, k in zip({self.tuple_(ret)}, keep))", "", ""]
+        else:
+            src += [f"    return {self.tuple_(ret)}", "", ""]
         kw = "".join(f", {o}=True" for o in ("symbolic_zeros", "optimize_remat") if getattr(s, o))
         src += [f"def {b}_primal({sig}):", f"    return {b}_rule({sig})[0]", "", "",
                 f"def {b}(*args):",
