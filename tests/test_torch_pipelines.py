@@ -135,7 +135,7 @@ def test_gradients_match_reference(name, make, ref_cache):
 
 
 @settings(max_examples=6, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(cases(Config(max_stmts=4, second_order=False)))
+@given(cases(Config(max_stmts=4, second_order=False, custom_jvp=False)))   # custom_jvp: unsupported (data)
 def test_generated_programs_eager_and_aot(case):
     prog, seed = case
     inp = input_values(prog, seed)
