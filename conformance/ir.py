@@ -134,7 +134,7 @@ class Program(_M):
 
     # --- serialisation -------------------------------------------------------------
     def to_json_obj(self) -> dict:
-        return _drop_default_spelling(self.model_dump(mode="json", exclude_defaults=False))
+        return _drop_later_defaults(self.model_dump(mode="json", exclude_defaults=False))
 
     def to_json(self) -> str:
         return json.dumps(self.to_json_obj(), sort_keys=True, separators=(",", ":"))
@@ -165,14 +165,14 @@ class Program(_M):
 _LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False}
 
 
-def _drop_default_spelling(x):
+def _drop_later_defaults(x):
     """A custom_vjp block's later fields are left out of its JSON at their defaults."""
     if isinstance(x, dict):
         if x.get("kind") == "custom_vjp":
             x = {k: v for k, v in x.items() if not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
-        return {k: _drop_default_spelling(v) for k, v in x.items()}
+        return {k: _drop_later_defaults(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_drop_default_spelling(v) for v in x]
+        return [_drop_later_defaults(v) for v in x]
     return x
 
 

@@ -97,3 +97,21 @@ def test_limits_are_configurable():
 def test_program_json_schema_exports():
     schema = Program.model_json_schema()
     assert "inputs" in schema["properties"] and "body" in schema["properties"]
+
+
+def test_later_custom_vjp_fields_at_their_defaults_keep_old_hashes():
+    # spelling, residual_tree and perturbed_branch were added after programs were stored: at their
+    # defaults they are left out of the JSON, so a stored program hashes as it did
+    import json
+    from pathlib import Path
+    entry = json.loads((Path(__file__).parent / "regressions" / "b324b466757472b7.json").read_text())
+    p = load_program(entry["program"])
+    assert p.content_hash() == entry["finding"]["program_hash"] == "b324b466757472b7"
+    assert "spelling" not in p.to_json() and "residual_tree" not in p.to_json()
+    obj = p.to_json_obj()
+    blk = obj["body"][1]["body"][0]
+    blk["spelling"], blk["residual_tree"] = "defremat", "dict"
+    blk["symbolic_zeros"] = False
+    q = load_program(obj)
+    assert '"spelling":"defremat"' in q.to_json() and '"residual_tree":"dict"' in q.to_json()
+    assert q.content_hash() != p.content_hash() and load_program(q.to_json_obj()) == q
