@@ -159,21 +159,17 @@ class PseudoEmitter(Emitter):
                 f"{ind}    export {', '.join(results)}"]
         return out
 
-
-def _pseudo_jvp_block(self, s, path, ind):
-    args, results = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
-    out = [f"{ind}with custom_jvp():   # {path}", f"{ind}    def primal({', '.join(args)}):"]
-    out += self.body(s.body, ind + "        ", path + ".body", None)
-    out += [f"{ind}        return {self.tuple_(results)}",
-            f"{ind}    def jvp(primals={self.tuple_(args)}, tangents={self.tuple_([self.n[t] for t in s.tangents])}):",
-            f"{ind}        {self.tuple_(results)} = primal({', '.join(args)})"]
-    out += self.body(s.jvp, ind + "        ", path + ".jvp", None)
-    out += [f"{ind}        return {self.tuple_(results)}, {self.tuple_([self.n[t] for t in s.jvp_results])}",
-            f"{ind}    export {', '.join(results)}"]
-    return out
-
-
-PseudoEmitter.jvp_block = _pseudo_jvp_block
+    def jvp_block(self, s, path, ind):
+        args, results = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
+        out = [f"{ind}with custom_jvp():   # {path}", f"{ind}    def primal({', '.join(args)}):"]
+        out += self.body(s.body, ind + "        ", path + ".body", None)
+        out += [f"{ind}        return {self.tuple_(results)}",
+                f"{ind}    def jvp(primals={self.tuple_(args)}, tangents={self.tuple_([self.n[t] for t in s.tangents])}):",
+                f"{ind}        {self.tuple_(results)} = primal({', '.join(args)})"]
+        out += self.body(s.jvp, ind + "        ", path + ".jvp", None)
+        out += [f"{ind}        return {self.tuple_(results)}, {self.tuple_([self.n[t] for t in s.jvp_results])}",
+                f"{ind}    export {', '.join(results)}"]
+        return out
 
 
 def pseudo_code(program) -> str:
