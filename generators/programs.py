@@ -488,13 +488,20 @@ class _Gen:
     def _policy(self, it: _Frame, inner):
         return make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])
 
-    def _cjvp(self, it: _Frame, body, defined, results) -> CustomJVP:
+    @staticmethod
+    def _block_results(it: _Frame, defined, results) -> list[str]:
+        """A block's results: what is read outside it (else its last value), and with
+        unused_results one value more that nothing reads."""
         if not results:
             results = [defined[-1]]
         if it.extra_result:
             extra = [d for d in defined if d not in results]
             if extra:
                 results = sorted(results + extra[:1], key=defined.index)
+        return results
+
+    def _cjvp(self, it: _Frame, body, defined, results) -> CustomJVP:
+        results = self._block_results(it, defined, results)
         args = free_vars(body)
         tangents = [self.fresh("t") for _ in args]
         for t, a in zip(tangents, args):
@@ -510,12 +517,7 @@ class _Gen:
         return CustomJVP(args=args, body=body, results=results, tangents=tangents, jvp=jvp, jvp_results=jvp_results)
 
     def _cvjp(self, it: _Frame, fwd, defined, results) -> CustomVJP:
-        if not results:
-            results = [defined[-1]]
-        if it.extra_result:
-            extra = [d for d in defined if d not in results]
-            if extra:
-                results = sorted(results + extra[:1], key=defined.index)
+        results = self._block_results(it, defined, results)
         args = free_vars(fwd)
         cts = [self.fresh("g") for _ in results]
         for c, r in zip(cts, results):
