@@ -193,11 +193,6 @@ def thresholds(p) -> list[int]:
     return sorted(out)
 
 
-def size_class(elements: int | None, bounds: list[int]) -> int:
-    """Which interval between `bounds` an element count falls in (0: below all, or unknown)."""
-    return 0 if elements is None else sum(1 for t in bounds if elements >= t)
-
-
 def class_elements(c: int, bounds: list[int]) -> int | None:
     """An element count of size class c (its lower bound; None for class 0 with no bounds)."""
     return bounds[c - 1] if c else (0 if bounds else None)

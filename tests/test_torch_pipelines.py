@@ -312,3 +312,23 @@ def test_second_order_differentiates_custom_rule_through_residuals(ref_cache):
         assert obs.ok(), obs.error
         assert G.compare(prog, obs, ref_cache(prog, inp), "loose").status == "pass"
         assert np.allclose(obs.grads2["x"], -np.sin(inp["x"]))
+
+
+@pytest.mark.parametrize("name", ["torch:eager-sac", "torch:compile-aot_eager"])
+def test_min_elements_policy_decides_by_input_size_in_sac(name):
+    # sin of a 4-element value is saved by min_elements(4), sin of a 2-element value is not: the
+    # adapter's size classes reach the same decisions as policy.decide
+    from tests.programs import op, prog, region
+    p = prog([region(["x", "y"], [op("sin", ["x"], "a"), op("sin", ["a"], "b"), op("sin", ["y"], "c"),
+                                  op("sin", ["c"], "d"), op("sum", ["b"], "e", axis=None),
+                                  op("sum", ["d"], "f", axis=None), op("add", ["e", "f"], "g")],
+                     ["g"], {"kind": "min_elements", "elements": 4})],
+             inputs=[{"id": "x", "shape": [4], "dtype": "float32", "diff": True},
+                     {"id": "y", "shape": [2], "dtype": "float32", "diff": True}], outputs=["g"])
+    obs = P.get(name).run(p, input_values(p, 0))
+    assert obs.ok(), obs.error
+    saved = {c for r in obs.residuals for c in r.cls}
+    assert not {"c", "d"} & saved, obs.residuals
+    assert R.check_policy(p, obs).status == "pass"
+    if name == "torch:eager-sac":   # eager SAC keeps what MUST_SAVE names
+        assert {"a", "b"} <= saved, obs.residuals

@@ -298,9 +298,7 @@ class JaxBase(Pipeline):
         const = {i.id: arrays[i.id] for i in program.inputs if not i.diff}
         low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
 
-        def loss_fn(*d):
-            outs = low.outputs(const, diff_ids, d)
-            return sum(jnp.sum(o).astype(jnp.float64) for o in outs), outs
+        loss_fn = _loss_fn(low, const, diff_ids)
 
         def fwd(*d):
             loss, vjp_fn, outs = jax.vjp(loss_fn, *d, has_aux=True)
@@ -362,12 +360,9 @@ class JaxBase(Pipeline):
     def _report(self, program: Program, const, diff_ids, d, obs: Observation):
         """JAX's own residual report of the loss this run differentiates (traced afresh with its
         own lowering, so that the custom-rule logs stay this run's)."""
-        low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
-
-        def loss(*x):
-            return sum(jnp.sum(o).astype(jnp.float64) for o in low.outputs(const, diff_ids, x))
+        loss_fn = _loss_fn(Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64), const, diff_ids)
         try:
-            rows = saved_residuals(loss, *d)
+            rows = saved_residuals(lambda *x: loss_fn(*x)[0], *d)
         except Exception as e:   # the diagnostic itself failed: the oracle judges it
             obs.residual_report_error = f"{type(e).__name__}: {str(e)[:2000]}"
             return
@@ -377,6 +372,14 @@ class JaxBase(Pipeline):
         values = node_values(program, self._inputs)
         return canonicalise([np.asarray(x) for x in leaves], values, node_index(program),
                             memory=[_memory_kind(x) for x in leaves])
+
+
+def _loss_fn(low: Lowering, const: dict, diff_ids: list[str]):
+    """The scalar loss a run differentiates (float64 sum of every output), with the outputs as aux."""
+    def loss_fn(*d):
+        outs = low.outputs(const, diff_ids, d)
+        return sum(jnp.sum(o).astype(jnp.float64) for o in outs), outs
+    return loss_fn
 
 
 _NAMED = re.compile(r"^named '(.*)' from ")

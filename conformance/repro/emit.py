@@ -20,7 +20,7 @@ _RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoi
              "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
              "NAMES", "REMAT", "F64", "PREFER", "SETTINGS", "all_values", "main", "res", "cts", "ctx",
              "torch_checkpoint", "CheckpointPolicy", "create_selective_checkpoint_contexts", "compiled", "Saved",
-             "identify", "VALUE_REF"}
+             "identify", "VALUE_REF", "perturbed", "keep", "spelled", "rem"}
 
 
 def identifiers(prog: Program) -> dict[str, str]:

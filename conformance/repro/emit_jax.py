@@ -60,15 +60,14 @@ class JaxEmitter(Emitter):
         src += self.body(s.fwd, "    ", path + ".fwd", nd)
         src += [f"    return {self.tuple_(results)}, {self.tuple_(resid)}", "", "", f"def {b}_fwd({sig}):"]
         if s.symbolic_zeros:
-            src += [f"    log({path!r}, \"perturbed\", [{', '.join(f'bool({a}.perturbed)' for a in args)}])",
-                    f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}"]
+            src += [f"    log({path!r}, \"perturbed\", [{', '.join(f'bool({a}.perturbed)' for a in args)}])"]
+            if s.perturbed_branch:   # what fwd saw, before the values are unwrapped
+                src.append(f"    perturbed = [{', '.join(f'bool({a}.perturbed)' for a in args)}]")
+            src.append(f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}")
         tree = repr(s.residual_tree)
         if s.perturbed_branch:   # fwd marks the perturbed args in the residual pytree's structure
             src += [f"    outs, res = {b}_rule({sig})",
-                    f"    return outs, mark_perturbed(pack_residuals({tree}, res), [{', '.join(f'bool({a}_p)' for a in args)}])"]
-            src[src.index(f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}")] = (
-                f"    {', '.join(f'{a}_p' for a in args)} = {', '.join(f'{a}.perturbed' for a in args)}\n"
-                f"    {', '.join(args)} = {', '.join(f'{a}.value' for a in args)}")
+                    f"    return outs, mark_perturbed(pack_residuals({tree}, res), perturbed)"]
         else:
             src += [f"    outs, res = {b}_rule({sig})", f"    return outs, pack_residuals({tree}, res)"]
         src += ["", "", f"def {b}_bwd({', '.join(nd + ['res', 'cts'])}):"]
