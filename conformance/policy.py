@@ -31,7 +31,7 @@ from typing import Annotated, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from conformance.ops import OPS
+from conformance.ops import NAME_OPS, OPS
 
 
 class _P(BaseModel):
@@ -196,6 +196,16 @@ def thresholds(p) -> list[int]:
 def class_elements(c: int, bounds: list[int]) -> int | None:
     """An element count of size class c (its lower bound; None for class 0 with no bounds)."""
     return bounds[c - 1] if c else (0 if bounds else None)
+
+
+def saves_unnamed(p) -> bool:
+    """Whether the policy can save (or offload) the output of an op that is neither a name nor a
+    dot: then a framework may keep its own derivative factor of a value (JAX: cos(x) for sin(x))
+    instead of the value itself."""
+    bounds = thresholds(p)
+    return any(decide(p, op, None, batched, class_elements(c, bounds)) != "recompute"
+               for c in range(len(bounds) + 1) for batched in (False, True)
+               for op in [None, *(o for o, d in OPS.items() if o not in NAME_OPS and not d.dot)])
 
 
 def policy_names(p) -> list[str]:

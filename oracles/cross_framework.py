@@ -15,14 +15,19 @@ Pure functions over observations; they import no framework.
   any pipeline may keep for reasons of its own (a program input, a value outside every
   region, a region's or custom_vjp block's argument or result: `conformance.ir.region_context`) is left out, since value-equal aliases would
   otherwise make a partitioner's legitimate choice (save the input, recompute its
-  broadcast) look like a dropped named residual. Without the program, all named
-  classes are compared (strict; use it between pipelines of one framework).
+  broadcast) look like a dropped named residual. So is a class read by an elementwise
+  nonlinear op (sin, square, ...) under a policy that can save unnamed values
+  (`derivative_factor_reads`): JAX then saves that op's derivative factor (cos(x)) and its
+  backward no longer reads x, where PyTorch's sin saves x itself. Without the program, all
+  named classes are compared (strict; use it between pipelines of one framework).
 """
 from __future__ import annotations
 
-from conformance.ir import Checkpoint, CustomVJP, Op, Program, checkpoint_name_of, input_elements, is_name, region_context
+from conformance.ir import (DERIVATIVE_CTX, Checkpoint, CustomVJP, Op, Program, checkpoint_name_of, input_elements,
+                            is_name, region_context, walk)
+from conformance.ops import OPS
 from conformance.observation import Observation
-from conformance.policy import decide
+from conformance.policy import decide, saves_unnamed
 from oracles import gradients, residuals
 from conformance.verdict import Verdict
 
@@ -61,6 +66,17 @@ def policy_named(program: Program) -> set[str]:
     return out
 
 
+def derivative_factor_reads(program: Program) -> set[str]:
+    """Ids read by an elementwise nonlinear op (tangent 'diagonal') that some enclosing policy
+    may save unnamed values around: whether such an id is saved depends on each framework's
+    derivative rule (JAX keeps cos(x) for sin(x) when the policy saves it, PyTorch keeps x),
+    not on the policy's decision for the id."""
+    policies, _ = region_context(program)
+    return {a for s, _, _, ctx in walk(program.body)
+            if isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].tangent == "diagonal"
+            and any(saves_unnamed(p) for p in policies.get(s.out, [])) for a in s.args}
+
+
 def _restrict(obs: Observation, ids: set[str], exempt: set[str]) -> Observation:
     o = obs.model_copy(deep=True)
     o.residuals = [r for r in (obs.residuals or [])
@@ -75,6 +91,7 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
     if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
         ids = policy_named(program)
         _, exempt = region_context(program)
+        exempt = exempt | derivative_factor_reads(program)
         v = residuals.compare(_restrict(torch_obs, ids, exempt), _restrict(jax_obs, ids, exempt),
                               named_only=True)
         v.detail = {**v.detail, "scope": "policy_named"} if v.detail else v.detail

@@ -529,6 +529,32 @@ def test_cross_framework_residuals_compare_only_policy_named_classes():
     assert cross_framework.compare_residuals(two_copies, j, p).status == "pass"
 
 
+def test_cross_framework_residuals_leave_out_what_derivative_rules_decide():
+    """sin(name(sin(x))) under `everything`: JAX saves cos of the named value (its sin rule's
+    factor, which the policy saves), PyTorch saves the named value (its sin rule's input). Under a
+    policy that saves only names both must keep the named value (gate seed 352822)."""
+    def chain(policy, consumer="sin"):
+        return prog([region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a"),
+                                    op(consumer, ["n"], "y")], ["y"], policy)])
+    torch_side, jax_side = ob("torch:eager-sac", res=[R(["n", "s"], ["a"])]), ob("jax:remat2", res=[])
+    assert cross_framework.derivative_factor_reads(chain({"kind": "everything"})) == {"x", "n"}
+    assert cross_framework.compare_residuals(torch_side, jax_side, chain({"kind": "everything"})).status == "pass"
+    for saves_unnamed in ({"kind": "ops", "ops": ["sin", "name"]}, {"kind": "min_elements", "elements": 1},
+                          {"kind": "save_anything_except_names", "names": ["b"]}):
+        assert cross_framework.derivative_factor_reads(chain(saves_unnamed)) == {"x", "n"}, saves_unnamed
+    assert cross_framework.derivative_factor_reads(chain({"kind": "everything"}, "square")) == {"x", "n"}  # JAX: 2x
+    # the named value is compared when no unnamed value may be saved (dots aside), or when its reader
+    # saves its operands in both frameworks
+    for compared in (chain({"kind": "save_only_names", "names": ["a"]}), chain({"kind": "ops", "ops": ["name", "matmul"]})):
+        assert cross_framework.derivative_factor_reads(compared) == set()
+        v = cross_framework.compare_residuals(torch_side, jax_side, compared)
+        assert v.status == "fail" and v.detail["extra_named"] == ["n/s"]
+    mul_reader = prog([region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a"),
+                                      op("mul", ["n", "x"], "y")], ["y"], {"kind": "everything"})])
+    assert cross_framework.derivative_factor_reads(mul_reader) == {"x"}
+    assert cross_framework.compare_residuals(torch_side, jax_side, mul_reader).status == "fail"
+
+
 def test_cross_framework_residuals_skip_without_a_saved_set():
     v = cross_framework.compare_residuals(ob("t", res=None), ob("j", res=[NA]), named_chain())
     assert v.status == "skipped" and v.detail == {"reason": "t records no residuals"}
