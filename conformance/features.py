@@ -42,6 +42,7 @@ FEATURE_DOC: dict[str, str] = {
                   "(needs jax_custom_vjp3 and jax_remat3)",
     "custom_jvp": "a custom_jvp block",
     "custom_jvp_in_checkpoint": "a custom_jvp block inside a checkpoint region",
+    "custom_jvp_in_fwd": "a custom_jvp block inside a custom_vjp fwd rule",
     "names_in_custom_jvp": "checkpoint names in a custom_jvp body (its jvp rule runs them too)",
     **O.FEATURE_DOC,
     "second_order": "grad of grad",
@@ -107,6 +108,8 @@ def compute_features(prog: Program) -> set[str]:
             f.add("custom_jvp")
             if depth >= 1:
                 f.add("custom_jvp_in_checkpoint")
+            if ctx == "fwd":
+                f.add("custom_jvp_in_fwd")
             if any(is_name(x) for x, _, _, _ in walk(s.body)):
                 f.add("names_in_custom_jvp")
         elif isinstance(s, Op):

@@ -250,7 +250,7 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
     if not prog.diff_inputs():
         raise ProgramError("inputs", "at least one input must have diff=true")
 
-    def check_body(body, scope: set[str], path: str, depth: int, nondiff: list[float] | None):
+    def check_body(body, scope: set[str], path: str, depth: int, nondiff: list[float] | None, in_fwd=False):
         if depth > limits.max_depth:
             raise ProgramError(path, f"nesting depth {depth} exceeds the limit {limits.max_depth}")
         scope = set(scope)
@@ -297,7 +297,7 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 if s.spelling != "defvjp" and (s.symbolic_zeros or s.optimize_remat or s.nondiff):
                     raise ProgramError(f"{p}.spelling", f"{s.spelling} has no symbolic_zeros, optimize_remat "
                                                         "or nondiff arguments")
-                inner = check_body(s.fwd, set(s.args), f"{p}.fwd", depth, list(s.nondiff))
+                inner = check_body(s.fwd, set(s.args), f"{p}.fwd", depth, list(s.nondiff), in_fwd=True)
                 if not s.results:
                     raise ProgramError(f"{p}.results", "a custom_vjp block must have at least one result")
                 for k, r in enumerate(s.results):
@@ -325,8 +325,8 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 for r in s.results:
                     scope.add(r)
             elif isinstance(s, CustomJVP):
-                if nondiff is not None:
-                    raise ProgramError(p, "custom_jvp blocks cannot nest inside custom rules")
+                if nondiff is not None and not in_fwd:
+                    raise ProgramError(p, "custom_jvp blocks nest only in a custom_vjp fwd rule")
                 if len(set(s.args)) != len(s.args):
                     raise ProgramError(f"{p}.args", "duplicate args")
                 inner = check_body(s.body, set(s.args), f"{p}.body", depth, [])

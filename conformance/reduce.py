@@ -12,6 +12,7 @@ import copy
 from typing import Iterator
 
 from conformance.ir import Program, ProgramError, load_program
+from conformance.ops import NAME_OPS
 from conformance.policy import KINDS
 
 SIMPLEST_POLICY = {"kind": next(iter(KINDS))}
@@ -56,13 +57,30 @@ def _dce(body: list, live: set[str]) -> list:
     return kept[::-1]
 
 
-def _regions(body: list, path=()) -> Iterator[tuple[tuple, dict]]:
+def _statements(body: list, path=()) -> Iterator[tuple[tuple, dict]]:
+    """(path, statement) for every statement of the primal code: regions' bodies, custom_vjp fwd
+    rules and custom_jvp bodies included (never a bwd or jvp rule)."""
     for i, s in enumerate(body):
-        if s["kind"] == "checkpoint":
-            yield path + (i,), s
-            yield from _regions(s["body"], path + (i, "body"))
-        elif s["kind"] == "custom_vjp":
-            yield from _regions(s["fwd"], path + (i, "fwd"))
+        yield path + (i,), s
+        for key in {"checkpoint": ("body",), "custom_vjp": ("fwd",), "custom_jvp": ("body",)}.get(s["kind"], ()):
+            yield from _statements(s[key], path + (i, key))
+
+
+def _regions(body: list) -> Iterator[tuple[tuple, dict]]:
+    return ((p, s) for p, s in _statements(body) if s["kind"] == "checkpoint")
+
+
+_ID_LISTS = ("args", "results", "residuals", "bwd_results", "jvp_results", "outputs")
+
+
+def _substitute(x, old: str, new: str):
+    """`x` with every reference to value `old` read as `new`."""
+    if isinstance(x, dict):
+        return {k: ([new if a == old else a for a in v] if k in _ID_LISTS else _substitute(v, old, new))
+                for k, v in x.items()}
+    if isinstance(x, list):
+        return [_substitute(v, old, new) for v in x]
+    return x
 
 
 def _at(obj: dict, path: tuple) -> dict:
@@ -74,7 +92,8 @@ def _at(obj: dict, path: tuple) -> dict:
 
 def candidates(prog: Program) -> Iterator[Program]:
     """Rewrites of `prog`, simplest first: dead statements removed; one program output dropped
-    (and what only it needed); one region's policy replaced by the simplest kind."""
+    (and what only it needed); one region inlined; one checkpoint name dropped; one region's
+    policy replaced by the simplest kind."""
     obj = prog.to_json_obj()
     seen = {prog.content_hash()}
 
@@ -94,6 +113,17 @@ def candidates(prog: Program) -> Iterator[Program]:
             for drop in outs if len(outs) > 1]:
         if (p := emit(o)) is not None:
             yield p
+    for path, region in _regions(obj["body"]):   # a region inlined: its body in its place
+        o = copy.deepcopy(obj)
+        _at(o, path[:-1])[path[-1]:path[-1] + 1] = region["body"]
+        if (p := emit(o)) is not None:
+            yield p
+    for path, s in _statements(obj["body"]):   # a name dropped: its readers read what it names
+        if s["kind"] == "op" and s["op"] in NAME_OPS:
+            o = copy.deepcopy(obj)
+            del _at(o, path[:-1])[path[-1]]
+            if (p := emit(_substitute(o, s["out"], s["args"][0]))) is not None:
+                yield p
     for path, region in _regions(obj["body"]):
         if region["policy"] == SIMPLEST_POLICY:
             continue

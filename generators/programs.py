@@ -207,6 +207,7 @@ class _Gen:
         self.scope: list[Val] = []
         self.nondiff: list[float] = []
         self.home: dict[str, _Frame] = {}     # value id -> frame that defines it
+        self.cjvp_frames: dict[int, tuple] = {}   # id(CustomJVP) -> (its frame, the ids its body defines)
         self.n = 0
         on = self.sw
         first = list(KINDS)[0]
@@ -342,9 +343,11 @@ class _Gen:
                                       and (f.depth == 0 or self.sw["nesting"])):
             k = _ITEM_OP
         block = "custom_vjp"
-        if k == _ITEM_CVJP and f.in_cvjp:   # blocks do not nest: closes this one (rules stay short)
+        if k == _ITEM_CVJP and f.kind == "custom_vjp" and self.sw["custom_jvp"]:
+            block = "custom_jvp"   # a custom_jvp inside a custom_vjp fwd rule
+        elif k == _ITEM_CVJP and f.in_cvjp:   # blocks do not nest otherwise: closes this one (rules stay short)
             k = _ITEM_CLOSE
-        elif k == _ITEM_CVJP:
+        elif k == _ITEM_CVJP and not f.in_cvjp:
             on_vjp, on_jvp = self.sw["custom_vjp"], self.sw["custom_jvp"]
             if not (on_vjp or on_jvp):
                 k = _ITEM_OP
@@ -481,6 +484,7 @@ class _Gen:
                                        policy=self._policy(it, inner), prevent_cse=it.prevent_cse))
             elif it.kind == "custom_jvp":
                 body.append(self._cjvp(it, inner, defined, results))
+                self.cjvp_frames[id(body[-1])] = (it, defined)
             else:
                 body.append(self._cvjp(it, inner, defined, results))
         return body
@@ -501,7 +505,9 @@ class _Gen:
         return results
 
     def _cjvp(self, it: _Frame, body, defined, results) -> CustomJVP:
-        results = self._block_results(it, defined, results)
+        return self._cjvp_rule(it, body, self._block_results(it, defined, results))
+
+    def _cjvp_rule(self, it: _Frame, body, results) -> CustomJVP:
         args = free_vars(body)
         tangents = [self.fresh("t") for _ in args]
         for t, a in zip(tangents, args):
@@ -516,13 +522,25 @@ class _Gen:
             jvp_results[k] = o
         return CustomJVP(args=args, body=body, results=results, tangents=tangents, jvp=jvp, jvp_results=jvp_results)
 
+    def _export(self, s: CustomJVP, used: set[str]) -> CustomJVP:
+        """A custom_jvp of a custom_vjp fwd, with the values of its body that the bwd rule reads
+        as results too (residuals are fwd values)."""
+        extra = [o.out for o in s.body if o.out in used and o.out not in s.results]
+        if not extra:
+            return s
+        it, defined = self.cjvp_frames[id(s)]
+        return self._cjvp_rule(it, s.body, sorted(s.results + extra, key=defined.index))
+
     def _cvjp(self, it: _Frame, fwd, defined, results) -> CustomVJP:
         results = self._block_results(it, defined, results)
         args = free_vars(fwd)
         cts = [self.fresh("g") for _ in results]
         for c, r in zip(cts, results):
             self.types[c] = self.types[r]
-        bwd, argct, used = vjp_ops(fwd, self.types, results, cts, args, lambda: self.fresh("b"))
+        # bwd is the derivative of the primal: a custom_jvp in fwd counts as its body
+        flat = [o for s in fwd for o in (s.body if isinstance(s, CustomJVP) else [s])]
+        bwd, argct, used = vjp_ops(flat, self.types, results, cts, args, lambda: self.fresh("b"))
+        fwd = [self._export(s, used) if isinstance(s, CustomJVP) else s for s in fwd]
         bwd_results = [argct.get(a) for a in args]
         # A deliberately non-standard but well-defined rule: scale one arg's cotangent.
         if it.nonstandard is not None:
@@ -531,7 +549,7 @@ class _Gen:
                 o = self.fresh("b")
                 bwd.append(Op(op=O.SCALE_OP, args=[bwd_results[k]], params={"c": 3.0}, out=o))
                 bwd_results[k] = o
-        order = {a: i for i, a in enumerate(args + [s.out for s in fwd])}
+        order = {a: i for i, a in enumerate(args + [s.out for s in flat])}
         residuals = sorted(used, key=order.__getitem__)
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,

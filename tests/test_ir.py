@@ -115,3 +115,23 @@ def test_later_custom_vjp_fields_at_their_defaults_keep_old_hashes():
     q = load_program(obj)
     assert '"spelling":"defremat"' in q.to_json() and '"residual_tree":"dict"' in q.to_json()
     assert q.content_hash() != p.content_hash() and load_program(q.to_json_obj()) == q
+
+
+def test_a_custom_jvp_nests_only_in_a_custom_vjp_fwd_rule():
+    cjvp = {"kind": "custom_jvp", "args": ["x"], "body": [op("sin", ["x"], "s")], "results": ["s"],
+            "tangents": ["t"], "jvp": [op("cos", ["x"], "c"), op("mul", ["t", "c"], "ts")], "jvp_results": ["ts"]}
+
+    def block(fwd, bwd, residuals):
+        return {"kind": "custom_vjp", "args": ["x"], "fwd": fwd, "results": ["s"], "residuals": residuals,
+                "cts": ["g"], "bwd": bwd, "bwd_results": ["d"]}
+    in_fwd = prog([block([cjvp], [op("cos", ["x"], "c2"), op("mul", ["g", "c2"], "d")], ["x"])], outputs=["s"])
+    assert "custom_jvp_in_fwd" in in_fwd.features() and "custom_jvp_in_checkpoint" not in in_fwd.features()
+    in_bwd = {**in_fwd.to_json_obj(), "body": [block([op("sin", ["x"], "s")], [{**cjvp, "args": ["g"], "body": [
+        op("sin", ["g"], "d")], "results": ["d"], "jvp": [op("cos", ["g"], "c"), op("mul", ["t", "c"], "ts")]}], ["x"])]}
+    with pytest.raises(ProgramError, match="nest only in a custom_vjp fwd") as e:
+        load_program(in_bwd)
+    assert e.value.field == "body[0].bwd[0]"
+    in_jvp_body = {**in_fwd.to_json_obj(), "body": [{**cjvp, "body": [cjvp | {"tangents": ["t2"], "jvp": [
+        op("cos", ["x"], "c3"), op("mul", ["t2", "c3"], "ts2")], "jvp_results": ["ts2"]}]}]}
+    with pytest.raises(ProgramError, match="nest only in a custom_vjp fwd"):
+        load_program(in_jvp_body)

@@ -47,12 +47,16 @@ def test_candidates_remove_dead_code_drop_outputs_and_simplify_policies():
     drop_v1 = next(b for b in bodies if b["outputs"] == ["v3"])
     assert drop_v1["body"][0]["results"] == ["v2"]
     # 3. the region's policy replaced by the simplest kind, program otherwise unchanged
-    simple = next(b for b in bodies if b["body"][0]["policy"] == SIMPLEST_POLICY)
+    simple = next(b for b in bodies if b["body"][0].get("policy") == SIMPLEST_POLICY)
     assert simple["outputs"] == PROG["outputs"] and len(simple["body"]) == 3
-    # nothing left to do on the fully reduced program
+    # 4. the region inlined
+    assert any(b["body"][0] == op("sin", ["x0"], "v1") for b in bodies)
+    # what is left of the region after all of these: its body, inlined
     last = load_program({**PROG, "outputs": ["v1"], "body": [{**PROG["body"][0], "results": ["v1"],
                          "policy": SIMPLEST_POLICY, "body": [op("sin", ["x0"], "v1")]}]})
-    assert list(candidates(last)) == []
+    assert [c.to_json_obj()["body"] for c in candidates(last)] == [[op("sin", ["x0"], "v1")]]
+    # nothing left to do on the fully reduced program
+    assert list(candidates(load_program({**PROG, "outputs": ["v1"], "body": [op("sin", ["x0"], "v1")]}))) == []
 
 
 def test_nested_policies_and_custom_rule_bodies_are_reduced_in_place():
@@ -63,7 +67,30 @@ def test_nested_policies_and_custom_rule_bodies_are_reduced_in_place():
          "body": [op("cos", ["x0"], "dead"), inner]}]})
     cands = [c.to_json_obj() for c in candidates(prog)]
     assert [s.get("kind") for s in cands[0]["body"][0]["body"]] == ["checkpoint"]       # dead cos gone
-    assert any(c["body"][0]["body"][-1]["policy"] == SIMPLEST_POLICY for c in cands)   # inner region simplified
+    assert any(c["body"][0].get("body", [{}])[-1].get("policy") == SIMPLEST_POLICY for c in cands)  # inner simplified
+    # either region inlined, the other kept
+    assert any([s["kind"] for s in c["body"]] == ["op", "checkpoint"] for c in cands)
+    assert any([s["kind"] for s in c["body"][0]["body"]] == ["op", "op"] for c in cands if c["body"][0]["kind"] != "op")
+
+
+def test_candidates_inline_regions_and_drop_names():
+    named = {"kind": "op", "op": "name", "args": ["x0"], "params": {"name": "a"}, "out": "n0"}
+    prog = load_program({**PROG, "outputs": ["w2"], "body": [named, {
+        "kind": "checkpoint", "args": ["n0"], "prevent_cse": True, "policy": SIMPLEST_POLICY, "results": ["w2"],
+        "body": [op("sin", ["n0"], "w1"), {"kind": "op", "op": "name", "args": ["w1"], "params": {"name": "b"},
+                                           "out": "w2"}]}]})
+    cands = [c.to_json_obj() for c in candidates(prog)]
+    # the region inlined: its body in its place, nothing else changed
+    assert {"outputs": ["w2"], "body": [named, op("sin", ["n0"], "w1"), named | {"args": ["w1"], "params": {"name": "b"},
+                                                                                  "out": "w2"}]} in [
+        {"outputs": c["outputs"], "body": c["body"]} for c in cands]
+    # name a dropped: the region reads x0
+    no_a = next(c for c in cands if c["body"][0]["kind"] == "checkpoint")
+    assert no_a["body"][0]["args"] == ["x0"] and no_a["body"][0]["body"][0]["args"] == ["x0"]
+    # name b dropped: sin's value is the region's result and the program's output
+    no_b = next(c for c in cands if c["outputs"] == ["w1"])
+    assert no_b["body"][1]["results"] == ["w1"] and len(no_b["body"][1]["body"]) == 1
+    assert all(load_program(c).size() < prog.size() for c in (no_a, no_b))
 
 
 def test_the_searcher_reports_the_reduced_program():

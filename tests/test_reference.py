@@ -1,10 +1,14 @@
 """ref:f64 against central finite differences (float64, no checkpoint, custom rules kept)."""
+import random
+
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 
 from conformance import pipelines
+from conformance.ir import CustomJVP, CustomVJP, walk
+from conformance.ops import SCALE_OP
 from conformance.pipelines.jax_pipelines import node_values
-from generators.programs import Config, cases, input_values
+from generators.programs import Config, cases, input_values, programs
 from tests.programs import named_chain, seed_program
 
 
@@ -57,3 +61,28 @@ def test_reference_records_every_node_value():
     obs = pipelines.get("ref:f64").run(p, input_values(p, 0))
     assert set(obs.values) >= {"m", "s", "na", "c", "nb", "y", "x", "w"}
     np.testing.assert_allclose(np.sin(np.asarray(obs.values["m"])), np.asarray(obs.values["s"]))
+
+
+def _true_rules_with_a_custom_jvp_residual(p) -> bool:
+    """A custom_vjp whose fwd holds a custom_jvp, one of whose body values only the bwd reads
+    (a residual exported from the custom_jvp), every rule the true derivative, first order."""
+    blocks = [s for s, *_ in walk(p.body) if isinstance(s, CustomVJP)]
+    exported = any(set(b.residuals) & set(j.results) - {a for s in b.fwd for a in s.args} - set(b.results)
+                   for b in blocks for j in b.fwd if isinstance(j, CustomJVP))
+    scaled = any(o.op == SCALE_OP and o.params.get("c") == 3.0 for s, *_ in walk(p.body) if isinstance(s, (CustomVJP, CustomJVP))
+                 for o in (s.bwd if isinstance(s, CustomVJP) else s.jvp))
+    return (exported and not scaled and p.diff.order == 1 and p.inputs[0].dtype == "float64"
+            and "optimize_remat_symbolic_zeros" not in p.features())
+
+
+def test_a_custom_vjp_rule_over_a_custom_jvp_matches_finite_differences():
+    """The generator derives a custom_vjp's bwd through a custom_jvp in its fwd (the custom_jvp's
+    body as the primal), exporting the body values the bwd reads as the custom_jvp's results."""
+    s = settings(max_examples=5000, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+                 phases=(Phase.generate,))
+    p = find(programs(), _true_rules_with_a_custom_jvp_residual, settings=s, random=random.Random(0))
+    inputs = input_values(p, 1)
+    obs = pipelines.get("ref:f64").run(p, inputs)
+    assert obs.error is None, obs.error
+    for k, g in finite_difference(p, inputs).items():
+        np.testing.assert_allclose(np.asarray(obs.grads[k]), g, rtol=1e-5, atol=1e-6)
