@@ -1,6 +1,7 @@
 """IR reductions after the shrink (conformance.reduce) and their use by the campaign."""
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
@@ -117,3 +118,21 @@ def test_the_searcher_reports_the_reduced_program():
     for c in candidates(small):
         obs = InProcessExecutor().run(c, inputs, pipes)
         assert all(v.key() != f.key() for v in judge(c, obs, Expectations.load(), "cpu").failures()), c.to_json()
+
+
+def test_a_hand_reduced_program_becomes_a_corpus_entry_when_its_key_still_fails(tmp_path):
+    """tools/corpus_entry.py: judged on the key's pipelines; an entry written only when it fails."""
+    from conformance.loading import load_program_file
+    from tools.corpus_entry import main
+    prog = tmp_path / "p.json"
+    prog.write_text(json.dumps({**PROG, "outputs": ["v1"], "body": [op("sin", ["x0"], "v1")]}))
+    key = ["gradient", "jax:mutant-perturb-gradient", "jax:none", ""]
+    assert main([str(prog), "--key", *key, "--out", str(tmp_path / "out")]) == 0
+    (entry,) = (tmp_path / "out").glob("*.json")
+    p, inputs, finding = load_program_file(str(entry))
+    assert list(finding.key()) == key and p.content_hash() == finding.program_hash and finding.shrunk
+    assert entry.name == f"gradient-jax_mutant-perturb-gradient-{finding.program_hash[:8]}.json"
+    assert set(inputs) == {"x0"}
+    # a key the program does not fail: nothing written
+    assert main([str(prog), "--key", "gradient", "jax:remat3", "jax:none", "", "--out", str(tmp_path / "none")]) == 1
+    assert not (tmp_path / "none").exists()
