@@ -34,6 +34,7 @@ FEATURE_DOC: dict[str, str] = {
     "unused_result": "a custom_vjp result that nothing reads (zero cotangent)",
     "nondiff_input": "a program input that is not differentiated",
     "residual_is_arg": "a custom_vjp residual that is one of its args",
+    "residual_is_result": "a custom_vjp residual that is one of its results (an output aliased by a residual)",
     "perturbed_branch": "a symbolic_zeros custom_vjp whose bwd returns None for the args its fwd saw unperturbed",
     "residual_pytree": "custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
     "bwd_none": "a custom_vjp bwd rule that returns None (a zero cotangent) for some argument",
@@ -92,6 +93,8 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("nondiff_args")
             if set(s.residuals) & set(s.args):
                 f.add("residual_is_arg")
+            if set(s.residuals) & set(s.results):
+                f.add("residual_is_result")
             if s.perturbed_branch:
                 f.add("perturbed_branch")
             if s.residual_tree != "tuple":
