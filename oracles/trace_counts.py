@@ -8,6 +8,9 @@ here, and neither is a fwd or bwd rule that runs where the reference ran none (t
 custom_rule check's `fwd_ran`, one finding for one behaviour). Counts are compared
 only between runs of one execution mode (both eager or both jit): jit traces what eager
 calls, so counts across modes differ by design. The error type names the counters that grew.
+A block inside another block's rule (a custom_jvp in a custom_vjp fwd) runs each time that rule
+runs: where the outer block's primal, fwd or rem runs grew, the inner block's growth is theirs,
+one behaviour, and is listed under `explained` instead.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from conformance.verdict import Verdict
 from oracles.missing import skip_unless
 
 COUNTERS = ("primal_traces", "fwd_traces", "bwd_calls", "rem_traces")
+RERUNS = ("primal_traces", "fwd_traces", "rem_traces")   # counters of runs of a block's primal code
 
 
 def compare(obs: Observation, ref: Observation, same_mode: bool) -> Verdict:
@@ -34,8 +38,10 @@ def compare(obs: Observation, ref: Observation, same_mode: bool) -> Verdict:
                 continue   # custom_rule's fwd_ran
             if getattr(a, c) > getattr(b, c):
                 grew.setdefault(path, {})[c] = {"got": getattr(a, c), "reference": getattr(b, c)}
+    reruns = [p for p, d in grew.items() if set(d) & set(RERUNS)]
+    explained = {p: grew.pop(p) for p in list(grew) if any(p.startswith(o + ".") for o in reruns)}
     if grew:
         v.status = "fail"
         v.error_type = "+".join(sorted({c for d in grew.values() for c in d}))
-        v.detail = {"blocks": grew}
+        v.detail = {"blocks": grew, **({"explained": explained} if explained else {})}
     return v

@@ -1325,6 +1325,19 @@ def test_trace_count_oracle_judges_growth_in_one_execution_mode():
     assert trace_counts.compare(ran, idle, True).status == "pass"
     raised = Observation(pipeline="jax:remat3", error=ErrorInfo(type="E", message="m", stage="forward"))
     assert trace_counts.compare(raised, ref, True).status == "skipped"
+    # a custom_jvp in a custom_vjp fwd runs each time that fwd runs: its growth is the fwd's
+    ref = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(0, 1, 1), "body[0].fwd[0]": log(1, 0, 0)})
+    both = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 2, 1), "body[0].fwd[0]": log(2, 0, 0)})
+    v = trace_counts.compare(both, ref, True)
+    assert (v.status, v.error_type) == ("fail", "fwd_traces")
+    assert v.detail == {"blocks": {"body[0]": {"fwd_traces": {"got": 2, "reference": 1}}},
+                        "explained": {"body[0].fwd[0]": {"primal_traces": {"got": 2, "reference": 1}}}}
+    # ...but not where only the outer block's bwd ran more (bwd does not run fwd's code), nor a sibling path
+    bwd_only = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 1, 2), "body[0].fwd[0]": log(2, 0, 0)})
+    assert trace_counts.compare(bwd_only, ref, True).error_type == "bwd_calls+primal_traces"
+    ref10 = Observation(pipeline="jax:remat2", custom_rules={"body[1]": log(0, 1, 1), "body[10]": log(1, 0, 0)})
+    sib = Observation(pipeline="jax:remat3", custom_rules={"body[1]": log(0, 2, 1), "body[10]": log(2, 0, 0)})
+    assert trace_counts.compare(sib, ref10, True).error_type == "fwd_traces+primal_traces"
 
 
 def test_min_elements_policy_decides_by_the_first_inputs_size_in_every_adapter():
