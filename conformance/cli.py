@@ -150,6 +150,12 @@ def versions_of(names) -> dict[str, str]:
 
 
 def cmd_run(args) -> int:
+    from conformance.pipelines.xla_cache import campaign_cache
+    with campaign_cache():   # before any pipeline module is imported: workers inherit it
+        return _run(args)
+
+
+def _run(args) -> int:
     from conformance.campaign import Campaign, Options, summary_markdown
     from conformance.progress import Progress
     from conformance.store import Store, StoreError

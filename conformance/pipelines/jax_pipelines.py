@@ -21,28 +21,25 @@ from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
 from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Interpreter, Op, Program, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
-from conformance.pipelines import jax_table  # noqa: E402
+from conformance.pipelines import jax_table, xla_cache  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.tables import compile_table, unlowered  # noqa: E402
 from conformance.residuals import canonicalise  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-# Opt-in: XLA executables (eager dispatch compiles one per primitive, shape and dtype; jit one
-# per program) kept on disk and shared by every worker process and campaign that names the same
-# directory in REMAT_CONFORMANCE_COMPILE_CACHE (unset or "off": no disk cache).
-COMPILE_CACHE_ENV = "REMAT_CONFORMANCE_COMPILE_CACHE"
-
-
-def _compile_cache_dir() -> str | None:
-    v = os.environ.get(COMPILE_CACHE_ENV, "")
-    return None if v.lower() in ("", "off", "0", "none") else v
-
-
-if _compile_cache_dir():
-    jax.config.update("jax_compilation_cache_dir", _compile_cache_dir())
+# The campaign's XLA compile cache (conformance.pipelines.xla_cache). Pipelines that differ only
+# in JAX flags (remat2, remat3, custom_vjp3) compile the same HLO for the same primitive or
+# program; jax_remat3 is part of the in-memory jit key, so each flag setting would compile it
+# again, where the disk cache compiles it once.
+_CACHE_DIR = xla_cache.cache_dir()
+_runs = 0
+if _CACHE_DIR:
+    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_compilation_cache_max_size", 2 ** 30)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", -1)   # no LRU eviction: xla_cache.trim bounds it
+
 
 ALL_FLAGS = ("jax_remat3", "jax_custom_vjp3", "jax_custom_jvp3")
 
@@ -281,6 +278,10 @@ class JaxBase(Pipeline):
             return obs
         with jax_flags(self.flags()), jax.default_device(_device(device)):
             self._run(program, inputs, obs)
+        global _runs
+        _runs += 1
+        if _CACHE_DIR and _runs % xla_cache.TRIM_EVERY == 0:
+            xla_cache.trim(_CACHE_DIR)
         return obs
 
     def _arrays(self, program: Program, inputs):

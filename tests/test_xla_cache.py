@@ -1,0 +1,78 @@
+"""The campaign's XLA compile cache (conformance.pipelines.xla_cache)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conformance.pipelines import xla_cache
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_campaign_gets_a_fresh_directory_and_leaves_nothing_behind(monkeypatch):
+    monkeypatch.delenv(xla_cache.ENV, raising=False)
+    with xla_cache.campaign_cache() as d:
+        assert os.path.isdir(d) and os.environ[xla_cache.ENV] == d and xla_cache.cache_dir() == d
+        Path(d, "entry-cache").write_bytes(b"x")
+    assert not os.path.exists(d) and xla_cache.ENV not in os.environ
+
+
+def test_the_environments_choice_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv(xla_cache.ENV, "off")
+    with xla_cache.campaign_cache() as d:
+        assert d is None and os.environ[xla_cache.ENV] == "off"
+    monkeypatch.setenv(xla_cache.ENV, str(tmp_path))
+    with xla_cache.campaign_cache() as d:
+        assert d == str(tmp_path)
+    assert tmp_path.is_dir()   # a directory the user named is theirs: kept
+
+
+def test_trim_empties_the_directory_only_past_its_limit(tmp_path):
+    for k in range(3):
+        (tmp_path / f"k{k}-cache").write_bytes(b"x" * 400_000)
+    assert xla_cache.size_bytes(str(tmp_path)) == 1_200_000
+    assert not xla_cache.trim(str(tmp_path), limit_mb=2) and len(list(tmp_path.iterdir())) == 3
+    assert xla_cache.trim(str(tmp_path), limit_mb=1) and list(tmp_path.iterdir()) == []
+
+
+PROBE = r"""
+import json, sys
+from jax._src import monitoring
+from conformance import pipelines as P
+from generators.programs import input_values
+from tests.programs import named_chain
+hits = []
+monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e == "/jax/compilation_cache/cache_hits" else None)
+prog = named_chain()
+inputs = input_values(prog, 0)
+out = {}
+for name in sys.argv[1:]:
+    n = len(hits)
+    obs = P.get(name).run(prog, inputs)
+    out[name] = {"hits": len(hits) - n, "grads": obs.grads, "residuals": [r.describe() for r in obs.residuals]}
+print(json.dumps(out))
+"""
+
+
+def _probe(cache: str, names: list[str]) -> dict:
+    r = subprocess.run([sys.executable, "-c", PROBE, *names], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), xla_cache.ENV: cache})
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_pipelines_that_differ_in_flags_share_compiled_executables_and_results(tmp_path):
+    """remat2:jit and remat3:jit compile the same HLO for this program: the second is a cache hit
+    (jax_remat3 is part of the in-memory jit key, so without the disk cache it compiles again),
+    and each pipeline observes exactly what it observes without the cache."""
+    names = ["jax:remat2:jit", "jax:remat3:jit"]
+    cached = _probe(str(tmp_path), names)
+    assert cached["jax:remat2:jit"]["hits"] == 0 and cached["jax:remat3:jit"]["hits"] >= 1
+    assert any(tmp_path.iterdir())
+    plain = _probe("off", names)
+    assert all(plain[n]["hits"] == 0 for n in names)
+    for n in names:
+        assert cached[n]["grads"] == plain[n]["grads"] and cached[n]["residuals"] == plain[n]["residuals"]
