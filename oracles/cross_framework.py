@@ -85,13 +85,15 @@ def _restrict(obs: Observation, ids: set[str], exempt: set[str]) -> Observation:
 
 
 def compare_residuals(torch_obs: Observation, jax_obs: Observation,
-                      program: Program | None = None) -> Verdict:
+                      program: Program | None = None, across: bool = True) -> Verdict:
     """Named residual classes must agree exactly (restricted to policy-decided names when
-    the program is given)."""
+    the program is given). `across`: the two run different frameworks, whose derivative rules
+    differ (False: eager against compiled PyTorch, one framework's rules)."""
     if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
         ids = policy_named(program)
         _, exempt = region_context(program)
-        exempt = exempt | derivative_factor_reads(program)
+        if across:
+            exempt = exempt | derivative_factor_reads(program)
         v = residuals.compare(_restrict(torch_obs, ids, exempt), _restrict(jax_obs, ids, exempt),
                               named_only=True)
         v.detail = {**v.detail, "scope": "policy_named"} if v.detail else v.detail

@@ -146,7 +146,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             else:
                 checks = [cross_framework.compare_grads(program, obs, rref, values=values,
                                                         values_missing=values_missing),
-                          cross_framework.compare_residuals(obs, rref, program)]
+                          cross_framework.compare_residuals(obs, rref, program, across=mode == "cross")]
             for v in checks:
                 add(v)
     return j

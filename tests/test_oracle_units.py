@@ -539,6 +539,10 @@ def test_cross_framework_residuals_leave_out_what_derivative_rules_decide():
     torch_side, jax_side = ob("torch:eager-sac", res=[R(["n", "s"], ["a"])]), ob("jax:remat2", res=[])
     assert cross_framework.derivative_factor_reads(chain({"kind": "everything"})) == {"x", "n"}
     assert cross_framework.compare_residuals(torch_side, jax_side, chain({"kind": "everything"})).status == "pass"
+    # within one framework (eager against compiled PyTorch) the derivative rules are the same: compared
+    v = cross_framework.compare_residuals(torch_side, ob("torch:compile-aot_eager", res=[]), chain({"kind": "everything"}),
+                                          across=False)
+    assert v.status == "fail" and v.detail["missing_named"] == [] and v.detail["extra_named"] == ["n/s"]
     for saves_unnamed in ({"kind": "ops", "ops": ["sin", "name"]}, {"kind": "min_elements", "elements": 1},
                           {"kind": "save_anything_except_names", "names": ["b"]}):
         assert cross_framework.derivative_factor_reads(chain(saves_unnamed)) == {"x", "n"}, saves_unnamed
