@@ -347,7 +347,7 @@ class _Gen:
             block = "custom_jvp"   # a custom_jvp inside a custom_vjp fwd rule
         elif k == _ITEM_CVJP and f.in_cvjp:   # blocks do not nest otherwise: closes this one (rules stay short)
             k = _ITEM_CLOSE
-        elif k == _ITEM_CVJP and not f.in_cvjp:
+        elif k == _ITEM_CVJP:
             on_vjp, on_jvp = self.sw["custom_vjp"], self.sw["custom_jvp"]
             if not (on_vjp or on_jvp):
                 k = _ITEM_OP

@@ -38,6 +38,18 @@ def test_trim_empties_the_directory_only_past_its_limit(tmp_path):
     assert xla_cache.trim(str(tmp_path), limit_mb=1) and list(tmp_path.iterdir()) == []
 
 
+def test_the_cache_is_trimmed_every_so_many_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv(xla_cache.LIMIT_ENV, "0")
+    monkeypatch.setattr(xla_cache, "_runs", 0)
+    (tmp_path / "k-cache").write_bytes(b"x")
+    for _ in range(xla_cache.TRIM_EVERY - 1):
+        xla_cache.ran(str(tmp_path))
+    assert any(tmp_path.iterdir())
+    xla_cache.ran(str(tmp_path))
+    assert not any(tmp_path.iterdir())
+    xla_cache.ran(None)   # no cache: nothing to trim
+
+
 PROBE = r"""
 import json, sys
 from jax._src import monitoring

@@ -33,7 +33,6 @@ jax.config.update("jax_enable_x64", True)
 # program; jax_remat3 is part of the in-memory jit key, so each flag setting would compile it
 # again, where the disk cache compiles it once.
 _CACHE_DIR = xla_cache.cache_dir()
-_runs = 0
 if _CACHE_DIR:
     jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -278,10 +277,7 @@ class JaxBase(Pipeline):
             return obs
         with jax_flags(self.flags()), jax.default_device(_device(device)):
             self._run(program, inputs, obs)
-        global _runs
-        _runs += 1
-        if _CACHE_DIR and _runs % xla_cache.TRIM_EVERY == 0:
-            xla_cache.trim(_CACHE_DIR)
+        xla_cache.ran(_CACHE_DIR)
         return obs
 
     def _arrays(self, program: Program, inputs):

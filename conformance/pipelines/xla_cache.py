@@ -45,6 +45,17 @@ def campaign_cache():
         shutil.rmtree(d, ignore_errors=True)
 
 
+_runs = 0
+
+
+def ran(d: str | None) -> None:
+    """Count one pipeline run of this process; every TRIM_EVERY runs, `trim` the cache."""
+    global _runs
+    _runs += 1
+    if d and _runs % TRIM_EVERY == 0:
+        trim(d)
+
+
 def size_bytes(d: str) -> int:
     total = 0
     with os.scandir(d) as it:
