@@ -109,7 +109,7 @@ def _torch_rivals():
 
 _ALL = frozenset(FRAMEWORKS)
 SPECS: dict[str, Spec] = {s.name: s for s in [
-    Spec("ref:f64", "jax", "JaxReference", role=VALUE, remat=False, f64=True, jit=True, added_with=_ALL),
+    Spec("ref:f64", "jax", "JaxReference", role=VALUE, remat=False, f64=True, added_with=_ALL),
     Spec("jax:none", "jax", "JaxNoRemat", role=BASELINE, remat=False, added_with=_ALL),
     Spec("jax:remat2", "jax", "JaxRemat", role=REFERENCE, added_with=_ALL),
     *_jax_rivals(),
