@@ -20,6 +20,18 @@ def test_a_campaign_gets_a_fresh_directory_and_leaves_nothing_behind(monkeypatch
     assert not os.path.exists(d) and xla_cache.ENV not in os.environ
 
 
+def test_a_killed_campaigns_directory_is_removed_by_the_next(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"{xla_cache.PREFIX}{dead.pid}-abc").mkdir()
+    (tmp_path / f"{xla_cache.PREFIX}{dead.pid}-abc" / "k-cache").write_bytes(b"x")
+    live = tmp_path / f"{xla_cache.PREFIX}{os.getpid()}-def"
+    live.mkdir()
+    (tmp_path / "unrelated").mkdir()
+    assert xla_cache.remove_orphans(str(tmp_path)) == [f"{xla_cache.PREFIX}{dead.pid}-abc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "unrelated"])
+
+
 def test_the_environments_choice_wins(monkeypatch, tmp_path):
     monkeypatch.setenv(xla_cache.ENV, "off")
     with xla_cache.campaign_cache() as d:

@@ -6,7 +6,8 @@ no result, only how often XLA compiles. `remat-conformance run` gives each campa
 directory (`campaign_cache`), shared by its worker processes and removed when it ends;
 REMAT_CONFORMANCE_COMPILE_CACHE names another one (shared by every campaign that names it) or
 turns it "off". JAX's own size bound is not used (its eviction scans the directory on every
-write); `trim` empties the directory when it outgrows REMAT_CONFORMANCE_COMPILE_CACHE_MB.
+write); `trim` empties the directory when it outgrows REMAT_CONFORMANCE_COMPILE_CACHE_MB. A
+killed campaign leaves its directory behind; the next campaign removes it.
 
 Imports nothing of the project and no framework.
 """
@@ -36,13 +37,40 @@ def campaign_cache():
     if ENV in os.environ:
         yield cache_dir()
         return
-    d = tempfile.mkdtemp(prefix="remat-conformance-xla-")
+    remove_orphans()
+    d = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
     os.environ[ENV] = d
     try:
         yield d
     finally:
         os.environ.pop(ENV, None)
         shutil.rmtree(d, ignore_errors=True)
+
+
+PREFIX = "remat-conformance-xla-"   # + the campaign's pid + "-"
+
+
+def remove_orphans(tmp: str | None = None) -> list[str]:
+    """Remove the cache directories of campaigns that were killed (their pid is gone)."""
+    tmp = tmp or tempfile.gettempdir()
+    gone = []
+    for name in os.listdir(tmp):
+        pid = name[len(PREFIX):].split("-", 1)[0]
+        if not (name.startswith(PREFIX) and pid.isdigit()) or _alive(int(pid)):
+            continue
+        shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+        gone.append(name)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's live process
+        return True
+    return True
 
 
 _runs = 0
