@@ -15,8 +15,8 @@ Pure functions over observations; they import no framework.
   any pipeline may keep for reasons of its own (a program input, a value outside every
   region, a region's or custom_vjp block's argument or result: `conformance.ir.region_context`) is left out, since value-equal aliases would
   otherwise make a partitioner's legitimate choice (save the input, recompute its
-  broadcast) look like a dropped named residual. So is a class read by an elementwise
-  nonlinear op (sin, square, ...) under a policy that can save unnamed values
+  broadcast) look like a dropped named residual. Across frameworks (not between eager and
+  compiled PyTorch), so is a class read by an elementwise nonlinear op (sin, square, ...) under a policy that can save unnamed values
   (`derivative_factor_reads`): JAX then saves that op's derivative factor (cos(x)) and its
   backward no longer reads x, where PyTorch's sin saves x itself. Without the program, all
   named classes are compared (strict; use it between pipelines of one framework).
