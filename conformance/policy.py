@@ -21,6 +21,8 @@ jax.checkpoint_policies members. Op facts (which ops are dots) come from the op 
 | ops                          | custom callable: save outputs of these op kinds|
 | min_elements                 | custom callable over avals: save outputs of ops|
 |                              | whose first input has >= N elements            |
+| dot_params                   | custom callable over params: save dot_general  |
+|                              | outputs whose dimension_numbers have no batch  |
 
 Program layer: imports the op table and pydantic only.
 """
@@ -106,9 +108,16 @@ class MinElements(_P):
     elements: int = Field(ge=1, le=1 << 20)
 
 
+class DotParams(_P):
+    """Custom predicate over the params a policy is given, as users write one: save the outputs
+    of matrix products whose dimension numbers name no batch dimension (the meaning of
+    dots_no_batch, decided by the callable itself)."""
+    kind: Literal["dot_params"] = "dot_params"
+
+
 Policy = Annotated[
     Union[Everything, Nothing, Dots, DotsNoBatch, SaveOnlyNames, SaveAnyNamesButThese,
-          SaveAnythingExceptNames, Both, OffloadDotsNoBatch, SaveAndOffloadNames, Ops, MinElements],
+          SaveAnythingExceptNames, Both, OffloadDotsNoBatch, SaveAndOffloadNames, Ops, MinElements, DotParams],
     Field(discriminator="kind"),
 ]
 Both.model_rebuild()
@@ -170,6 +179,7 @@ _kind(SaveAndOffloadNames, lambda p, op, name, b, n: (
 _kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.elements else "recompute",
       ("elements",))
 _kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"))
+_kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute")
 
 POLICY_KINDS = tuple(KINDS)
 

@@ -14,7 +14,7 @@ from conformance import pipelines as P  # noqa: E402
 from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, validate  # noqa: E402
 from conformance.pipelines import torch_lowering as TL  # noqa: E402
 from conformance.pipelines import torch_pipelines as TP  # noqa: E402
-from conformance.policy import Both, Dots, DotsNoBatch, Everything, Nothing, Ops, SaveOnlyNames  # noqa: E402
+from conformance.policy import Both, DotParams, Dots, DotsNoBatch, Everything, Nothing, Ops, SaveOnlyNames  # noqa: E402
 from generators.programs import Config, cases, input_values  # noqa: E402
 from oracles import cross_framework as X  # noqa: E402
 from oracles import gradients as G  # noqa: E402
@@ -119,6 +119,29 @@ def test_policy_mapping():
     assert d(Everything(), A.clone.default) == C.MUST_SAVE          # an op the IR does not know
     assert d(Ops(ops=["sin"]), A.clone.default) == C.MUST_RECOMPUTE
     assert d(Both(a=Nothing(), b=Dots()), A.mm.default) == C.MUST_SAVE
+
+
+@pytest.mark.parametrize("name", ["jax:remat2", "jax:remat2:jit", "torch:eager-sac", "torch:compile-aot_eager"])
+def test_a_policy_over_params_saves_what_dots_no_batch_saves(name):
+    """dot_params is a user's callable reading dot_general's dimension_numbers: where a framework
+    honours it, it keeps the very residuals that the built-in dots_no_batch keeps (the unbatched
+    product, not the batched one)."""
+    def program(policy):
+        return validate(Program(
+            inputs=[Input(id="x", shape=[2, 3, 4], dtype="float32"), Input(id="w", shape=[2, 4, 3], dtype="float32")],
+            body=[Checkpoint(args=["x", "w"], results=["o"], policy=policy,
+                             body=[Op(op="matmul", args=["x", "w"], out="b"),          # batched: [2, 3, 3]
+                                   Op(op="sum", args=["b"], params={"axis": 0}, out="m"),
+                                   Op(op="matmul", args=["m", "m"], out="u"),          # unbatched: [3, 3]
+                                   Op(op="sin", args=["u"], out="o")])],
+            outputs=["o"]))
+    by_params, built_in = program(DotParams()), program(DotsNoBatch())
+    inp = inputs_for(by_params)
+    a, b = P.get(name).run(by_params, inp), P.get(name).run(built_in, inp)
+    assert a.ok() and b.ok()
+    assert [r.describe() for r in a.residuals] == [r.describe() for r in b.residuals]
+    assert any(r.cls == ["u"] for r in a.residuals)   # the unbatched product is kept
+    assert R.check_policy(by_params, a).status == "pass"
 
 
 # ---- values --------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ POLICIES: dict[str, str] = {
                                "offload_dst='pinned_host')"),
     "ops": "save_prims({prims})",
     "min_elements": "save_min_elements({elements})",
+    "dot_params": "save_unbatched_dots()",
 }
 
 PRELUDE = '''
@@ -96,6 +97,12 @@ def save_min_elements(n):
     """A custom policy over the avals: save the outputs of primitives whose first input has at
     least n elements."""
     return lambda prim, *avals, **__: bool(avals) and getattr(avals[0], "size", 0) >= n
+
+
+def save_unbatched_dots():
+    """A custom policy over the params: save dot_general outputs whose dimension numbers name
+    no batch dimension."""
+    return lambda prim, *_, **params: prim.name == "dot_general" and not any(params["dimension_numbers"][1])
 '''
 
 
