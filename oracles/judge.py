@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, field
 
 from conformance import pipelines as registry
-from conformance.ir import Program
+from conformance.ir import CustomJVP, Program, walk
 from conformance.observation import ErrorInfo, Observation
 from conformance.verdict import Verdict, symptom_check
 from oracles import cross_framework, gradients, residual_report, residuals, trace_counts
@@ -71,7 +71,12 @@ def _hit(j: Judgement, e: Entry, fired: bool):
     j.expectation_hits[e.id] = "fired" if fired or prev == "fired" else "idle"
 
 
-def compare_custom_rules(obs: Observation, ref: Observation) -> Verdict:
+def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset()) -> Verdict:
+    """What custom rules saw, per block: whether the rule ran (fwd_ran), the perturbed flags, the
+    symbolic-zero cotangents. `jvp_blocks`: paths of custom_jvp blocks, whose rule only computes
+    tangents: a rival that never ran one the reference ran did not need those tangents (remat3's
+    partial evaluation drops them; a tangent it needed would change values, which the gradient
+    check judges), so only a rule that ran where the reference's never did is judged there."""
     v = Verdict(check="custom_rule", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
     if skip_unless(v, "custom_rules", obs, ref):
         return v
@@ -80,6 +85,8 @@ def compare_custom_rules(obs: Observation, ref: Observation) -> Verdict:
         a, b = obs.custom_rules.get(path), ref.custom_rules.get(path)
         if a is None or b is None:
             continue   # a block that one pipeline never traced (dead code) is not judged
+        if path in jvp_blocks and not a.fwd_traces:
+            continue
         if bool(a.fwd_traces) != bool(b.fwd_traces):
             # One pipeline ran the fwd rule, the other only the primal function.
             diffs.setdefault(path, {})["fwd_ran"] = {"got": a.fwd_traces, "reference": b.fwd_traces}
@@ -107,6 +114,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     # why the value reference's node values (kink and alias checks) do not exist, if it failed
     values_missing = missing(ref, "node_values") if ref is not None and not ref.ok() else None
     names = set(observations)
+    jvp_blocks = frozenset(p for s, _, p, _ in walk(program.body) if isinstance(s, CustomJVP))
     entries = {n: expectations.matching(n, o.versions, device, dtypes, feats, o.flags) for n, o in observations.items()}
     # Every pipeline's error verdict first: status equivalence reads the references' verdicts.
     errors = {n: _error_verdict(j, o, entries[n], ref, value_ref) for n, o in observations.items()}
@@ -141,7 +149,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         for rname, mode in registry.comparisons(name, names):
             rref = observations[rname]
             if mode == "same":
-                checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref),
+                checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref, jvp_blocks),
                           trace_counts.compare(obs, rref, registry.same_mode(name, rname))]
             else:
                 checks = [cross_framework.compare_grads(program, obs, rref, values=values,

@@ -591,6 +591,22 @@ def test_a_fwd_rule_run_by_one_side_only_is_reported_alone_for_its_block():
                                    "body[1]": {"perturbed": {"got": [[True]], "reference": [[False]]}}}}
 
 
+def test_a_custom_jvp_rule_a_rival_did_not_need_is_not_judged():
+    """custom_jvp rules compute tangents only: remat3 drops those nobody reads (a custom_jvp in a
+    custom_vjp fwd, at second order: make run seed 0), remat2 runs the rule anyway. A custom_vjp's
+    fwd that did not run is still judged, and so is a custom_jvp rule run where the reference's was not."""
+    ran = ob("jax:remat2", rules={"body[0]": CustomRuleLog(fwd_traces=1), "body[0].fwd[0]": CustomRuleLog(fwd_traces=1)})
+    skipped = ob("jax:remat3", rules={"body[0]": CustomRuleLog(fwd_traces=1),
+                                      "body[0].fwd[0]": CustomRuleLog(primal_traces=1)})
+    jvp = frozenset({"body[0].fwd[0]"})
+    assert compare_custom_rules(skipped, ran, jvp).status == "pass"
+    assert compare_custom_rules(skipped, ran).detail == {"blocks": {"body[0].fwd[0]": {"fwd_ran": {"got": 0, "reference": 1}}}}
+    v = compare_custom_rules(ran, skipped, jvp)
+    assert v.error_type == "fwd_ran" and v.detail == {"blocks": {"body[0].fwd[0]": {"fwd_ran": {"got": 1, "reference": 0}}}}
+    vjp_skipped = ob("jax:remat3", rules={"body[0]": CustomRuleLog(primal_traces=1), "body[0].fwd[0]": CustomRuleLog(fwd_traces=1)})
+    assert compare_custom_rules(vjp_skipped, ran, jvp).error_type == "fwd_ran"
+
+
 def test_a_block_one_side_never_traced_is_not_judged():
     a = ob("p", rules={"body[0]": CustomRuleLog(fwd_traces=1), "body[1]": CustomRuleLog(symbolic_zero_cts=[[True]])})
     b = ob("q", rules={"body[1]": CustomRuleLog(symbolic_zero_cts=[[False]])})

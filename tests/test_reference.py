@@ -1,4 +1,5 @@
 """ref:f64 against central finite differences (float64, no checkpoint, custom rules kept)."""
+import json
 import random
 
 import numpy as np
@@ -86,3 +87,23 @@ def test_a_custom_vjp_rule_over_a_custom_jvp_matches_finite_differences():
     assert obs.error is None, obs.error
     for k, g in finite_difference(p, inputs).items():
         np.testing.assert_allclose(np.asarray(obs.grads[k]), g, rtol=1e-5, atol=1e-6)
+
+
+# make run, seed 0 (hand-reduced): a custom_jvp in a custom_vjp fwd, at second order. remat2 runs the
+# custom_jvp's rule; remat3 under checkpoint drops it, as nothing reads those tangents.
+CUSTOM_JVP_RULE_NOT_NEEDED = json.loads('''{"schema_version": 1, "inputs": [{"id": "x2", "shape": [2, 2], "dtype": "float32", "diff": true}], "body": [{"kind": "checkpoint", "args": ["x2"], "body": [{"kind": "custom_vjp", "args": ["x2"], "fwd": [{"kind": "op", "op": "sin", "args": ["x2"], "params": {}, "out": "v7"}, {"kind": "custom_jvp", "args": ["v7"], "body": [{"kind": "op", "op": "sin", "args": ["v7"], "params": {}, "out": "v8"}, {"kind": "op", "op": "sin", "args": ["v7"], "params": {}, "out": "v9"}], "results": ["v8", "v9"], "tangents": ["t10"], "jvp": [{"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "j11"}, {"kind": "op", "op": "mul", "args": ["t10", "j11"], "params": {}, "out": "j12"}, {"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "j13"}, {"kind": "op", "op": "mul", "args": ["t10", "j13"], "params": {}, "out": "j14"}, {"kind": "op", "op": "scale", "args": ["j12"], "params": {"c": 3.0}, "out": "j15"}], "jvp_results": ["j15", "j14"]}], "results": ["v7", "v9"], "residuals": ["x2", "v7"], "cts": ["g16", "g17"], "bwd": [{"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "b18"}, {"kind": "op", "op": "mul", "args": ["g17", "b18"], "params": {}, "out": "b19"}, {"kind": "op", "op": "add", "args": ["g16", "b19"], "params": {}, "out": "b20"}, {"kind": "op", "op": "cos", "args": ["x2"], "params": {}, "out": "b21"}, {"kind": "op", "op": "mul", "args": ["b20", "b21"], "params": {}, "out": "b22"}, {"kind": "op", "op": "scale", "args": ["b22"], "params": {"c": 3.0}, "out": "b23"}], "bwd_results": ["b23"], "nondiff": [], "symbolic_zeros": false, "optimize_remat": false}], "results": ["v9"], "policy": {"kind": "nothing"}, "prevent_cse": true}], "outputs": ["v9"], "diff": {"order": 2, "mode": "reverse"}, "extensions": {}}''')
+
+
+def test_a_custom_jvp_rule_remat3_does_not_need_is_no_finding():
+    from conformance.ir import load_program
+    from conformance.runner import InProcessExecutor
+    from oracles.expectations import Expectations
+    from oracles.judge import judge
+    p = load_program(CUSTOM_JVP_RULE_NOT_NEEDED)
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3"]
+    obs = InProcessExecutor("cpu").run(p, input_values(p, 0), names)
+    path = "body[0].body[0].fwd[1]"
+    assert obs["jax:remat2"].custom_rules[path].fwd_traces >= 1 and obs["jax:remat3"].custom_rules[path].fwd_traces == 0
+    j = judge(p, obs, Expectations.load())
+    assert not [v.key() for v in j.failures() if v.pipeline == "jax:remat3"]
+    assert any(v.key()[:3] == ("custom_rule", "jax:remat3", "jax:remat2") and v.status == "pass" for v in j.verdicts)
