@@ -54,7 +54,7 @@ def imports(src: str) -> set[str]:
 
 @pytest.mark.parametrize("fw", ["jax", "torch"])
 def test_scripts_import_only_framework_numpy_stdlib(fw):
-    for path in (SEED, FIXED, REG / "b1421a46abdfc1c7.json"):
+    for path in (SEED, FIXED, REG / "error-ref_f64-bfa081b4.json"):
         src = gen(path, fw)
         compile(src, str(path), "exec")
         extra = imports(src) - set(sys.stdlib_module_names) - {fw, "numpy"}
@@ -154,7 +154,7 @@ def test_pseudo_code_is_readable():
 def test_repro_is_inconclusive_exit_3_when_a_side_raises_on_a_value_check(tmp_path):
     """A residuals finding whose program now raises on both sides (constructed: the program of
     an entry the value reference itself rejects) cannot be judged: exit 3, saying why."""
-    obj = json.loads((REG / "b1421a46abdfc1c7.json").read_text())
+    obj = json.loads((REG / "error-ref_f64-bfa081b4.json").read_text())
     f = obj["finding"]
     f.update(check="residuals", pipeline="jax:remat3", reference="jax:remat2", error_type="other", expectation=None,
              signature="residuals|jax:remat3|jax:remat2|other|", detail={})
