@@ -139,3 +139,32 @@ def test_a_hand_reduced_program_becomes_a_corpus_entry_when_its_key_still_fails(
     # a key the program does not fail: nothing written
     assert main([str(prog), "--key", "gradient", "jax:remat3", "jax:none", "", "--out", str(tmp_path / "none")]) == 1
     assert not (tmp_path / "none").exists()
+
+
+def test_sibling_keys_are_added_to_existing_entries(tmp_path):
+    """tools/corpus_entry.py --siblings: an entry filed without its siblings gets the keys its program
+    fails the same way on the pipelines it names; the rest of the entry is kept; an entry whose key
+    no longer fails is left as it is."""
+    from conformance.findings import CorpusEntry
+    from conformance.loading import load_program_file
+    from tests.mutants import PerturbGradient
+    from tools.corpus_entry import main
+    twin = "jax:mutant-perturb-gradient-sibling"
+    if twin not in registry.known_names():
+        registry.register_instance(PerturbGradient(registry.derive("jax:remat3", twin, variant="remat2")))
+    prog = tmp_path / "p.json"
+    prog.write_text(json.dumps({**PROG, "outputs": ["v1"], "body": [op("sin", ["x0"], "v1")]}))
+    key = ["gradient", "jax:mutant-perturb-gradient", "jax:none", ""]
+    assert main([str(prog), "--key", *key, "--out", str(tmp_path / "e")]) == 0
+    (entry,) = (tmp_path / "e").glob("*.json")
+    obj = json.loads(entry.read_text())
+    obj["finding"]["reproduces"] = [["gradient", twin, "ref:f64", "stale"]]   # what an old entry may say
+    entry.write_text(json.dumps(obj))
+    gone = tmp_path / "gone.json"   # a key this program does not fail (remat2's gradient)
+    gone.write_text(json.dumps({**obj, "finding": {**obj["finding"], "pipeline": "jax:remat2"}}))
+    before = gone.read_text()
+    assert main(["--siblings", str(entry), str(gone)]) == 0
+    _, _, f = load_program_file(str(entry))
+    assert ["gradient", twin, "jax:none", ""] in f.reproduces and ["gradient", twin, "ref:f64", "stale"] in f.reproduces
+    assert CorpusEntry.model_validate(json.loads(entry.read_text())).program == obj["program"]
+    assert gone.read_text() == before

@@ -1,15 +1,20 @@
-"""A regression-corpus entry from a hand-reduced program: judge it, write the entry if it fails.
+"""Regression-corpus entries made or refreshed by hand, replayed as a campaign files a finding.
 
     .venv/bin/python tools/corpus_entry.py PROGRAM.json --like tests/regressions/ENTRY.json \
         [--key CHECK PIPELINE REFERENCE ERROR_TYPE] [--seed N] --out DIR
+    .venv/bin/python tools/corpus_entry.py --siblings tests/regressions/*.json
 
-When the shrinker leaves noise, reduce the program by hand (a bare program JSON), then run this:
-it replays the program as a campaign replays a shrunk finding (the key's pipelines and the
-default set of its framework), and when the key fails writes `DIR/<check>-<pipeline>-<hash8>.json`,
-a corpus entry like a campaign's (the finding made from the verdict, its observations, exact input
-values, and `reproduces`: the sibling pipelines failing the same way, which `run --known` counts
-as the same behaviour), ready to copy into tests/regressions/. The key comes from `--like` (the entry found by a campaign) or `--key`.
+When the shrinker leaves noise, reduce the program by hand (a bare program JSON), then run the
+first form: it replays the program as a campaign replays a shrunk finding (the key's pipelines
+and the default set of its framework), and when the key fails writes
+`DIR/<check>-<pipeline>-<hash8>.json`, a corpus entry like a campaign's (the finding made from
+the verdict, its observations, exact input values, and `reproduces`: the sibling keys failing
+the same way, which `run --known` counts as the same behaviour), ready to copy into
+tests/regressions/. The key comes from `--like` (the entry found by a campaign) or `--key`.
 Exit 1, writing nothing, when the key does not fail on the program.
+
+`--siblings` replays existing entries the same way and adds the sibling keys that fail the same
+way now to each entry's `reproduces` (entries filed before siblings were recorded lack them).
 """
 from __future__ import annotations
 
@@ -21,38 +26,72 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def replay(prog, inputs, key: tuple, also=()):
+    """(observations, judgement, verdict of `key` or None): the program on the key's pipelines,
+    the default set of its framework and the pipelines `also` names."""
+    from conformance import pipelines as registry
+    from conformance.runner import InProcessExecutor
+    from conformance.search import replay_pipelines
+    from oracles.expectations import Expectations
+    from oracles.judge import judge
+    fw = registry.framework_of(key[1])
+    names = registry.run_set(list(dict.fromkeys(
+        [key[1], *also] + [n for n in registry.DEFAULT_PIPELINES if registry.framework_of(n) == fw])))
+    obs = InProcessExecutor("cpu").run(prog, inputs, list(dict.fromkeys(replay_pipelines(key) + names)))
+    j = judge(prog, obs, Expectations.load(), "cpu")
+    return obs, j, next((v for v in j.failures() if v.key() == tuple(key)), None)
+
+
+def siblings(j, key: tuple) -> list[list[str]]:
+    """The other keys of the same check and error type that the judgement fails (as the campaign
+    records a finding's `reproduces`)."""
+    return sorted([list(w.key()) for w in j.failures()
+                   if w.check == key[0] and (w.error_type or "") == key[3] and w.key() != tuple(key)])
+
+
+def refresh_siblings(paths: list[str]) -> int:
+    from conformance.findings import CorpusEntry
+    from conformance.loading import load_program_file
+    for path in paths:
+        if Path(path).name == "status.json":
+            continue
+        prog, inputs, f = load_program_file(path)
+        _, j, v = replay(prog, inputs, f.key(), [k[1] for k in f.reproduces])
+        if v is None:
+            print(f"{path}: {'|'.join(f.key())} no longer fails; left as it is")
+            continue
+        new = [s for s in siblings(j, f.key()) if s not in f.reproduces]
+        if new:
+            entry = CorpusEntry.model_validate(json.loads(Path(path).read_text()))
+            entry.finding.reproduces = sorted(f.reproduces + new)
+            Path(path).write_text(json.dumps(entry.model_dump(), indent=1) + "\n")
+            print(f"{path}: + {['|'.join(s) for s in new]}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("program")
+    ap.add_argument("program", nargs="?")
     ap.add_argument("--like", help="a corpus entry whose finding key the program must fail")
     ap.add_argument("--key", nargs=4, metavar=("CHECK", "PIPELINE", "REFERENCE", "ERROR_TYPE"))
     ap.add_argument("--seed", type=int, default=0, help="input seed")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--siblings", nargs="+", metavar="ENTRY", help="refresh these entries' sibling keys")
     a = ap.parse_args(argv)
+    if a.siblings:
+        return refresh_siblings(a.siblings)
     from conformance.findings import CorpusEntry, make_finding
     from conformance.loading import corpus_entry_stem, load_program_file
-    from conformance import pipelines as registry
-    from conformance.runner import InProcessExecutor
-    from conformance.search import obs_digest, replay_pipelines
+    from conformance.search import obs_digest
     from generators.programs import input_values
-    from oracles.expectations import Expectations
-    from oracles.judge import judge
 
-    if (a.like is None) == (a.key is None):
-        ap.error("give exactly one of --like and --key")
+    if a.program is None or a.out is None or (a.like is None) == (a.key is None):
+        ap.error("give PROGRAM, --out and exactly one of --like and --key (or --siblings ENTRY...)")
     like = load_program_file(a.like)[2] if a.like else None
     key = tuple(a.key) if a.key else like.key()
     prog, _, _ = load_program_file(a.program)
     inputs = input_values(prog, a.seed)
-    # as a campaign files a finding: replayed on every pipeline of its framework's default set
-    # (and the like-entry's siblings), the keys failing the same way are its siblings
-    fw = registry.framework_of(key[1])
-    names = registry.run_set(list(dict.fromkeys(
-        [key[1]] + ([k[1] for k in like.reproduces] if like else [])
-        + [n for n in registry.DEFAULT_PIPELINES if registry.framework_of(n) == fw])))
-    obs = InProcessExecutor("cpu").run(prog, inputs, list(dict.fromkeys(replay_pipelines(key) + names)))
-    j = judge(prog, obs, Expectations.load(), "cpu")
-    v = next((v for v in j.failures() if v.key() == key), None)
+    obs, j, v = replay(prog, inputs, key, [k[1] for k in like.reproduces] if like else [])
     if v is None:
         print(f"{a.program}: {'|'.join(key)} does not fail; failing: "
               f"{sorted('|'.join(v.key()) for v in j.failures()) or 'nothing'}")
@@ -61,8 +100,7 @@ def main(argv=None) -> int:
     f = make_finding(v, prog, inputs, o.versions, o.flags, "cpu")
     f.shrunk = True
     f.detail = {**f.detail, "observations": obs_digest(obs, key[1])}
-    f.reproduces = sorted([list(w.key()) for w in j.failures()
-                           if w.check == key[0] and (w.error_type or "") == key[3] and w.key() != key])
+    f.reproduces = siblings(j, key)
     entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=o.versions)
     out = Path(a.out) / f"{corpus_entry_stem(f.check, f.pipeline, f.program_hash)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
