@@ -11,11 +11,13 @@ from __future__ import annotations
 import copy
 from typing import Iterator
 
-from conformance.ir import Program, ProgramError, load_program
-from conformance.ops import NAME_OPS
+from conformance.ir import Op, Program, ProgramError, load_program
+from conformance.ops import NAME_OPS, OPS, SCALE_OP
 from conformance.policy import KINDS
+from generators.irgrad import jvp_ops, vjp_ops
 
 SIMPLEST_POLICY = {"kind": next(iter(KINDS))}
+SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement derivative rules
 
 
 def _refs(stmt: dict) -> set[str]:
@@ -90,19 +92,161 @@ def _at(obj: dict, path: tuple) -> dict:
     return x
 
 
+# -- custom rules re-derived after a rewrite of the primal code they differentiate ----------
+
+def _all_ids(obj: dict) -> set[str]:
+    ids = {i["id"] for i in obj["inputs"]}
+    for s in obj["body"]:
+        ids |= _refs(s)
+    stack = list(obj["body"])
+    while stack:   # op outputs and rule-local ids
+        x = stack.pop()
+        if isinstance(x, dict):
+            if x.get("kind") == "op":
+                ids.add(x["out"])
+            ids.update(a for a in x.get("tangents", []) + x.get("cts", []) if isinstance(a, str))
+            for k in ("body", "fwd", "bwd", "jvp"):
+                stack.extend(x.get(k, []))
+    return ids
+
+
+def _scaled(rule: list, results: list) -> tuple[int, float] | None:
+    """(index, factor) of the result a deliberately non-standard rule scales, if one."""
+    for s in rule:
+        if s["kind"] == "op" and s["op"] == SCALE_OP and s["out"] in results:
+            return results.index(s["out"]), s["params"]["c"]
+    return None
+
+
+def _rederive(body: list, types: dict, fresh) -> list:
+    """`body` with every custom rule in it derived again from its primal code (as the generator
+    derives it: true derivative, the same result scaled when the rule scaled one). Raises
+    ValueError where a rule is not made of plain ops."""
+    out = []
+    for s in body:
+        if s["kind"] == "checkpoint":
+            s = {**s, "body": _rederive(s["body"], types, fresh)}
+        elif s["kind"] == "custom_jvp":
+            ops = [Op.model_validate(x) for x in s["body"]]   # ValueError: not plain ops
+            jvp, tan = jvp_ops(ops, types, s["args"], s["tangents"], fresh)
+            res = [tan[r] for r in s["results"]]
+            jvp, res = _rescale(jvp, res, _scaled(s["jvp"], s["jvp_results"]), fresh)
+            s = {**s, "jvp": [o.model_dump(mode="json") for o in jvp], "jvp_results": res}
+        elif s["kind"] == "custom_vjp":
+            fwd = _rederive(s["fwd"], types, fresh)
+            flat = [Op.model_validate(x) for t in fwd for x in (t["body"] if t["kind"] == "custom_jvp" else [t])]
+            bwd, argct, used = vjp_ops(flat, types, s["results"], s["cts"], s["args"], fresh)
+            res = [argct.get(a) for a in s["args"]]
+            bwd, res = _rescale(bwd, res, _scaled(s["bwd"], s["bwd_results"]), fresh)
+            order = {a: i for i, a in enumerate(s["args"] + [o.out for o in flat])}
+            s = {**s, "fwd": fwd, "bwd": [o.model_dump(mode="json") for o in bwd], "bwd_results": res,
+                 "residuals": sorted(used, key=order.__getitem__)}
+        out.append(s)
+    return out
+
+
+def _rescale(rule: list, results: list, scaled, fresh):
+    if scaled is not None and results[scaled[0]] is not None:
+        o = fresh()
+        rule = rule + [Op(op=SCALE_OP, args=[results[scaled[0]]], params={"c": scaled[1]}, out=o)]
+        results = results[:scaled[0]] + [o] + results[scaled[0] + 1:]
+    return rule, results
+
+
+def _rule_ops(body: list, path=(), in_rule=False) -> Iterator[tuple[tuple, dict]]:
+    """(path, op) for the ops of custom rules' primal code (custom_vjp fwd, custom_jvp body)."""
+    for i, s in enumerate(body):
+        if s["kind"] == "op":
+            if in_rule:
+                yield path + (i,), s
+        else:
+            key = {"checkpoint": "body", "custom_vjp": "fwd", "custom_jvp": "body"}[s["kind"]]
+            yield from _rule_ops(s[key], path + (i, key), in_rule or s["kind"] != "checkpoint")
+
+
+def _in_rule(obj: dict, path: tuple) -> bool:
+    """Whether the statement at `path` is inside a custom rule's primal code."""
+    x = obj["body"]
+    for p in path[:-1]:
+        x = x[p]
+        if isinstance(x, dict) and x.get("kind") in _RULES:
+            return True
+    return False
+
+
+def _rederive_all(obj: dict, types: dict, path: tuple) -> dict | None:
+    """`obj` after a rewrite of the statement at `path`: when that is inside a custom rule's
+    primal code, every rule derived again from its primal code (the primal values keep their
+    `types`); None where a rule cannot be."""
+    if not _in_rule(obj, path):
+        return obj
+    taken = _all_ids(obj)
+    n = [0]
+
+    def fresh():
+        while f"r{n[0]}" in taken:
+            n[0] += 1
+        taken.add(f"r{n[0]}")
+        return f"r{n[0]}"
+    try:
+        return {**obj, "body": _rederive(obj["body"], types, fresh)}
+    except (ValueError, KeyError):
+        return None
+
+
+def _simpler_ops(obj: dict, prog: Program) -> Iterator[dict]:
+    """One unary op of a custom rule's primal code, of an unchanged type, replaced by
+    SIMPLEST_OP, the rules that differentiate it derived again (a residual the old op's
+    derivative read goes with it). Plain code keeps its ops: they are what policies decide on."""
+    types = prog.types()
+    for path, s in _rule_ops(obj["body"]):
+        if (s["op"] == SIMPLEST_OP or s["op"] in NAME_OPS or len(s["args"]) != 1
+                or OPS[s["op"]].arity != 1 or types.get(s["out"]) != types.get(s["args"][0])):
+            continue
+        o = copy.deepcopy(obj)
+        _at(o, path).update(op=SIMPLEST_OP, params={})
+        if (r := _rederive_all(o, types, path)) is not None:
+            yield r
+
+
+_RULES = {"custom_vjp": ("bwd", "bwd_results"), "custom_jvp": ("jvp", "jvp_results")}
+
+
+def _unscaled(obj: dict) -> Iterator[dict]:
+    """One deliberately non-standard rule made standard: its scale statement dropped."""
+    for path, s in _statements(obj["body"]):
+        if s["kind"] not in _RULES:
+            continue
+        rule, results = _RULES[s["kind"]]
+        sc = _scaled(s[rule], s[results])
+        if sc is None:
+            continue
+        o = copy.deepcopy(obj)
+        blk = _at(o, path)
+        op = next(x for x in blk[rule] if x["kind"] == "op" and x["out"] == blk[results][sc[0]])
+        blk[rule].remove(op)
+        blk[results][sc[0]] = op["args"][0]
+        yield o
+
+
 def candidates(prog: Program) -> Iterator[Program]:
     """Rewrites of `prog`, simplest first: dead statements removed; one program output dropped
-    (and what only it needed); one region inlined; one checkpoint name dropped; one region's
-    policy replaced by the simplest kind."""
+    (and what only it needed); one region inlined; one custom rule's block inlined; one op
+    bypassed (a checkpoint name, or an op one of whose arguments has its type); one unary op of
+    a custom rule replaced by the simplest one; one non-standard rule made standard; one
+    region's policy replaced by the simplest kind. Rules whose primal code changed are derived
+    again from it, as the generator derives them."""
     obj = prog.to_json_obj()
     seen = {prog.content_hash()}
 
     def emit(o):
+        if o is None:
+            return None
         try:
             p = load_program(o)
         except ProgramError:
             return None
-        if p.content_hash() in seen or p.size() > prog.size():
+        if p.content_hash() in seen or p.size() > prog.size() or not p.body:
             return None
         seen.add(p.content_hash())
         return p
@@ -118,12 +262,29 @@ def candidates(prog: Program) -> Iterator[Program]:
         _at(o, path[:-1])[path[-1]:path[-1] + 1] = region["body"]
         if (p := emit(o)) is not None:
             yield p
-    for path, s in _statements(obj["body"]):   # a name dropped: its readers read what it names
-        if s["kind"] == "op" and s["op"] in NAME_OPS:
+    types = prog.types()
+    for path, s in _statements(obj["body"]):   # a custom rule's block inlined: its primal code
+        if s["kind"] in _RULES:
+            o = copy.deepcopy(obj)
+            _at(o, path[:-1])[path[-1]:path[-1] + 1] = s["fwd" if s["kind"] == "custom_vjp" else "body"]
+            if (p := emit(_rederive_all(o, types, path))) is not None:
+                yield p
+    for path, s in _statements(obj["body"]):   # an op bypassed: its readers read an argument of its type
+        if s["kind"] != "op":
+            continue
+        for a in dict.fromkeys(s["args"]):
+            if s["op"] not in NAME_OPS and types.get(a) != types.get(s["out"]):
+                continue
             o = copy.deepcopy(obj)
             del _at(o, path[:-1])[path[-1]]
-            if (p := emit(_substitute(o, s["out"], s["args"][0]))) is not None:
+            if (p := emit(_rederive_all(_substitute(o, s["out"], a), types, path))) is not None:
                 yield p
+    for o in _simpler_ops(obj, prog):
+        if (p := emit(o)) is not None:
+            yield p
+    for o in _unscaled(obj):
+        if (p := emit(o)) is not None:
+            yield p
     for path, region in _regions(obj["body"]):
         if region["policy"] == SIMPLEST_POLICY:
             continue

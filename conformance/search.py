@@ -48,7 +48,7 @@ RESULTS_SCHEMA = 1
 # Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
 SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
 # Evaluations of IR reductions after Hypothesis's shrink (conformance.reduce), per target.
-REDUCE_STEPS = 16
+REDUCE_STEPS = 32
 
 
 class _Found(Exception):

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+
+import numpy as np
 import time
 from collections import Counter
 
@@ -168,3 +170,62 @@ def test_sibling_keys_are_added_to_existing_entries(tmp_path):
     assert ["gradient", twin, "jax:none", ""] in f.reproduces and ["gradient", twin, "ref:f64", "stale"] in f.reproduces
     assert CorpusEntry.model_validate(json.loads(entry.read_text())).program == obj["program"]
     assert gone.read_text() == before
+
+
+def _rule_program():
+    """checkpoint { custom_vjp { fwd: custom_jvp { sin } ; bwd: 3 * cos(x0) * g } } with the
+    custom_jvp's tangent rule scaled the same way: the generator's form of such a block."""
+    cjvp = {"kind": "custom_jvp", "args": ["x0"], "body": [op("sin", ["x0"], "v1")], "results": ["v1"],
+            "tangents": ["t2"], "jvp": [op("cos", ["x0"], "j3"), op("mul", ["t2", "j3"], "j4"),
+                                        {**op("scale", ["j4"], "j5"), "params": {"c": 3.0}}], "jvp_results": ["j5"]}
+    cvjp = {"kind": "custom_vjp", "args": ["x0"], "fwd": [cjvp], "results": ["v1"], "residuals": ["x0"],
+            "cts": ["g6"], "bwd": [op("cos", ["x0"], "b7"), op("mul", ["g6", "b7"], "b8"),
+                                   {**op("scale", ["b8"], "b9"), "params": {"c": 3.0}}], "bwd_results": ["b9"]}
+    return load_program({**PROG, "outputs": ["v1"], "body": [
+        {"kind": "checkpoint", "args": ["x0"], "prevent_cse": True, "policy": SIMPLEST_POLICY,
+         "results": ["v1"], "body": [cvjp]}]})
+
+
+def test_custom_rule_ops_become_the_simplest_op_with_their_rules_derived_again():
+    prog = _rule_program()
+    cands = [c for c in candidates(prog) if "op:neg" in c.features()]
+    assert len(cands) == 1
+    simple = cands[0]
+    cvjp = simple.to_json_obj()["body"][0]["body"][0]
+    cjvp = cvjp["fwd"][0]
+    assert cjvp["body"] == [op("neg", ["x0"], "v1")]
+    # the residual sin's derivative read is gone with it; both rules keep their scale
+    assert cvjp["residuals"] == [] and "residual_is_arg" not in simple.features()
+    assert [s["op"] for s in cvjp["bwd"]] == ["neg", "scale"] and [s["op"] for s in cjvp["jvp"]] == ["neg", "scale"]
+    assert simple.size() == prog.size() - 2
+    # the rules are still the derivative of the new primal code, scaled by 3: d/dx sum(-x) * 3
+    x = np.array([0.3, -1.2])
+    obs = InProcessExecutor("cpu").run(simple, {"x0": x}, ["ref:f64"])["ref:f64"]
+    np.testing.assert_allclose(np.asarray(obs.grads["x0"]), [-3.0, -3.0])
+    # plain code keeps its ops (policies decide on them)
+    assert not any("op:neg" in c.features() for c in candidates(load_program(PROG)))
+
+
+def test_non_standard_rules_are_made_standard_one_at_a_time():
+    prog = _rule_program()
+    cands = [c.to_json_obj()["body"][0]["body"][0] for c in candidates(prog)
+             if c.size() == prog.size() - 1 and "op:sin" in c.features() and "checkpoint" in c.features()]
+    bwds = [c for c in cands if [s["op"] for s in c["bwd"]] == ["cos", "mul"]]
+    jvps = [c for c in cands if [s["op"] for s in c["fwd"][0]["jvp"]] == ["cos", "mul"]]
+    assert len(bwds) == 1 and bwds[0]["bwd_results"] == ["b8"] and bwds[0]["fwd"][0]["jvp_results"] == ["j5"]
+    assert len(jvps) == 1 and jvps[0]["fwd"][0]["jvp_results"] == ["j4"] and jvps[0]["bwd_results"] == ["b9"]
+
+
+def test_custom_rule_blocks_are_inlined_and_ops_bypassed():
+    prog = _rule_program()
+    kinds = [[s["kind"] for s in c.to_json_obj()["body"][0].get("body", [])] for c in candidates(prog)]
+    # the custom_vjp inlined: the region holds its fwd (the custom_jvp)
+    assert ["custom_jvp"] in kinds
+    # the custom_jvp inlined into the fwd: sin's derivative rule derived again, scale kept
+    inl = next(c.to_json_obj()["body"][0]["body"][0] for c in candidates(prog)
+               if c.to_json_obj()["body"][0].get("body", [{}])[0].get("fwd", [{}])[0].get("kind") == "op")
+    assert inl["fwd"] == [op("sin", ["x0"], "v1")] and inl["residuals"] == ["x0"]
+    assert [s["op"] for s in inl["bwd"]] == ["cos", "mul", "scale"]
+    # plain code: exp bypassed, its reader (the output) reads its argument v2
+    bypassed = [c.to_json_obj() for c in candidates(load_program(PROG))]
+    assert any(b["outputs"] == ["v1", "v2"] and all(s.get("op") != "exp" for s in b["body"]) for b in bypassed)
