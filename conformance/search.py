@@ -372,11 +372,14 @@ class Searcher:
 
     def _reduce(self, t: Target) -> None:
         """After Hypothesis: IR rewrites of the shrunk program (`conformance.reduce`), each kept
-        when the target's verdict still fails, until none applies or REDUCE_STEPS evaluations."""
+        when the target's verdict still fails, until none applies, REDUCE_STEPS evaluations or
+        the target's shrink time (once more, for these)."""
         names, limit = needed_pipelines(t.key, self.opts.pipelines), t.steps + REDUCE_STEPS
+        budget = self.shrink_seconds(t.key)
+        deadline = time.monotonic() + budget
         while True:   # each pass ends in a kept rewrite (a step) or returns
             for cand in candidates(t.program):
-                if t.steps >= limit or self.should_stop(grace=self.shrink_seconds(t.key)):
+                if t.steps >= limit or time.monotonic() >= deadline or self.should_stop(grace=budget):
                     return
                 h = (cand.content_hash(), t.seed)
                 if h in t.tried and not t.tried[h]:

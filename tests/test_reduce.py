@@ -1,6 +1,7 @@
 """IR reductions after the shrink (conformance.reduce) and their use by the campaign."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -121,6 +122,25 @@ def test_the_searcher_reports_the_reduced_program():
         obs = InProcessExecutor().run(c, inputs, pipes)
         assert all(v.key() != f.key() for v in judge(c, obs, Expectations.load(), "cpu").failures()), c.to_json()
 
+
+
+def test_the_reductions_stop_at_the_targets_shrink_time():
+    """Reductions of a compiled-torch target take seconds each: they get the target's shrink
+    time once more and no longer (here none: the first candidate is not evaluated)."""
+    names = list(registry.REFERENCES) + ["jax:mutant-perturb-gradient"]
+    opts = Options(pipelines=names, budget=600, max_examples=1, seed=5, shrink_steps=1, shrink_seconds=1e-9)
+    s = Searcher(opts, InProcessExecutor(), Expectations.load(), lambda e: None, [], set(), Counter(),
+                 lambda grace=0: False)
+    prog = load_program(PROG)
+    _, obs, j = s.evaluate(prog, 7, names)
+    v = next(v for v in j.failures() if v.pipeline == "jax:mutant-perturb-gradient" and v.check == "gradient")
+    t = Target(key=v.key(), program=prog, seed=7, verdict=v, observations=obs, original_size=prog.size(),
+               origin=(prog.content_hash(), 7), started=time.monotonic())
+    s._reduce(t)
+    assert t.steps == 0 and t.program is prog
+    s.opts = dataclasses.replace(opts, shrink_seconds=600.0)
+    s._reduce(t)
+    assert t.steps > 0 and t.program.size() < prog.size()
 
 def test_a_hand_reduced_program_becomes_a_corpus_entry_when_its_key_still_fails(tmp_path):
     """tools/corpus_entry.py: judged on the key's pipelines; an entry written only when it fails."""
