@@ -18,6 +18,7 @@ from conformance import __version__
 from conformance import pipelines as registry
 from conformance.files import read_text
 from conformance.findings import CorpusEntry, Finding
+from conformance.loading import corpus_entry_stem
 from conformance.search import (RESULTS_SCHEMA, Searcher, merge_finding, needed_pipelines,  # noqa: F401
                                 replay_pipelines, same_behaviour)
 from conformance.store import Store
@@ -238,7 +239,8 @@ class Campaign:
 
     def _write_corpus(self, f: Finding) -> None:
         entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=f.versions)
-        self.store.write_corpus(f.program_hash, entry.model_dump(mode="json"))
+        # named by check, pipeline and program: two findings of one program keep two entries
+        self.store.write_corpus(corpus_entry_stem(f.check, f.pipeline, f.program_hash), entry.model_dump(mode="json"))
 
     # -- the search --------------------------------------------------------------------
     def run(self) -> None:

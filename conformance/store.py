@@ -1,5 +1,5 @@
 """The campaign's output directory: run.json, results.jsonl (append-only, each record flushed and
-synced before it counts), findings.json and corpus/<hash>.json (written atomically), summary.md.
+synced before it counts), findings.json and corpus/<check>-<pipeline>-<hash8>.json (written atomically), summary.md.
 
 results.jsonl invariants (what --resume relies on): one JSON object per line; "result" records
 carry a unique `seq` (assigned here) and a unique (hash, seed); a line torn by a kill in the

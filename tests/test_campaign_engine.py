@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import json
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -136,3 +137,18 @@ def test_every_new_behaviour_of_one_program_is_shrunk(tmp_path):
     assert origins == {(result["hash"], result["seed"])}
     assert {tuple(k)[:3] for k in result["new"]} >= {("gradient", TWO_BUGS, "jax:none"),
                                                    ("residuals", TWO_BUGS, "jax:remat2")}
+
+
+def test_two_findings_of_one_program_keep_two_corpus_entries(tmp_path):
+    """Two behaviours shrunk to the same program (eager SAC against JAX, and compiled against
+    eager SAC, torch campaign seed 21) are two corpus entries, each with its own finding."""
+    camp = Campaign(Options(pipelines=["jax:remat3"]), Store(tmp_path / "out"), None, None)
+    a = _finding("p:a").model_copy(update={"program_hash": "ab" * 8})
+    b = _finding("p:b").model_copy(update={"program_hash": "ab" * 8})
+    for f in (a, b):
+        camp.handle({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": ["ab" * 8, 0],
+                     "shrink_steps": 1, "size": 1, "original_size": 1})
+    files = sorted(p.name for p in (tmp_path / "out" / "corpus").glob("*.json"))
+    assert files == ["gradient-p_a-abababab.json", "gradient-p_b-abababab.json"]
+    pipes = {json.loads((tmp_path / "out" / "corpus" / n).read_text())["finding"]["pipeline"] for n in files}
+    assert pipes == {"p:a", "p:b"}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.loading import corpus_entry_stem
 from tests.programs import seed_program
 
 CLI = [sys.executable, "-m", "conformance.cli"]
@@ -126,7 +127,7 @@ def test_short_campaign_writes_every_output(tmp_path):
     for f in findings:
         assert set(f) >= {"signature", "check", "pipeline", "reference", "features", "program", "detail",
                           "versions", "count"}
-        assert (out / "corpus" / f"{f['program_hash']}.json").exists()
+        assert (out / "corpus" / f"{corpus_entry_stem(f['check'], f['pipeline'], f['program_hash'])}.json").exists()
     assert "programs checked" in (out / "summary.md").read_text()
     # a second run into the same directory is refused without --overwrite, accepted with it
     assert run("run", "--out", str(out), "--budget", "1").returncode == 2
@@ -149,7 +150,8 @@ def test_run_known_counts_tracked_behaviours_instead_of_reporting_them(tmp_path)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for f in found:
-        (corpus / f"{f['program_hash']}.json").write_text((first / "corpus" / f"{f['program_hash']}.json").read_text())
+        name = f"{corpus_entry_stem(f['check'], f['pipeline'], f['program_hash'])}.json"
+        (corpus / name).write_text((first / "corpus" / name).read_text())
     second = tmp_path / "second"
     r = subprocess.run(CLI + args + ["--out", str(second), "--known", str(corpus)], capture_output=True, text=True,
                        timeout=300, env=env)
@@ -157,7 +159,8 @@ def test_run_known_counts_tracked_behaviours_instead_of_reporting_them(tmp_path)
     again = json.loads((second / "findings.json").read_text())
     assert [f for f in again if f["tracked"] is None] == []
     seen = [f for f in again if f["tracked"] is not None and f["count"]]
-    assert {f["tracked"] for f in seen} <= {f"{f['program_hash']}.json" for f in found} and seen
+    assert {f["tracked"] for f in seen} <= {f"{corpus_entry_stem(f['check'], f['pipeline'], f['program_hash'])}.json"
+                                            for f in found} and seen
     # the program whose shrink gave the entry is counted under it this time, not shrunk again
     origins = lambda d: [json.loads(l)["origin"] for l in (d / "results.jsonl").read_text().splitlines()
                          if json.loads(l).get("type") == "finding"]

@@ -70,7 +70,7 @@ def keep_variants(variants: list[dict], out: Path, dest: Path) -> list[Path]:
     for f in variants:
         dest.mkdir(parents=True, exist_ok=True)
         p = dest / f"{corpus_entry_stem(f['check'], f['pipeline'], f['program_hash'])}.json"
-        p.write_text((out / "corpus" / f"{f['program_hash']}.json").read_text())
+        p.write_text((out / "corpus" / p.name).read_text())
         kept.append(p)
     return kept
 
@@ -86,7 +86,7 @@ def test_new_keys_fail_and_variants_of_tracked_keys_are_reported(tmp_path):
     entry = sorted(REG.glob("residuals-jax_remat3-*.json"))[0]
     (tmp_path / "o" / "corpus").mkdir(parents=True)
     h = json.loads(entry.read_text())["finding"]["program_hash"]
-    (tmp_path / "o" / "corpus" / f"{h}.json").write_text(entry.read_text())
+    (tmp_path / "o" / "corpus" / entry.name).write_text(entry.read_text())
     kept = keep_variants([{**f, "program_hash": h}], tmp_path / "o", tmp_path / "keep")
     assert [p.name for p in kept] == [f"residuals-jax_remat3-{h[:8]}.json"]
     assert [x.key() for x in load_known([str(kept[0])])] == [finding_key(json.loads(entry.read_text())["finding"])]
@@ -130,5 +130,5 @@ def test_fresh_campaign_finds_only_known_behaviours(gate, tmp_path):
                     f"(signature {f['signature']}; {f['size']} statements)\n"
                     f"  program: {json.dumps(f['program'])}\n  inputs: {json.dumps(f['inputs'])}"
                     for f in new)
-        + "\nJudge each (DESIGN.md): a framework discrepancy -> copy its corpus/<hash>.json into "
+        + "\nJudge each (DESIGN.md): a framework discrepancy -> copy its corpus entry into "
           "tests/regressions/; a documented difference -> an expectation; a harness bug -> fix it.")

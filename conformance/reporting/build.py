@@ -6,6 +6,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from conformance.loading import corpus_entry_stem
 from conformance.verdict import CHECK_RANK, CHECKS
 from conformance.reporting.inputs import READS_SCHEMA, REPORT_SCHEMA_VERSION, ReportInputError, RunData
 
@@ -97,7 +98,7 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
         "program_hash": f.program_hash, "size": f.size, "original_size": f.original_size,
         "expectation": f.expectation, "tracked": f.tracked, "versions": f.versions, "flags": f.flags, "device": f.device, "cells": cells,
         "pseudo_code": code, "detail": detail, "sides": sides,
-        "repro_command": f"remat-conformance repro corpus/{f.program_hash}.json --framework "
+        "repro_command": f"remat-conformance repro corpus/{corpus_entry_stem(f.check, f.pipeline, f.program_hash)}.json --framework "
                          f"{repro.frameworks_for(f)[0]}",
         "repro": _repros(f) if with_repro else {},
         "finding": f.model_dump(mode="json"),

@@ -17,7 +17,7 @@ def configure_parser(subparsers) -> None:
     p = subparsers.add_parser("repro", help="write a standalone reproducer script for a finding",
                               description="Print (or write) a standalone Python script, importing only the "
                                           "framework and numpy, that reproduces a corpus entry's finding.")
-    p.add_argument("file", metavar="ENTRY_OR_PROGRAM", help="corpus entry (corpus/<hash>.json) or bare program JSON")
+    p.add_argument("file", metavar="ENTRY_OR_PROGRAM", help="corpus entry (corpus/<check>-<pipeline>-<hash8>.json) or bare program JSON")
     p.add_argument("--framework", choices=registry.FRAMEWORKS, default=None,
                    help="framework of the script (default: the finding's)")
     p.add_argument("--pipeline", default=None, help="pipeline to run (default: the finding's)")
