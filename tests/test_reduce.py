@@ -97,50 +97,52 @@ def test_candidates_inline_regions_and_drop_names():
     assert all(load_program(c).size() < prog.size() for c in (no_a, no_b))
 
 
-def test_the_searcher_reports_the_reduced_program():
-    """A gradient mutant fails on every program: a shrink target left as PROG (Hypothesis's
-    budget spent) is reported reduced to one output and only what the failure needs, with the
-    reduction's evaluations counted in its shrink steps."""
-    names = list(registry.REFERENCES) + ["jax:mutant-perturb-gradient"]
-    opts = Options(pipelines=names, budget=600, max_examples=1, seed=5, shrink_steps=1)
-    events = []
+MUTANT = "jax:mutant-perturb-gradient"
+MUTANT_RUN = list(registry.REFERENCES) + [MUTANT]
+
+
+def _mutant_target(events: list, **opts) -> tuple[Searcher, Target]:
+    """A Searcher over a gradient mutant (it fails on every program) and its shrink target PROG,
+    left as is (Hypothesis's budget spent)."""
+    opts = Options(pipelines=MUTANT_RUN, budget=600, max_examples=1, seed=5, shrink_steps=1, **opts)
     s = Searcher(opts, InProcessExecutor(), Expectations.load(), events.append, [], set(), Counter(),
                  lambda grace=0: False)
     prog = load_program(PROG)
-    _, obs, j = s.evaluate(prog, 7, names)
-    v = next(v for v in j.failures() if v.pipeline == "jax:mutant-perturb-gradient" and v.check == "gradient")
-    t = Target(key=v.key(), program=prog, seed=7, verdict=v, observations=obs, original_size=prog.size(),
-               origin=(prog.content_hash(), 7), started=time.monotonic())
+    _, obs, j = s.evaluate(prog, 7, MUTANT_RUN)
+    v = next(v for v in j.failures() if v.pipeline == MUTANT and v.check == "gradient")
+    return s, Target(key=v.key(), program=prog, seed=7, verdict=v, observations=obs, original_size=prog.size(),
+                     origin=(prog.content_hash(), 7), started=time.monotonic())
+
+
+def test_the_searcher_reports_the_reduced_program():
+    """The mutant's target is reported reduced to one output and only what the failure needs,
+    with the reduction's evaluations counted in its shrink steps."""
+    events = []
+    s, t = _mutant_target(events)
+    prog = t.program
     s._finish(t)
     f = Finding.model_validate(next(e for e in events if e["ev"] == "finding")["finding"])
     small = load_program(f.program)
     assert f.original_size == prog.size() and f.size < prog.size() and len(small.outputs) == 1, f.program
     assert 0 < f.shrink_steps <= REDUCE_STEPS
     # no reduction of what is reported still fails the mutant's way
-    inputs, pipes = decode_inputs(f.inputs), needed_pipelines(f.key(), names)
+    inputs, pipes = decode_inputs(f.inputs), needed_pipelines(f.key(), MUTANT_RUN)
     for c in candidates(small):
         obs = InProcessExecutor().run(c, inputs, pipes)
         assert all(v.key() != f.key() for v in judge(c, obs, Expectations.load(), "cpu").failures()), c.to_json()
 
 
-
 def test_the_reductions_stop_at_the_targets_shrink_time():
     """Reductions of a compiled-torch target take seconds each: they get the target's shrink
     time once more and no longer (here none: the first candidate is not evaluated)."""
-    names = list(registry.REFERENCES) + ["jax:mutant-perturb-gradient"]
-    opts = Options(pipelines=names, budget=600, max_examples=1, seed=5, shrink_steps=1, shrink_seconds=1e-9)
-    s = Searcher(opts, InProcessExecutor(), Expectations.load(), lambda e: None, [], set(), Counter(),
-                 lambda grace=0: False)
-    prog = load_program(PROG)
-    _, obs, j = s.evaluate(prog, 7, names)
-    v = next(v for v in j.failures() if v.pipeline == "jax:mutant-perturb-gradient" and v.check == "gradient")
-    t = Target(key=v.key(), program=prog, seed=7, verdict=v, observations=obs, original_size=prog.size(),
-               origin=(prog.content_hash(), 7), started=time.monotonic())
+    s, t = _mutant_target([], shrink_seconds=1e-9)
+    prog = t.program
     s._reduce(t)
     assert t.steps == 0 and t.program is prog
-    s.opts = dataclasses.replace(opts, shrink_seconds=600.0)
+    s.opts = dataclasses.replace(s.opts, shrink_seconds=600.0)
     s._reduce(t)
     assert t.steps > 0 and t.program.size() < prog.size()
+
 
 def test_a_hand_reduced_program_becomes_a_corpus_entry_when_its_key_still_fails(tmp_path):
     """tools/corpus_entry.py: judged on the key's pipelines; an entry written only when it fails."""
