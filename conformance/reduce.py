@@ -14,7 +14,7 @@ from typing import Iterator
 from conformance.ir import Op, Program, ProgramError, load_program
 from conformance.ops import NAME_OPS, OPS, SCALE_OP
 from conformance.policy import KINDS
-from generators.irgrad import jvp_ops, vjp_ops
+from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
 
 SIMPLEST_POLICY = {"kind": next(iter(KINDS))}
 SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement derivative rules
@@ -94,6 +94,9 @@ def _at(obj: dict, path: tuple) -> dict:
 
 # -- custom rules re-derived after a rewrite of the primal code they differentiate ----------
 
+_RULES = {"custom_vjp": ("bwd", "bwd_results"), "custom_jvp": ("jvp", "jvp_results")}   # rule, results
+
+
 def _all_ids(obj: dict) -> set[str]:
     ids = {i["id"] for i in obj["inputs"]}
     for s in obj["body"]:
@@ -130,38 +133,20 @@ def _rederive(body: list, types: dict, fresh) -> list:
             ops = [Op.model_validate(x) for x in s["body"]]   # ValueError: not plain ops
             jvp, tan = jvp_ops(ops, types, s["args"], s["tangents"], fresh)
             res = [tan[r] for r in s["results"]]
-            jvp, res = _rescale(jvp, res, _scaled(s["jvp"], s["jvp_results"]), fresh)
+            if (sc := _scaled(s["jvp"], s["jvp_results"])) is not None:
+                jvp, res = scale_result(jvp, res, *sc, fresh)
             s = {**s, "jvp": [o.model_dump(mode="json") for o in jvp], "jvp_results": res}
         elif s["kind"] == "custom_vjp":
             fwd = _rederive(s["fwd"], types, fresh)
             flat = [Op.model_validate(x) for t in fwd for x in (t["body"] if t["kind"] == "custom_jvp" else [t])]
             bwd, argct, used = vjp_ops(flat, types, s["results"], s["cts"], s["args"], fresh)
             res = [argct.get(a) for a in s["args"]]
-            bwd, res = _rescale(bwd, res, _scaled(s["bwd"], s["bwd_results"]), fresh)
-            order = {a: i for i, a in enumerate(s["args"] + [o.out for o in flat])}
+            if (sc := _scaled(s["bwd"], s["bwd_results"])) is not None:
+                bwd, res = scale_result(bwd, res, *sc, fresh)
             s = {**s, "fwd": fwd, "bwd": [o.model_dump(mode="json") for o in bwd], "bwd_results": res,
-                 "residuals": sorted(used, key=order.__getitem__)}
+                 "residuals": residuals_of(used, s["args"], flat)}
         out.append(s)
     return out
-
-
-def _rescale(rule: list, results: list, scaled, fresh):
-    if scaled is not None and results[scaled[0]] is not None:
-        o = fresh()
-        rule = rule + [Op(op=SCALE_OP, args=[results[scaled[0]]], params={"c": scaled[1]}, out=o)]
-        results = results[:scaled[0]] + [o] + results[scaled[0] + 1:]
-    return rule, results
-
-
-def _rule_ops(body: list, path=(), in_rule=False) -> Iterator[tuple[tuple, dict]]:
-    """(path, op) for the ops of custom rules' primal code (custom_vjp fwd, custom_jvp body)."""
-    for i, s in enumerate(body):
-        if s["kind"] == "op":
-            if in_rule:
-                yield path + (i,), s
-        else:
-            key = {"checkpoint": "body", "custom_vjp": "fwd", "custom_jvp": "body"}[s["kind"]]
-            yield from _rule_ops(s[key], path + (i, key), in_rule or s["kind"] != "checkpoint")
 
 
 def _in_rule(obj: dict, path: tuple) -> bool:
@@ -194,22 +179,18 @@ def _rederive_all(obj: dict, types: dict, path: tuple) -> dict | None:
         return None
 
 
-def _simpler_ops(obj: dict, prog: Program) -> Iterator[dict]:
+def _simpler_ops(obj: dict, types: dict) -> Iterator[dict]:
     """One unary op of a custom rule's primal code, of an unchanged type, replaced by
     SIMPLEST_OP, the rules that differentiate it derived again (a residual the old op's
     derivative read goes with it). Plain code keeps its ops: they are what policies decide on."""
-    types = prog.types()
-    for path, s in _rule_ops(obj["body"]):
-        if (s["op"] == SIMPLEST_OP or s["op"] in NAME_OPS or len(s["args"]) != 1
+    for path, s in _statements(obj["body"]):
+        if (s["kind"] != "op" or not _in_rule(obj, path) or s["op"] == SIMPLEST_OP or s["op"] in NAME_OPS or len(s["args"]) != 1
                 or OPS[s["op"]].arity != 1 or types.get(s["out"]) != types.get(s["args"][0])):
             continue
         o = copy.deepcopy(obj)
         _at(o, path).update(op=SIMPLEST_OP, params={})
         if (r := _rederive_all(o, types, path)) is not None:
             yield r
-
-
-_RULES = {"custom_vjp": ("bwd", "bwd_results"), "custom_jvp": ("jvp", "jvp_results")}
 
 
 def _unscaled(obj: dict) -> Iterator[dict]:
@@ -279,7 +260,7 @@ def candidates(prog: Program) -> Iterator[Program]:
             del _at(o, path[:-1])[path[-1]]
             if (p := emit(_rederive_all(_substitute(o, s["out"], a), types, path))) is not None:
                 yield p
-    for o in _simpler_ops(obj, prog):
+    for o in _simpler_ops(obj, types):
         if (p := emit(o)) is not None:
             yield p
     for o in _unscaled(obj):

@@ -99,6 +99,13 @@ def replay_pipelines(key: tuple) -> list[str]:
     return list(dict.fromkeys(list(registry.REFERENCES) + needed_pipelines(key, registry.run_set([key[1]]))))
 
 
+def sibling_keys(j, key: tuple) -> list[list[str]]:
+    """The keys other than `key` of the same check and error type that judgement `j` fails: the
+    pipelines a finding's program also fails the same way (its `reproduces`)."""
+    return sorted([list(v.key()) for v in j.failures()
+                   if v.check == key[0] and (v.error_type or "") == key[3] and v.key() != tuple(key)])
+
+
 def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set) -> Finding | None:
     """The finding a failing verdict `key` of a program (with features `feats`, failing the keys
     `failing`) is an instance of: one of the same key whose shrunk program's core features the
@@ -406,11 +413,9 @@ class Searcher:
         f.shrunk = True
         f.shrink_steps = t.steps
         f.original_size = t.original_size
-        check, _, _, et = t.key
         _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
         f.detail = {**f.detail, "observations": obs_digest({**t.observations, **obs}, t.key[1])}
-        f.reproduces = sorted([list(v.key()) for v in j.failures()
-                               if v.check == check and (v.error_type or "") == et and v.key() != t.key])
+        f.reproduces = sibling_keys(j, t.key)
         if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
             pending = self.deferred[t.origin][0]
             pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from conformance.ir import Op
-from conformance.ops import ACC_OP, OPS
+from conformance.ops import ACC_OP, OPS, SCALE_OP
 
 
 class Vjp:
@@ -47,6 +47,22 @@ def vjp_ops(fwd: list[Op], types: dict, results: list[str], cts: list[str], args
             raise ValueError(f"no derivative rule for {s.op}")
         rule(d, s)
     return d.stmts, {x: d.cts[x] for x in args if x in d.cts}, d.used
+
+
+def scale_result(rule: list[Op], results: list, k: int, c: float, fresh: Callable[[], str]) -> tuple[list[Op], list]:
+    """A deliberately non-standard but well-defined rule: its result k scaled by c (a None
+    result, a zero, stays as it is)."""
+    if results[k] is None:
+        return rule, results
+    o = fresh()
+    return rule + [Op(op=SCALE_OP, args=[results[k]], params={"c": c}, out=o)], results[:k] + [o] + results[k + 1:]
+
+
+def residuals_of(used: set[str], args: list[str], fwd: list[Op]) -> list[str]:
+    """The residuals of a custom_vjp: the values its bwd reads (`vjp_ops`), args first, then fwd
+    values in program order."""
+    order = {a: i for i, a in enumerate(list(args) + [s.out for s in fwd])}
+    return sorted(used, key=order.__getitem__)
 
 
 def jvp_ops(body: list[Op], types: dict, args: list[str], tangents: list[str],

@@ -25,7 +25,7 @@ from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Diff, Input, Op, Pr
 from conformance.policy import KINDS
 from generators.draws import BOOL, draw_int, flag, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
-from generators.irgrad import jvp_ops, vjp_ops
+from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
 
 # Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
 # that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
@@ -516,10 +516,8 @@ class _Gen:
         jvp_results = [tan[r] for r in results]
         # A deliberately non-standard but well-defined rule: scale one result's tangent.
         if it.nonstandard is not None:
-            k = it.nonstandard % len(results)
-            o = self.fresh("j")
-            jvp.append(Op(op=O.SCALE_OP, args=[jvp_results[k]], params={"c": 3.0}, out=o))
-            jvp_results[k] = o
+            jvp, jvp_results = scale_result(jvp, jvp_results, it.nonstandard % len(results), 3.0,
+                                            lambda: self.fresh("j"))
         return CustomJVP(args=args, body=body, results=results, tangents=tangents, jvp=jvp, jvp_results=jvp_results)
 
     def _export(self, s: CustomJVP, used: set[str]) -> CustomJVP:
@@ -544,13 +542,9 @@ class _Gen:
         bwd_results = [argct.get(a) for a in args]
         # A deliberately non-standard but well-defined rule: scale one arg's cotangent.
         if it.nonstandard is not None:
-            k = it.nonstandard % len(args)
-            if bwd_results[k] is not None:
-                o = self.fresh("b")
-                bwd.append(Op(op=O.SCALE_OP, args=[bwd_results[k]], params={"c": 3.0}, out=o))
-                bwd_results[k] = o
-        order = {a: i for i, a in enumerate(args + [s.out for s in flat])}
-        residuals = sorted(used, key=order.__getitem__)
+            bwd, bwd_results = scale_result(bwd, bwd_results, it.nonstandard % len(args), 3.0,
+                                            lambda: self.fresh("b"))
+        residuals = residuals_of(used, args, flat)
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
                          optimize_remat=it.optimize_remat, spelling=it.spelling, residual_tree=it.residual_tree,

@@ -42,16 +42,10 @@ def replay(prog, inputs, key: tuple, also=()):
     return obs, j, next((v for v in j.failures() if v.key() == tuple(key)), None)
 
 
-def siblings(j, key: tuple) -> list[list[str]]:
-    """The other keys of the same check and error type that the judgement fails (as the campaign
-    records a finding's `reproduces`)."""
-    return sorted([list(w.key()) for w in j.failures()
-                   if w.check == key[0] and (w.error_type or "") == key[3] and w.key() != tuple(key)])
-
-
 def refresh_siblings(paths: list[str]) -> int:
     from conformance.findings import CorpusEntry
     from conformance.loading import load_program_file
+    from conformance.search import sibling_keys
     for path in paths:
         if Path(path).name == "status.json":
             continue
@@ -60,7 +54,7 @@ def refresh_siblings(paths: list[str]) -> int:
         if v is None:
             print(f"{path}: {'|'.join(f.key())} no longer fails; left as it is")
             continue
-        new = [s for s in siblings(j, f.key()) if s not in f.reproduces]
+        new = [s for s in sibling_keys(j, f.key()) if s not in f.reproduces]
         if new:
             entry = CorpusEntry.model_validate(json.loads(Path(path).read_text()))
             entry.finding.reproduces = sorted(f.reproduces + new)
@@ -82,7 +76,7 @@ def main(argv=None) -> int:
         return refresh_siblings(a.siblings)
     from conformance.findings import CorpusEntry, make_finding
     from conformance.loading import corpus_entry_stem, load_program_file
-    from conformance.search import obs_digest
+    from conformance.search import obs_digest, sibling_keys
     from generators.programs import input_values
 
     if a.program is None or a.out is None or (a.like is None) == (a.key is None):
@@ -100,7 +94,7 @@ def main(argv=None) -> int:
     f = make_finding(v, prog, inputs, o.versions, o.flags, "cpu")
     f.shrunk = True
     f.detail = {**f.detail, "observations": obs_digest(obs, key[1])}
-    f.reproduces = siblings(j, key)
+    f.reproduces = sibling_keys(j, key)
     entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=o.versions)
     out = Path(a.out) / f"{corpus_entry_stem(f.check, f.pipeline, f.program_hash)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
