@@ -6,7 +6,7 @@ Program layer: imports the IR and the op table only.
 from __future__ import annotations
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Op, Program, infer_types, is_name, walk
+from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Op, Program, Scan, infer_types, is_name, walk
 from conformance.policy import POLICY_KINDS, combines, offloads
 
 # Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
@@ -45,8 +45,18 @@ FEATURE_DOC: dict[str, str] = {
     "custom_jvp_in_checkpoint": "a custom_jvp block inside a checkpoint region",
     "custom_jvp_in_fwd": "a custom_jvp block inside a custom_vjp fwd rule",
     "names_in_custom_jvp": "checkpoint names in a custom_jvp body (its jvp rule runs them too)",
+    "scan": "a lax.scan (PyTorch: a Python loop over the body)",
+    "scan_xs": "a scan over a stacked sequence (its xs, e.g. per-layer weights)",
+    "scan_unroll": "a scan with unroll > 1",
+    "checkpoint_in_scan": "a checkpoint region inside a scan body (the checkpointed layer of a scanned model)",
+    "scan_in_checkpoint": "a scan inside a checkpoint region (jax.checkpoint around a whole scan)",
+    "names_in_scan": "checkpoint names inside a scan body",
     **O.FEATURE_DOC,
-    "second_order": "grad of grad",
+    "second_order": "a second-order program (H @ ones), in any mode",
+    "fwd_over_rev": "second order as jvp of grad (forward over reverse: a Hessian-vector product)",
+    "rev_over_fwd": "second order as grad of a jvp (reverse over forward)",
+    "linearize": "second order as jax.linearize of grad, applied to ones",
+    "forward_ad": "a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)",
     "float32": "a float32 value",
     "float64": "a float64 value",
 }
@@ -115,6 +125,21 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("custom_jvp_in_fwd")
             if any(is_name(x) for x, _, _, _ in walk(s.body)):
                 f.add("names_in_custom_jvp")
+        elif isinstance(s, Scan):
+            f.add("scan")
+            if s.xs:
+                f.add("scan_xs")
+            if s.unroll > 1:
+                f.add("scan_unroll")
+            if depth >= 1:
+                f.add("scan_in_checkpoint")
+            inner = [x for x, _, _, _ in walk(s.body)]
+            if any(isinstance(x, Checkpoint) for x in inner):
+                f.add("checkpoint_in_scan")
+            if any(is_name(x) for x in inner):
+                f.add("names_in_scan")
+            for r in s.carry_out + s.ys:
+                reads[r] = reads.get(r, 0) + 1
         elif isinstance(s, Op):
             f.add(f"op:{s.op}")
             if is_name(s):
@@ -141,6 +166,8 @@ def compute_features(prog: Program) -> set[str]:
         f.add("nondiff_input")
     if prog.diff.order == 2:
         f.add("second_order")
+        if prog.diff.mode != "reverse":
+            f.update((prog.diff.mode, "forward_ad"))
     if _policy_conflict(prog.body, None):
         f.add("nested_policy_conflict")
     for _, dt in types.values():
@@ -159,6 +186,6 @@ def _policy_conflict(body, outer) -> bool:
                 return True
         elif isinstance(s, CustomVJP) and (_policy_conflict(s.fwd, outer) or _policy_conflict(s.bwd, outer)):
             return True
-        elif isinstance(s, CustomJVP) and _policy_conflict(s.body, outer):
+        elif isinstance(s, (CustomJVP, Scan)) and _policy_conflict(s.body, outer):
             return True
     return False

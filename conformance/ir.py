@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from conformance import ops as O
-from conformance.policy import POLICY_KINDS, Policy, policy_names
+from conformance.policy import POLICY_KINDS, Policy
 
 SCHEMA_VERSION = 1
 DTYPES = ("float32", "float64")
@@ -108,19 +108,61 @@ class CustomJVP(_M):
     jvp_results: list[str]
 
 
-Stmt = Annotated[Union[Op, Checkpoint, CustomVJP, CustomJVP], Field(discriminator="kind")]
+class Scan(_M):
+    """lax.scan over `length` iterations. `args`, the outer values it reads: the carries'
+    initial values (one per `carry`), the stacked sequences it scans over (one per `xs`, leading
+    axis `length`), then the values its body closes over (re-bound to the same ids inside, as a
+    region's args). Each iteration binds `carry` (the carries' current values) and `xs` (this
+    iteration's slices) and runs `body`; `carry_out` (one per carry, same types) are the next
+    carries and `ys` are stacked. `results`: the final carries, then the stacked ys."""
+    kind: Literal["scan"] = "scan"
+    args: list[str]
+    carry: list[str]
+    xs: list[str] = Field(default_factory=list)
+    body: list["Stmt"]
+    carry_out: list[str]
+    ys: list[str] = Field(default_factory=list)
+    results: list[str]
+    length: StrictInt
+    unroll: StrictInt = 1
+
+    def split_args(self) -> tuple[list[str], list[str], list[str]]:
+        """(carry initial values, stacked xs, closed-over values)."""
+        nc, nx = len(self.carry), len(self.xs)
+        return self.args[:nc], self.args[nc:nc + nx], self.args[nc + nx:]
+
+
+Stmt = Annotated[Union[Op, Checkpoint, CustomVJP, CustomJVP, Scan], Field(discriminator="kind")]
 Checkpoint.model_rebuild()
 CustomVJP.model_rebuild()
 CustomJVP.model_rebuild()
+Scan.model_rebuild()
+MAX_SCAN_LENGTH = 4
+# A value inside a scan body has one value per iteration: `<id>@<k>` names iteration k's value
+# (recorded values, residual classes). Program ids never contain the separator.
+ITER_SEP = "@"
+
+
+def base_id(i: str) -> str:
+    """The program value id of an iteration value id (`v@1` -> `v`); other ids unchanged."""
+    return i.split(ITER_SEP, 1)[0]
 # walk() contexts: "main" (the program), "fwd" (a custom_vjp fwd rule), "bwd" (its bwd rule),
 # "primal" (a custom_jvp's primal body, run by its jvp rule too), "jvp" (its tangent statements).
 # Derivative contexts hold rule code, not program values.
 DERIVATIVE_CTX = ("bwd", "jvp")
 
 
+# How a second-order program is differentiated. Each mode computes the same value, H @ ones
+# (H the Hessian of the loss, ones one per differentiated input), so that every mode is compared
+# with the float64 reference and with every other: grad of the sum of grad (reverse over
+# reverse), jvp of grad (forward over reverse), grad of jvp (reverse over forward), and
+# jax.linearize of grad applied to ones.
+DIFF_MODES = ("reverse", "fwd_over_rev", "rev_over_fwd", "linearize")
+
+
 class Diff(_M):
     order: Literal[1, 2] = 1
-    mode: Literal["reverse"] = "reverse"   # room for forward-over-reverse
+    mode: Literal["reverse", "fwd_over_rev", "rev_over_fwd", "linearize"] = "reverse"
 
 
 class Program(_M):
@@ -201,167 +243,62 @@ def walk(body, depth=0, path="body", ctx=None):
         elif isinstance(s, CustomJVP):
             yield from walk(s.body, depth, p + ".body", "primal")
             yield from walk(s.jvp, depth, p + ".jvp", "jvp")
+        elif isinstance(s, Scan):
+            yield from walk(s.body, depth, p + ".body", ctx)
 
 
-def _infer(op: Op, arg_types, path, nondiff) -> tuple[tuple[int, ...], str]:
-    try:
-        shape = O.infer(op.op, [t[0] for t in arg_types], op.params, nondiff)
-    except O.ParamError as e:
-        raise ProgramError(f"{path}.{e.field}", e.reason) from None
-    dtypes = {t[1] for t in arg_types}
-    if len(dtypes) > 1:
-        raise ProgramError(f"{path}.args", f"mixed dtypes {sorted(dtypes)}")
-    return shape, arg_types[0][1]
+def scan_lengths(body) -> dict[str, list[int]]:
+    """Id of every value defined inside a scan body (carries and slices included) -> the
+    lengths of the scans around it, outermost first."""
+    out: dict[str, list[int]] = {}
+
+    def visit(stmts, lengths):
+        for s in stmts:
+            if isinstance(s, Scan):
+                inner = lengths + [s.length]
+                for i in s.carry + s.xs:
+                    out[i] = inner
+                visit(s.body, inner)
+            elif isinstance(s, Op):
+                if lengths:
+                    out[s.out] = lengths
+            elif isinstance(s, Checkpoint):
+                visit(s.body, lengths)
+            elif isinstance(s, CustomVJP):
+                visit(s.fwd, lengths)
+            elif isinstance(s, CustomJVP):
+                visit(s.body, lengths)
+    visit(body, [])
+    return out
+
+
+def iteration_ids(i: str, lengths: list[int]) -> list[str]:
+    """The iteration value ids of a value inside scans of these lengths (innermost index last)."""
+    out = [i]
+    for n in lengths:
+        out = [f"{x}{ITER_SEP}{k}" for x in out for k in range(n)]
+    return out
+
+
+def iteration_values(values: dict, i: str, lengths: dict[str, list[int]]) -> list:
+    """A value's recorded values: one, or one per iteration of the scans around it."""
+    return [values[x] for x in iteration_ids(i, lengths.get(i, [])) if x in values]
+
+
+def unrolled_size(body) -> int:
+    """Statements counted once per iteration of the scans around them (rounding grows with it)."""
+    n = 0
+    for s, _, _, _ in walk(body):
+        n += 1
+        if isinstance(s, Scan):
+            n += (s.length - 1) * sum(1 for _ in walk(s.body))
+    return n
 
 
 def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Type-check the program; return id -> (shape, dtype). Raises ProgramError."""
-    limits = limits or Limits()
-    types: dict[str, tuple[tuple[int, ...], str]] = {}
-    defined: set[str] = set()
-
-    if not prog.inputs:
-        raise ProgramError("inputs", "a program needs at least one input")
-    if len(prog.inputs) > limits.max_inputs:
-        raise ProgramError("inputs", f"{len(prog.inputs)} inputs exceed the limit {limits.max_inputs}")
-
-    def define(i, t, path, shape_path=None):
-        shape_path = shape_path or path
-        if not isinstance(i, str) or not i:
-            raise ProgramError(path, "value ids must be non-empty strings")
-        if len(i) > limits.max_name_length:
-            raise ProgramError(path, f"id longer than {limits.max_name_length} characters")
-        if i in defined:
-            raise ProgramError(path, f"value {i!r} defined twice")
-        shape, _ = t
-        if len(shape) > limits.max_rank:
-            raise ProgramError(shape_path, f"rank {len(shape)} exceeds the limit {limits.max_rank}")
-        if any(d > limits.max_dim for d in shape):
-            raise ProgramError(shape_path, f"dimension exceeds the limit {limits.max_dim}: {list(shape)}")
-        if math.prod(shape) > limits.max_elements:
-            raise ProgramError(shape_path, f"{math.prod(shape)} elements exceed the limit {limits.max_elements}")
-        defined.add(i)
-        types[i] = t
-
-    for k, inp in enumerate(prog.inputs):
-        if any((not isinstance(d, int)) or d < 1 for d in inp.shape):
-            raise ProgramError(f"inputs[{k}].shape", f"dimensions must be positive integers: {inp.shape}")
-        define(inp.id, (tuple(inp.shape), inp.dtype), f"inputs[{k}].id", f"inputs[{k}].shape")
-    if not prog.diff_inputs():
-        raise ProgramError("inputs", "at least one input must have diff=true")
-
-    def check_body(body, scope: set[str], path: str, depth: int, nondiff: list[float] | None, in_fwd=False):
-        if depth > limits.max_depth:
-            raise ProgramError(path, f"nesting depth {depth} exceeds the limit {limits.max_depth}")
-        scope = set(scope)
-        for i, s in enumerate(body):
-            p = f"{path}[{i}]"
-            for k, a in enumerate(s.args):
-                if a not in scope:
-                    raise ProgramError(f"{p}.args[{k}]", f"value {a!r} is not defined here")
-            if isinstance(s, Op):
-                if s.op in O.OPS and O.OPS[s.op].in_rules_only and nondiff is None:
-                    raise ProgramError(f"{p}.op", f"{s.op} is only allowed inside custom_vjp fwd/bwd")
-                if s.op in O.NAME_OPS and len(str(s.params.get("name", ""))) > limits.max_name_length:
-                    raise ProgramError(f"{p}.params.name", f"name longer than {limits.max_name_length} characters")
-                t = _infer(s, [types[a] for a in s.args], p, nondiff or [])
-                define(s.out, t, f"{p}.out")
-                scope.add(s.out)
-            elif isinstance(s, Checkpoint):
-                if len(set(s.args)) != len(s.args):
-                    raise ProgramError(f"{p}.args", "duplicate args")
-                for nm in policy_names(s.policy):
-                    if len(nm) > limits.max_name_length:
-                        raise ProgramError(f"{p}.policy", f"name longer than {limits.max_name_length} characters")
-                inner = check_body(s.body, set(s.args), f"{p}.body", depth + 1, nondiff)
-                if not s.results:
-                    raise ProgramError(f"{p}.results", "a region must export at least one value")
-                for k, r in enumerate(s.results):
-                    if r not in inner or r in s.args:
-                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in the region body")
-                    scope.add(r)
-            elif isinstance(s, CustomVJP):
-                if nondiff is not None:
-                    raise ProgramError(p, "custom_vjp blocks cannot nest inside custom_vjp rules")
-                if len(set(s.args)) != len(s.args):
-                    raise ProgramError(f"{p}.args", "duplicate args")
-                for k, v in enumerate(s.nondiff):
-                    if not isinstance(v, (int, float)) or not math.isfinite(v):
-                        raise ProgramError(f"{p}.nondiff[{k}]", "must be a finite number")
-                if s.perturbed_branch and not s.symbolic_zeros:
-                    raise ProgramError(f"{p}.perturbed_branch", "needs symbolic_zeros (fwd sees perturbed flags "
-                                                                "only then)")
-                if s.residual_tree != "tuple" and s.spelling.startswith("custom_gradient"):
-                    raise ProgramError(f"{p}.residual_tree", f"{s.spelling} passes no residuals (its bwd closes "
-                                                             "over them)")
-                if s.spelling != "defvjp" and (s.symbolic_zeros or s.optimize_remat or s.nondiff):
-                    raise ProgramError(f"{p}.spelling", f"{s.spelling} has no symbolic_zeros, optimize_remat "
-                                                        "or nondiff arguments")
-                inner = check_body(s.fwd, set(s.args), f"{p}.fwd", depth, list(s.nondiff), in_fwd=True)
-                if not s.results:
-                    raise ProgramError(f"{p}.results", "a custom_vjp block must have at least one result")
-                for k, r in enumerate(s.results):
-                    if r not in inner or r in s.args:
-                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in fwd")
-                for k, r in enumerate(s.residuals):
-                    if r not in inner:
-                        raise ProgramError(f"{p}.residuals[{k}]", f"{r!r} is not defined in fwd or args")
-                if len(s.cts) != len(s.results):
-                    raise ProgramError(f"{p}.cts", f"need one cotangent id per result ({len(s.results)})")
-                for k, (c, r) in enumerate(zip(s.cts, s.results)):
-                    define(c, types[r], f"{p}.cts[{k}]")
-                bscope = set(s.residuals) | set(s.cts)
-                binner = check_body(s.bwd, bscope, f"{p}.bwd", depth, list(s.nondiff))
-                if len(s.bwd_results) != len(s.args):
-                    raise ProgramError(f"{p}.bwd_results", f"need one entry per arg ({len(s.args)})")
-                for k, (r, a) in enumerate(zip(s.bwd_results, s.args)):
-                    if r is None:
-                        continue
-                    if r not in binner:
-                        raise ProgramError(f"{p}.bwd_results[{k}]", f"{r!r} is not defined in bwd")
-                    if types[r] != types[a]:
-                        raise ProgramError(f"{p}.bwd_results[{k}]",
-                                           f"cotangent type {types[r]} differs from arg type {types[a]}")
-                for r in s.results:
-                    scope.add(r)
-            elif isinstance(s, CustomJVP):
-                if nondiff is not None and not in_fwd:
-                    raise ProgramError(p, "custom_jvp blocks nest only in a custom_vjp fwd rule")
-                if len(set(s.args)) != len(s.args):
-                    raise ProgramError(f"{p}.args", "duplicate args")
-                inner = check_body(s.body, set(s.args), f"{p}.body", depth, [])
-                if not s.results:
-                    raise ProgramError(f"{p}.results", "a custom_jvp block must have at least one result")
-                for k, r in enumerate(s.results):
-                    if r not in inner or r in s.args:
-                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in the body")
-                if len(s.tangents) != len(s.args):
-                    raise ProgramError(f"{p}.tangents", f"need one tangent id per arg ({len(s.args)})")
-                for k, (t, a) in enumerate(zip(s.tangents, s.args)):
-                    define(t, types[a], f"{p}.tangents[{k}]")
-                jinner = check_body(s.jvp, inner | set(s.tangents), f"{p}.jvp", depth, [])
-                if len(s.jvp_results) != len(s.results):
-                    raise ProgramError(f"{p}.jvp_results", f"need one tangent per result ({len(s.results)})")
-                for k, (t, r) in enumerate(zip(s.jvp_results, s.results)):
-                    if t not in jinner:
-                        raise ProgramError(f"{p}.jvp_results[{k}]", f"{t!r} is not defined in jvp")
-                    if types[t] != types[r]:
-                        raise ProgramError(f"{p}.jvp_results[{k}]",
-                                           f"tangent type {types[t]} differs from result type {types[r]}")
-                for r in s.results:
-                    scope.add(r)
-        return scope
-
-    top = check_body(prog.body, {i.id for i in prog.inputs}, "body", 0, None)
-    n = prog.size()
-    if n > limits.max_statements:
-        raise ProgramError("body", f"{n} statements exceed the limit {limits.max_statements}")
-    if not prog.outputs:
-        raise ProgramError("outputs", "a program needs at least one output")
-    for k, o in enumerate(prog.outputs):
-        if o not in top:
-            raise ProgramError(f"outputs[{k}]", f"value {o!r} is not defined at top level")
-    return types
+    """Type-check the program; return id -> (shape, dtype). Raises ProgramError (conformance.typecheck)."""
+    from conformance.typecheck import infer_types as check
+    return check(prog, limits)
 
 
 def validate(prog: Program, limits: Limits | None = None) -> Program:
@@ -369,7 +306,7 @@ def validate(prog: Program, limits: Limits | None = None) -> Program:
     return prog
 
 
-_TAGS = {"op", "checkpoint", "custom_vjp"}
+_TAGS = {"op", "checkpoint", "custom_vjp", "custom_jvp", "scan"}
 
 
 def error_location(loc) -> str:
@@ -430,11 +367,19 @@ class NodeInfo:
 
 
 def node_index(prog: Program) -> dict[str, NodeInfo]:
-    """Every primal value id -> where it is defined (derivative-rule values excluded)."""
+    """Every primal value id -> where it is defined (derivative-rule values excluded); a value
+    inside a scan body also under each of its iteration ids (`v@0`, `v@1`, ...)."""
     out = {i.id: NodeInfo(i.id, f"inputs[{k}]", "input", None, 0, "main") for k, i in enumerate(prog.inputs)}
     for s, depth, path, ctx in walk(prog.body):
         if isinstance(s, Op) and ctx not in DERIVATIVE_CTX:
             out[s.out] = NodeInfo(s.out, path, s.op, checkpoint_name_of(s), depth, ctx)
+        elif isinstance(s, Scan):
+            for k, i in enumerate(s.carry + s.xs):
+                out[i] = NodeInfo(i, f"{path}.{'carry' if k < len(s.carry) else 'xs'}", "input", None, depth, ctx)
+    for i, lengths in scan_lengths(prog.body).items():
+        if i in out:
+            for x in iteration_ids(i, lengths):
+                out[x] = NodeInfo(x, out[i].path, out[i].op, out[i].name, out[i].region_depth, out[i].ctx)
     return out
 
 
@@ -466,6 +411,11 @@ def region_context(prog: Program) -> tuple[dict[str, list], set[str]]:
             elif isinstance(s, CustomJVP):
                 exempt.update(s.args)
                 exempt.update(s.results)
+                visit(s.body, stack)
+            elif isinstance(s, Scan):   # a scan's carries, slices and results are its boundary
+                exempt.update(s.args)
+                exempt.update(s.results)
+                exempt.update(s.carry + s.xs + s.carry_out + s.ys)
                 visit(s.body, stack)
     visit(prog.body, [])
     return policies, exempt
@@ -528,6 +478,36 @@ class Interpreter:
         self.body(self.prog.body, env)
         return [env[o] for o in self.prog.outputs]
 
+    def stack(self, xs: list):
+        """Per-iteration values stacked on a new leading axis."""
+        raise NotImplementedError
+
+    def index(self, x, k: int):
+        return x[k]
+
+    def scan(self, s: "Scan", path: str, args: list) -> list:
+        """A scan as a Python loop (default: what PyTorch runs, and what a recording evaluation
+        runs, recording `<id>@<k>` for iteration k)."""
+        init, xs, consts = s.split_args()
+        n_c, n_x = len(init), len(xs)
+        carry, seqs, env0 = args[:n_c], args[n_c:n_c + n_x], dict(zip(consts, args[n_c + n_x:]))
+        outer, ys = self.record, []
+        try:
+            for k in range(s.length):
+                env = dict(env0)
+                env.update(zip(s.carry, carry))
+                env.update(zip(s.xs, [self.index(x, k) for x in seqs]))
+                if outer is not None:
+                    self.record = {i: env[i] for i in s.carry + s.xs}
+                env = self.body(s.body, env, None, path + ".body")
+                if outer is not None:
+                    outer.update({f"{i}{ITER_SEP}{k}": v for i, v in self.record.items()})
+                carry = [env[c] for c in s.carry_out]
+                ys.append([env[y] for y in s.ys])
+        finally:
+            self.record = outer
+        return list(carry) + [self.stack([y[j] for y in ys]) for j in range(len(s.ys))]
+
     def body(self, body, env: dict, nondiff=None, path="body"):
         for i, s in enumerate(body):
             p = f"{path}[{i}]"
@@ -539,6 +519,8 @@ class Interpreter:
                 env.update(zip(s.results, self.region(s, p)(*[env[a] for a in s.args])))
             elif isinstance(s, CustomJVP):
                 env.update(zip(s.results, self.jvp_block(s, p, [env[a] for a in s.args])))
+            elif isinstance(s, Scan):
+                env.update(zip(s.results, self.scan(s, p, [env[a] for a in s.args])))
             else:
                 env.update(zip(s.results, self.block(s, p, [env[a] for a in s.args])))
         return env

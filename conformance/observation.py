@@ -70,6 +70,9 @@ class Observation(BaseModel):
     values: dict[str, Any] | None = None      # every node's value (the reference records them)
     custom_rules: dict[str, CustomRuleLog] = Field(default_factory=dict)
     residual_report: list[ReportedResidual] | None = None   # JAX's report of the same function
+    # (element count, dtype) of each saved array as saved (a scan's stacked residual is one array
+    # here, one residual per iteration in `residuals`); recorded where the report is
+    saved_arrays: list[tuple[int, str]] | None = None
     residual_report_error: str | None = None                # "Type: message" when the report raised
     error: ErrorInfo | None = None
     unsupported: str | None = None            # pipeline declares the program out of scope

@@ -23,6 +23,7 @@ jax.checkpoint_policies members. Op facts (which ops are dots) come from the op 
 |                              | whose first input has >= N elements            |
 | dot_params                   | custom callable over params: save dot_general  |
 |                              | outputs whose dimension_numbers have no batch  |
+| no_policy                    | policy=None (PyTorch: checkpoint without SAC)  |
 
 Program layer: imports the op table and pydantic only.
 """
@@ -108,6 +109,13 @@ class MinElements(_P):
     elements: int = Field(ge=1, le=1 << 20)
 
 
+class NoPolicy(_P):
+    """No policy at all: jax.checkpoint(policy=None), torch.utils.checkpoint without a selective
+    context. Documented to save nothing but the region's inputs (nothing_saveable's meaning),
+    through each framework's own no-policy path."""
+    kind: Literal["no_policy"] = "no_policy"
+
+
 class DotParams(_P):
     """Custom predicate over the params a policy is given, as users write one: save the outputs
     of matrix products whose dimension numbers name no batch dimension (the meaning of
@@ -117,7 +125,8 @@ class DotParams(_P):
 
 Policy = Annotated[
     Union[Everything, Nothing, Dots, DotsNoBatch, SaveOnlyNames, SaveAnyNamesButThese,
-          SaveAnythingExceptNames, Both, OffloadDotsNoBatch, SaveAndOffloadNames, Ops, MinElements, DotParams],
+          SaveAnythingExceptNames, Both, OffloadDotsNoBatch, SaveAndOffloadNames, Ops, MinElements, DotParams,
+          NoPolicy],
     Field(discriminator="kind"),
 ]
 Both.model_rebuild()
@@ -140,11 +149,13 @@ def _either(a: str, b: str) -> str:
 @dataclass(frozen=True)
 class KindDecl:
     """One policy kind. `fields` says how the generator fills it: () a plain kind, ('names',),
-    ('saved', 'offloaded'), ('ops',), ('elements',) or ('a', 'b') for two sub-policies."""
+    ('saved', 'offloaded'), ('ops',), ('elements',) or ('a', 'b') for two sub-policies.
+    `region_only`: a kind that is no policy object (policy=None), never part of both(a, b)."""
     model: type
     decide: Callable      # (p, op, name, batched, elements) -> 'save' | 'recompute' | 'offload'
     fields: tuple[str, ...] = ()
     offloads: bool = False
+    region_only: bool = False
 
     @property
     def kind(self) -> str:
@@ -154,8 +165,8 @@ class KindDecl:
 KINDS: dict[str, KindDecl] = {}
 
 
-def _kind(model, decide, fields=(), offloads=False):
-    k = KindDecl(model, decide, fields, offloads)
+def _kind(model, decide, fields=(), offloads=False, region_only=False):
+    k = KindDecl(model, decide, fields, offloads, region_only)
     KINDS[k.kind] = k
 
 
@@ -180,6 +191,7 @@ _kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.
       ("elements",))
 _kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"))
 _kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute")
+_kind(NoPolicy, lambda p, op, name, b, n: "recompute", region_only=True)
 
 POLICY_KINDS = tuple(KINDS)
 

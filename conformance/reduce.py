@@ -29,7 +29,8 @@ def _refs(stmt: dict) -> set[str]:
         x = stack.pop()
         if isinstance(x, dict):
             for k, v in x.items():
-                if k in ("args", "results", "residuals", "cts", "bwd_results", "tangents", "jvp_results"):
+                if k in ("args", "results", "residuals", "cts", "bwd_results", "tangents", "jvp_results", "carry", "xs",
+                         "carry_out", "ys"):
                     out.update(a for a in v if isinstance(a, str))
                 elif k in ("body", "fwd", "bwd", "jvp"):
                     stack.extend(v)
@@ -54,6 +55,12 @@ def _dce(body: list, live: set[str]) -> list:
         elif s["kind"] == "custom_vjp":
             s = {**s, "fwd": _dce(s["fwd"], set(s["results"]) | set(s["residuals"])),
                  "bwd": _dce(s["bwd"], {b for b in s["bwd_results"] if b})}
+        elif s["kind"] == "scan":   # the stacked outputs nothing reads go (the carries stay)
+            nc = len(s["carry"])
+            keep = [j for j, r in enumerate(s["results"][nc:]) if r in live]
+            ys = [s["ys"][j] for j in keep]
+            s = {**s, "ys": ys, "results": s["results"][:nc] + [s["results"][nc + j] for j in keep],
+                 "body": _dce(s["body"], set(s["carry_out"]) | set(ys))}
         kept.append(s)
         live |= _refs(s)
     return kept[::-1]
@@ -64,7 +71,8 @@ def _statements(body: list, path=()) -> Iterator[tuple[tuple, dict]]:
     rules and custom_jvp bodies included (never a bwd or jvp rule)."""
     for i, s in enumerate(body):
         yield path + (i,), s
-        for key in {"checkpoint": ("body",), "custom_vjp": ("fwd",), "custom_jvp": ("body",)}.get(s["kind"], ()):
+        for key in {"checkpoint": ("body",), "custom_vjp": ("fwd",), "custom_jvp": ("body",),
+                    "scan": ("body",)}.get(s["kind"], ()):
             yield from _statements(s[key], path + (i, key))
 
 
@@ -72,7 +80,7 @@ def _regions(body: list) -> Iterator[tuple[tuple, dict]]:
     return ((p, s) for p, s in _statements(body) if s["kind"] == "checkpoint")
 
 
-_ID_LISTS = ("args", "results", "residuals", "bwd_results", "jvp_results", "outputs")
+_ID_LISTS = ("args", "results", "residuals", "bwd_results", "jvp_results", "outputs", "carry_out", "ys")
 
 
 def _substitute(x, old: str, new: str):
@@ -127,7 +135,7 @@ def _rederive(body: list, types: dict, fresh) -> list:
     ValueError where a rule is not made of plain ops."""
     out = []
     for s in body:
-        if s["kind"] == "checkpoint":
+        if s["kind"] in ("checkpoint", "scan"):
             s = {**s, "body": _rederive(s["body"], types, fresh)}
         elif s["kind"] == "custom_jvp":
             ops = [Op.model_validate(x) for x in s["body"]]   # ValueError: not plain ops
@@ -210,10 +218,42 @@ def _unscaled(obj: dict) -> Iterator[dict]:
         yield o
 
 
+def _scans_simplified(obj: dict, types: dict) -> Iterator[dict]:
+    """One scan of one iteration over no sequence inlined (its body on the initial carry, each
+    stacked output a broadcast of its one value); one such scan of more iterations cut to one."""
+    for path, s in _statements(obj["body"]):
+        if s["kind"] != "scan" or s["xs"]:
+            continue
+        if s["length"] > 1:
+            o = copy.deepcopy(obj)
+            _at(o, path).update(length=1, unroll=1)
+            yield o
+            continue
+        nc = len(s["carry"])
+        body = copy.deepcopy(s["body"])
+        for c, a in zip(s["carry"], s["args"][:nc]):
+            body = _substitute(body, c, a)
+        for y, r in zip(s["ys"], s["results"][nc:]):
+            body.append({"kind": "op", "op": "broadcast", "args": [_carried(y, s)], "out": r,
+                         "params": {"shape": [1] + list(types[y][0])}})
+        o = copy.deepcopy(obj)
+        _at(o, path[:-1])[path[-1]:path[-1] + 1] = body
+        for r, c in zip(s["results"][:nc], s["carry_out"]):
+            o = _substitute(o, r, _carried(c, s))
+        yield o
+
+
+def _carried(i: str, s: dict) -> str:
+    """An id of a one-iteration scan's body as its inlined body names it (a carry: its initial value)."""
+    nc = len(s["carry"])
+    return dict(zip(s["carry"], s["args"][:nc])).get(i, i)
+
+
 def candidates(prog: Program) -> Iterator[Program]:
     """Rewrites of `prog`, simplest first: dead statements removed; one program output dropped
     (and what only it needed); one region inlined; one custom rule's block inlined; one op
-    bypassed (a checkpoint name, or an op one of whose arguments has its type); one unary op of
+    bypassed (a checkpoint name, or an op one of whose arguments has its type); one scan cut to
+    one iteration, or inlined when it has one; one unary op of
     a custom rule replaced by the simplest one; one non-standard rule made standard; one
     region's policy replaced by the simplest kind. Rules whose primal code changed are derived
     again from it, as the generator derives them."""
@@ -244,6 +284,9 @@ def candidates(prog: Program) -> Iterator[Program]:
         if (p := emit(o)) is not None:
             yield p
     types = prog.types()
+    for o in _scans_simplified(obj, types):
+        if (p := emit(o)) is not None:
+            yield p
     for path, s in _statements(obj["body"]):   # a custom rule's block inlined: its primal code
         if s["kind"] in _RULES:
             o = copy.deepcopy(obj)

@@ -4,6 +4,12 @@ A saved array belongs to the class of every program value it equals, modulo layo
 (any axis permutation, or a reshape of the same elements). Values that are equal (a
 name tag and its producer) therefore share one class, which makes JAX and PyTorch
 residual sets comparable.
+
+Inside a scan, each iteration's value is a value of its own (`v@k`, as the recording
+evaluation names it). A saved array that equals no value but each of whose slices along its
+leading axis equals an iteration's value is a stack of per-iteration residuals (what lax.scan
+saves): it counts as one residual per slice, so that a stacked JAX residual and PyTorch's
+per-iteration saves canonicalise alike.
 """
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import itertools
 
 import numpy as np
 
-from conformance.ir import NodeInfo
+from conformance.ir import ITER_SEP, NodeInfo
 from conformance.observation import Residual
 
 
@@ -41,20 +47,35 @@ def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
                  index: dict[str, NodeInfo], memory: list[str | None] | None = None) -> list[Residual]:
     out: list[Residual] = []
     by_cls: dict[tuple, Residual] = {}
-    for k, arr in enumerate(saved):
-        arr = np.asarray(arr)
-        cls = sorted(i for i, v in values.items() if matches(arr, np.asarray(v)))
-        names = sorted({index[i].name for i in cls if i in index and index[i].name})
-        key = (tuple(cls), str(arr.dtype))
-        if cls and key in by_cls:
-            # The same program value saved twice (e.g. separate output buffers under jit) is one
-            # residual: the set of saved values is what the policy governs.
-            by_cls[key].copies += 1
-            continue
-        r = Residual(cls=cls, names=names, shape=list(arr.shape), dtype=str(arr.dtype),
-                     bytes=int(arr.nbytes), memory=(memory[k] if memory else None))
-        if cls:
-            by_cls[key] = r
-        out.append(r)
+    iterated = any(ITER_SEP in i for i in values)
+    for k, whole in enumerate(saved):
+        whole = np.asarray(whole)
+        cls = _cls(whole, values)
+        parts = [(whole, cls)]
+        if not cls and iterated and whole.ndim >= 1:
+            slices = [(x, _cls(x, values)) for x in whole]
+            if all(c for _, c in slices) and any(ITER_SEP in i for _, c in slices for i in c):
+                parts = slices
+        for arr, cls in parts:
+            _add(out, by_cls, arr, cls, index, memory[k] if memory else None)
     out.sort(key=lambda r: (r.cls, r.shape, r.dtype))
     return out
+
+
+def _cls(arr: np.ndarray, values: dict) -> list[str]:
+    return sorted(i for i, v in values.items() if matches(arr, np.asarray(v)))
+
+
+def _add(out: list, by_cls: dict, arr: np.ndarray, cls: list[str], index: dict, memory: str | None) -> None:
+    names = sorted({index[i].name for i in cls if i in index and index[i].name})
+    key = (tuple(cls), str(arr.dtype))
+    if cls and key in by_cls:
+        # The same program value saved twice (e.g. separate output buffers under jit) is one
+        # residual: the set of saved values is what the policy governs.
+        by_cls[key].copies += 1
+        return
+    r = Residual(cls=cls, names=names, shape=list(arr.shape), dtype=str(arr.dtype),
+                 bytes=int(arr.nbytes), memory=memory)
+    if cls:
+        by_cls[key] = r
+    out.append(r)

@@ -28,7 +28,7 @@ def draw_policy_plan(draw, kinds: list[str], names=NAME_POOL, depth=0) -> tuple:
     simplest). An `ops` field holds op indices, resolved by `make_policy` once the region's
     body is known, so that the policy names the region's own ops first."""
     combining = [k for k in kinds if "a" in KINDS[k].fields]
-    usable = [k for k in kinds if depth == 0 or k not in combining]
+    usable = [k for k in kinds if depth == 0 or (k not in combining and not KINDS[k].region_only)]
     if not usable:
         usable = [next(k for k in KINDS if "a" not in KINDS[k].fields)]
     k = usable[0] if len(usable) == 1 else usable[draw_int(draw, 0, len(usable) - 1, "policy_kind")]

@@ -21,11 +21,13 @@ import numpy as np
 from hypothesis import strategies as st
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Diff, Input, Op, Program, free_vars, validate
+from conformance.ir import (DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Op, Program, Scan, free_vars,
+                            validate)
 from conformance.policy import KINDS
-from generators.draws import BOOL, draw_int, flag, perms, span
+from generators.draws import BOOL, draw_int, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
 from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
+from generators.swarm import SCAN_LENGTHS, Config, Swarm, draw_swarm, op_families, swarm_dimensions, swarms  # noqa: F401
 
 # Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
 # that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
@@ -35,23 +37,6 @@ RANKS = (1, 2, 0, 3)
 NONDIFF_VALUES = (2.0, 0.5)
 
 
-@dataclass
-class Config:
-    """What the generator may produce. Profiles and pipelines narrow it; a feature switched off
-    here is off in every program, whatever the swarm draws."""
-    max_stmts: int = 6        # a program draws at most 2 * max_stmts ops and region/block openings
-    max_depth: int = 3        # regions nested at most this deep
-    dtypes: tuple[str, ...] = ("float32", "float64")
-    custom_vjp: bool = True
-    custom_jvp: bool = True
-    checkpoint: bool = True
-    second_order: bool = True
-    offload_policies: bool = True
-    max_inputs: int = 6
-    swarm: bool = True        # False: every feature the config allows is available to every program
-
-
-# custom_vjp spellings (the first is the plain one); the swarm's rule_spellings turns the others on
 SPELLINGS = ("defvjp", "custom_gradient", "custom_gradient_remat", "defremat")
 RESIDUAL_TREES = ("tuple", "dict", "nested")   # the pytree custom_vjp residuals travel in
 
@@ -64,95 +49,6 @@ class Val:
     mag: float
 
 
-# ---- swarm --------------------------------------------------------------------------------------
-def op_families() -> list[str]:
-    """The op families a program may draw from, declaration order (the first is the plain one).
-    Families of ops allowed only inside custom rules with nondiff args are not swarmed on
-    their own: the `nondiff_args` dimension decides whether they occur."""
-    return O.generated_families(False)
-
-
-# (dimension, probability that a program has it on). Policy kinds and op families are added
-# from the declarations (each on with probability 1/2), so that new kinds and families are
-# swarmed without a change here.
-_HALF = (1, 2)
-_FEATURE_FLAGS = (
-    ("checkpoint", (7, 8)), ("nesting", _HALF), ("prevent_cse", _HALF),
-    ("custom_vjp", _HALF), ("symbolic_zeros", _HALF), ("optimize_remat", _HALF), ("nondiff_args", _HALF),
-    ("nonstandard_rules", _HALF), ("unused_results", _HALF),
-    ("extra_inputs", _HALF), ("nondiff_inputs", _HALF), ("dead_values", _HALF), ("second_order", (1, 8)),
-    ("custom_jvp", _HALF),
-)
-# Dimensions added later are drawn after every other one, so that the earlier dimensions keep
-# their places in the choice sequence (the shrinker's moves depend on them).
-_LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed_branch", _HALF))
-
-
-def swarm_dimensions() -> list[str]:
-    """The names of every swarm dimension (besides the dtype). The first policy kind and the
-    first op family are the plain forms, always available; every other one is a dimension."""
-    return ([n for n, _ in _FEATURE_FLAGS] + [f"policy:{k}" for k in list(KINDS)[1:]]
-            + [f"family:{f}" for f in op_families()[1:]] + [n for n, _ in _LATE_FLAGS])
-
-
-def _allowed(cfg: Config) -> dict[str, bool]:
-    """Which dimensions the config allows at all."""
-    a = {n: True for n in swarm_dimensions()}
-    if not cfg.checkpoint or cfg.max_depth < 1:
-        a["checkpoint"] = False
-    if not a["checkpoint"] or cfg.max_depth < 2:
-        a["nesting"] = False
-    a["prevent_cse"] &= a["checkpoint"]
-    if not cfg.custom_vjp:
-        for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees",
-                  "perturbed_branch"):
-            a[n] = False
-    if not cfg.custom_jvp:
-        a["custom_jvp"] = False
-    if not cfg.custom_vjp and not cfg.custom_jvp:
-        a["nonstandard_rules"] = a["unused_results"] = False
-    if not cfg.second_order:
-        a["second_order"] = False
-    if cfg.max_inputs < 2:
-        a["extra_inputs"] = False
-    for k, decl in list(KINDS.items())[1:]:
-        if (decl.offloads and not cfg.offload_policies) or not a["checkpoint"]:
-            a[f"policy:{k}"] = False
-    return a
-
-
-@dataclass
-class Swarm:
-    """One program's features: `on[name]` for every swarm dimension, and its dtype."""
-    on: dict[str, bool]
-    dtype: str
-
-    def __getitem__(self, name: str) -> bool:
-        return self.on.get(name, False)
-
-
-def draw_swarm(draw, cfg: Config) -> Swarm:
-    allowed = _allowed(cfg)
-    probs = dict(_FEATURE_FLAGS + _LATE_FLAGS)
-    on = {}
-    for n in swarm_dimensions():
-        if not allowed[n]:
-            on[n] = False
-        elif not cfg.swarm:
-            on[n] = n not in ("dead_values",)
-        else:
-            on[n] = flag(draw, probs.get(n, _HALF), f"swarm:{n}")
-    if on["second_order"] and not cfg.swarm:
-        on["second_order"] = flag(draw, probs["second_order"], "swarm:second_order")
-    dtype = cfg.dtypes[0] if len(cfg.dtypes) == 1 else cfg.dtypes[draw_int(draw, 0, len(cfg.dtypes) - 1, "dtype")]
-    return Swarm(on, dtype)
-
-
-def swarms(cfg: Config | None = None) -> st.SearchStrategy:
-    """Strategy for one program's swarm choices (for tests and docs)."""
-    return st.composite(lambda draw: draw_swarm(draw, cfg or Config()))()
-
-
 # ---- the generator ------------------------------------------------------------------------------
 class _NoInput(Exception):
     """An op hint asked for a new input beyond Config.max_inputs."""
@@ -162,7 +58,7 @@ class _Frame:
     """An open (then closed) region or block while the item stream is read."""
     __slots__ = ("kind", "parent", "depth", "items", "policy_choice", "prevent_cse", "nondiff",
                  "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp", "spelling",
-                 "residual_tree", "perturbed_branch")
+                 "residual_tree", "perturbed_branch", "in_scan", "scan")
 
     def __init__(self, kind, parent, depth):
         self.kind, self.parent, self.depth = kind, parent, depth
@@ -170,17 +66,20 @@ class _Frame:
         # inside a custom rule (a custom_vjp fwd or a custom_jvp body): ops with derivatives only
         self.in_cvjp = kind in ("custom_vjp", "custom_jvp") or (parent is not None and parent.in_cvjp)
         self.nondiff: list[float] = [] if parent is None else list(parent.nondiff)
+        self.in_scan = kind == "scan" or (parent is not None and parent.in_scan)
+        self.scan: dict | None = None   # a scan's carry, xs, length, unroll; at its close its outputs
 
 
 # Item kinds, the value of one draw: the simplest (0) is a plain op. A kind that is not
 # available where it is drawn becomes an op (a region where the swarm or the depth forbids
 # one, a block where the swarm does) or a close (a block inside a block).
-_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE = range(4)
+_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_SCAN = range(5)
 # At top level ops and regions are twice as likely as blocks (and closes, which do nothing
 # there); inside a region the second region choice is an op, so that nested regions do not cut
 # bodies into single ops.
-_ITEM_OF = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_REGION, _ITEM_OP)
-_ITEM_OF_NESTED = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_OP, _ITEM_OP)
+# A scan where the swarm has none (or inside a custom rule or another scan) is an op.
+_ITEM_OF = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_REGION, _ITEM_OP, _ITEM_SCAN)
+_ITEM_OF_NESTED = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_OP, _ITEM_OP, _ITEM_SCAN)
 
 
 def _chain(f: _Frame | None) -> set:
@@ -342,6 +241,8 @@ class _Gen:
         if k == _ITEM_REGION and not (self.sw["checkpoint"] and not f.in_cvjp and f.depth < self.cfg.max_depth
                                       and (f.depth == 0 or self.sw["nesting"])):
             k = _ITEM_OP
+        if k == _ITEM_SCAN and not (self.sw["scan"] and not f.in_cvjp and not f.in_scan):
+            k = _ITEM_OP
         block = "custom_vjp"
         if k == _ITEM_CVJP and f.kind == "custom_vjp" and self.sw["custom_jvp"]:
             block = "custom_jvp"   # a custom_jvp inside a custom_vjp fwd rule
@@ -362,11 +263,14 @@ class _Gen:
             # Closing nothing (at top level) or an empty region or block does nothing: when
             # the shrinker deletes an opening, its close is harmless and draws nothing.
             if f.parent is not None and f.items:
-                self.frame = f.parent
+                self._close(f)
             return 0
-        g = _Frame("checkpoint" if k == _ITEM_REGION else block, f, f.depth + (k == _ITEM_REGION))
+        kind = "checkpoint" if k == _ITEM_REGION else "scan" if k == _ITEM_SCAN else block
+        g = _Frame(kind, f, f.depth + (k == _ITEM_REGION))
         if k == _ITEM_REGION:
             self._open_region(g)
+        elif k == _ITEM_SCAN:
+            self._open_scan(g)
         elif block == "custom_vjp":
             self._open_cvjp(g)
         else:
@@ -401,6 +305,54 @@ class _Gen:
         g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
 
+    def _open_scan(self, g: _Frame):
+        """A scan's choices: its length, unroll, whether it scans over a stacked input (a new
+        input, e.g. per-layer weights), and its carry's initial value. The body sees the slice,
+        then the carry (the newest value: the body's ops chain from it)."""
+        sw, draw = self.sw, self.draw
+        length = SCAN_LENGTHS[draw_int(draw, 0, len(SCAN_LENGTHS) - 1, "scan_length")]
+        unroll = length if sw["scan_unroll"] and draw(BOOL, label="scan_unroll") else 1
+        with_xs = sw["scan_xs"] and draw(BOOL, label="scan_xs")
+        init = self.operand()
+        xs = []
+        if with_xs and len(init.shape) < 3 and len(self.inputs) < self.cfg.max_inputs:
+            seq = self._input((length,) + tuple(init.shape))
+            w = Val(self.fresh("w"), init.shape, init.dtype, seq.mag)
+            self.types[w.id] = (w.shape, w.dtype)
+            self.scope.append(w)
+            xs.append((seq, w))
+        c = Val(self.fresh("c"), init.shape, init.dtype, init.mag)
+        self.types[c.id] = (c.shape, c.dtype)
+        self.scope.append(c)
+        g.scan = {"length": length, "unroll": unroll, "init": init, "carry": c, "xs": xs}
+
+    def _close(self, f: _Frame):
+        """Leave frame f; a scan's body values leave the scope, its final carry and stacked
+        outputs enter it."""
+        self.frame = f.parent
+        if f.kind != "scan":
+            return
+        sc = f.scan
+        inner = {x.id for x, _ in [(sc["carry"], 0)] + [(w, 0) for _, w in sc["xs"]]}
+        body = [v for v in self.scope if v.id in inner or (v.id in self.home and f in _chain(self.home[v.id]))]
+        self.scope = [v for v in self.scope if v not in body]
+        c = sc["carry"]
+        defined = [v for v in body if v.id not in inner]
+        same = [v for v in defined if (v.shape, v.dtype) == (c.shape, c.dtype)]
+        out = same[-1] if same else c
+        grow = out.mag / max(c.mag, 1e-6)
+        if out is not c and c.mag * grow ** sc["length"] > O.MAX_MAG:
+            out = c   # a carry compounding past the magnitude bound: the body leaves it as it is
+        ys = [defined[-1]] if defined and len(defined[-1].shape) < 3 else []
+        sc["carry_out"], sc["ys"] = out.id, [y.id for y in ys]
+        res = [Val(self.fresh("s"), c.shape, c.dtype, max(c.mag, out.mag * (grow if out is not c else 1.0)))]
+        res += [Val(self.fresh("s"), (sc["length"],) + tuple(y.shape), y.dtype, y.mag) for y in ys]
+        for r in res:
+            self.types[r.id] = (r.shape, r.dtype)
+            self.home[r.id] = f.parent
+            self.scope.append(r)
+        sc["results"] = [r.id for r in res]
+
     def _open_cjvp(self, g: _Frame):
         g.nondiff, g.symbolic_zeros, g.optimize_remat = [], False, False
         g.nonstandard = draw_int(self.draw, 0, 7, "nonstandard_result") if self.sw["nonstandard_rules"] else None
@@ -429,7 +381,7 @@ class _Gen:
                 self._gen_op(simplest=True)
             if self.frame is top:
                 break
-            self.frame = self.frame.parent
+            self._close(self.frame)
         extra_out = None
         if self.sw["dead_values"] and draw(BOOL, label="extra_output"):
             extra_out = draw_int(draw, 0, MAX_OPERAND_BACK - 1, "extra_output_back")
@@ -447,6 +399,10 @@ class _Gen:
                     for a in it.args:
                         readers.setdefault(a, []).append(f)
                 else:
+                    if it.kind == "scan":   # the scan reads its initial carry; its body, what it carries out
+                        readers.setdefault(it.scan["init"].id, []).append(f)
+                        for a in [it.scan["carry_out"]] + it.scan["ys"]:
+                            readers.setdefault(a, []).append(it)
                     note_reads(it)
         note_reads(top)
         if self.sw["dead_values"]:   # the newest value (and maybe one more): the rest may be dead
@@ -460,12 +416,14 @@ class _Gen:
         # The regions and blocks each value must leave (be a result of): those around its
         # definition that some reader is outside of.
         leaves: dict[str, set[int]] = {}
-        for v in values:
-            home = _chain(self.home[v.id])
-            leaves[v.id] = {id(f) for r in readers.get(v.id, ()) for f in home - _chain(r)}
+        for vid, f in self.home.items():   # scan bodies' values included (they left the scope)
+            home = _chain(f)
+            leaves[vid] = {id(g) for r in readers.get(vid, ()) for g in home - _chain(r)}
         body = self._build(top, leaves)
-        order = 2 if self.sw["second_order"] else 1
-        return Program(inputs=self.inputs, body=body, outputs=outs, diff=Diff(order=order))
+        diff = Diff(order=2 if self.sw["second_order"] else 1)
+        if self.sw["second_order"] and self.sw["diff_modes"]:   # how H @ ones is computed (first: reverse)
+            diff.mode = DIFF_MODES[draw_int(self.draw, 0, len(DIFF_MODES) - 1, "diff_mode")]
+        return Program(inputs=self.inputs, body=body, outputs=outs, diff=diff)
 
     def _build(self, f: _Frame, leaves) -> list:
         body = []
@@ -478,7 +436,9 @@ class _Gen:
                 continue
             defined = [r for s in inner for r in ([s.out] if isinstance(s, Op) else s.results)]
             results = [d for d in defined if id(it) in leaves.get(d, ())]
-            if it.kind == "checkpoint":
+            if it.kind == "scan":
+                body.append(self._scan(it, inner))
+            elif it.kind == "checkpoint":
                 results = results or [defined[-1]]
                 body.append(Checkpoint(args=free_vars(inner), body=inner, results=results,
                                        policy=self._policy(it, inner), prevent_cse=it.prevent_cse))
@@ -488,6 +448,15 @@ class _Gen:
             else:
                 body.append(self._cvjp(it, inner, defined, results))
         return body
+
+    @staticmethod
+    def _scan(it: _Frame, inner) -> Scan:
+        sc = it.scan
+        carry, xs = [sc["carry"].id], [w.id for _, w in sc["xs"]]
+        consts = [a for a in free_vars(inner) if a not in carry + xs]
+        return Scan(args=[sc["init"].id] + [q.id for q, _ in sc["xs"]] + consts, carry=carry, xs=xs, body=inner,
+                    carry_out=[sc["carry_out"]], ys=sc["ys"], results=sc["results"], length=sc["length"],
+                    unroll=sc["unroll"])
 
     def _policy(self, it: _Frame, inner):
         return make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])

@@ -23,8 +23,8 @@ Pure functions over observations; they import no framework.
 """
 from __future__ import annotations
 
-from conformance.ir import (DERIVATIVE_CTX, Checkpoint, CustomVJP, Op, Program, checkpoint_name_of, input_elements,
-                            is_name, region_context, walk)
+from conformance.ir import (DERIVATIVE_CTX, Checkpoint, CustomVJP, Op, Program, Scan, base_id, checkpoint_name_of,
+                            input_elements, is_name, region_context, walk)
 from conformance.ops import OPS
 from conformance.observation import Observation
 from conformance.policy import decide, saves_unnamed
@@ -62,6 +62,8 @@ def policy_named(program: Program) -> set[str]:
                 visit(s.body, stack + [s.policy])
             elif isinstance(s, CustomVJP):
                 visit(s.fwd, stack)
+            elif isinstance(s, Scan):
+                visit(s.body, stack)
     visit(program.body, [])
     return out
 
@@ -80,7 +82,7 @@ def derivative_factor_reads(program: Program) -> set[str]:
 def _restrict(obs: Observation, ids: set[str], exempt: set[str]) -> Observation:
     o = obs.model_copy(deep=True)
     o.residuals = [r for r in (obs.residuals or [])
-                   if r.names and ids & set(r.cls) and not exempt & set(r.cls)]
+                   if r.names and ids & set(map(base_id, r.cls)) and not exempt & set(map(base_id, r.cls))]
     return o
 
 

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from conformance.ir import DERIVATIVE_CTX, Op, Program, walk
+from conformance.ir import DERIVATIVE_CTX, Op, Program, iteration_values, scan_lengths, unrolled_size, walk
 from conformance.ops import OPS
 from conformance.observation import Observation
 from conformance.verdict import Verdict
@@ -28,7 +28,7 @@ TOLERANCES = {
 def tolerance(program: Program, mode: str) -> tuple[float, float]:
     rtol, atol = TOLERANCES[(_dtype(program), mode)]
     # Depth-aware: longer chains and second order accumulate more rounding.
-    grow = 1.0 + 0.1 * program.size() + (4.0 if program.diff.order == 2 else 0.0)
+    grow = 1.0 + 0.1 * unrolled_size(program.body) + (4.0 if program.diff.order == 2 else 0.0)
     return rtol * grow, atol * grow
 
 
@@ -55,12 +55,13 @@ def near_kink(program: Program, values: dict | None) -> list[str]:
     judged on the value reference's recorded values."""
     if not values:
         return []
-    band = KINK_BAND_EPS * float(np.finfo(_dtype(program)).eps) * (1 + program.size())
+    band = KINK_BAND_EPS * float(np.finfo(_dtype(program)).eps) * (1 + unrolled_size(program.body))
+    lengths = scan_lengths(program.body)
     out = []
     for s, _, _, ctx in walk(program.body):
         if isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].nonsmooth:
-            x = values.get(s.args[0])
-            if x is not None and np.any(np.abs(np.asarray(x, np.float64)) < band):
+            if any(np.any(np.abs(np.asarray(x, np.float64)) < band)
+                   for x in iteration_values(values, s.args[0], lengths)):
                 out.append(s.args[0])
     return sorted(set(out))
 

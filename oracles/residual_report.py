@@ -42,8 +42,11 @@ def check(obs: Observation) -> Verdict:
         return v
     report = obs.residual_report
     saved = Counter()
-    for r in obs.residuals:
-        saved[(_numel(r.shape), r.dtype)] += r.copies
+    if obs.saved_arrays is not None:   # the arrays as saved (a scan's stack is one array)
+        saved.update((n, d) for n, d in obs.saved_arrays)
+    else:
+        for r in obs.residuals:
+            saved[(_numel(r.shape), r.dtype)] += r.copies
     listed = Counter((_numel(r.shape), r.dtype) for r in report)
     printed = Counter(r.name for r in report if r.name is not None)
     named = {n: sum(r.copies for r in obs.residuals if n in r.names) for n in printed}

@@ -170,6 +170,36 @@ class TraceFwdTwice(JaxRemat):
                 log.fwd_traces += 1
 
 
+class DropIterationResidual(JaxRemat):
+    """Saves one iteration fewer of a scan's stacked named residual (its last slice dropped)."""
+    def _canonical(self, program, leaves):
+        import numpy as np
+        out = list(leaves)
+        for k, x in enumerate(leaves):
+            if np.ndim(x) >= 1 and np.shape(x)[0] >= 2 and any(
+                    r.names and any("@" in i for i in r.cls) for r in super()._canonical(program, [x])):
+                out[k] = np.asarray(x)[:-1]
+                break
+        return super()._canonical(program, out)
+
+
+class PerturbHVP(JaxRemat):
+    """Second-order values off by a relative 1e-3 in one element, in the modes beyond reverse
+    over reverse (forward over reverse, reverse over forward, linearize)."""
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.grads2 and program.diff.mode != "reverse":
+            k = sorted(obs.grads2)[0]
+            g = obs.grads2[k]
+            if isinstance(g, list):
+                flat = g
+                while isinstance(flat[0], list):
+                    flat = flat[0]
+                flat[0] = flat[0] * 1.001 + 1e-3
+            else:
+                obs.grads2[k] = g * 1.001 + 1e-3
+
+
 MUTANTS = {
     "jax:mutant-drop-named-residual": (DropNamedResidual, "residuals", "jax:remat2"),
     "jax:mutant-perturb-gradient": (PerturbGradient, "gradient", "jax:none"),
@@ -188,6 +218,8 @@ MUTANTS = {
     "jax:mutant-report-one-residual-fewer": (ReportOneResidualFewer, "residual_report", "vjp"),
     "jax:mutant-report-wrong-name": (ReportWrongName, "residual_report", "vjp"),
     "jax:mutant-trace-fwd-twice": (TraceFwdTwice, "trace_count", "jax:remat2"),
+    "jax:mutant-drop-iteration-residual": (DropIterationResidual, "residuals", "jax:remat2"),
+    "jax:mutant-perturb-hvp": (PerturbHVP, "gradient", "jax:none"),
     "torch:mutant-perturb-gradient": ("TorchPerturbGradient", "gradient", "jax:remat2"),
     "torch:mutant-compiled-perturb-gradient": ("TorchCompiledPerturbGradient", "gradient", "torch:eager-sac"),
 }
@@ -208,13 +240,17 @@ ERROR_TYPE = {
     "jax:mutant-misreport-fwd-ran": "fwd_ran", "jax:mutant-extra-named-residual": "extra",
     "jax:mutant-wrong-message-where-it-must-raise": "ValueError",
     "jax:mutant-report-one-residual-fewer": "count", "jax:mutant-report-wrong-name": "names",
-    "jax:mutant-trace-fwd-twice": "fwd_traces",
+    "jax:mutant-trace-fwd-twice": "fwd_traces", "jax:mutant-drop-iteration-residual": "missing",
+    "jax:mutant-perturb-hvp": "",
     "torch:mutant-perturb-gradient": "cross_value", "torch:mutant-compiled-perturb-gradient": "cross_value",
 }
 ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64", "")],
               "torch:mutant-compiled-perturb-gradient": [("gradient", "jax:remat2", "cross_value")]}
 # Generator settings a mutant's campaign narrows (besides max_stmts=4).
-GENERATOR: dict[str, dict] = {}
+GENERATOR: dict[str, dict] = {
+    "jax:mutant-drop-iteration-residual": {"require": ("scan", "checkpoint")},
+    "jax:mutant-perturb-hvp": {"require": ("second_order", "diff_modes")},
+}
 # Fields of a finding's detail (dotted paths) and the value each must have.
 DETAIL = {"jax:mutant-wrong-message-where-it-must-raise": {"got.type": "ValueError", "expected.type": "ValueError",
                                                           "got.message": "mutant: shapes do not match"},

@@ -93,6 +93,10 @@ SHOWS = {
     "nondiff_inputs": lambda p: "nondiff_input" in p.features(),
     "dead_values": lambda p: bool(dead_values(p)),
     "second_order": lambda p: p.diff.order == 2,
+    "scan": lambda p: "scan" in p.features(),
+    "scan_xs": lambda p: "scan_xs" in p.features(),
+    "scan_unroll": lambda p: "scan_unroll" in p.features(),
+    "diff_modes": lambda p: p.diff.mode != "reverse",
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},
@@ -186,6 +190,16 @@ def smallest(pred, cfg=None, strategy=None):
     return find(programs(cfg) if strategy is None else strategy, pred, settings=s, random=random.Random(0))
 
 
+def shrunk(pred, cfg=None):
+    """What a campaign makes of a finding: Hypothesis's shrink, then the IR reductions
+    (conformance.reduce) kept while the predicate holds."""
+    from conformance.reduce import candidates
+    p = smallest(pred, cfg)
+    while (q := next((c for c in candidates(p) if pred(c)), None)) is not None:
+        p = q
+    return p
+
+
 def test_swarm_flags_shrink_to_the_plain_form():
     sw = smallest(lambda sw: sw["checkpoint"] and sw["policy:both"] and sw["family:matmul"], strategy=swarms())
     assert sorted(n for n, on in sw.on.items() if on) == ["checkpoint", "family:matmul", "policy:both"]
@@ -205,6 +219,8 @@ SHRINK_TARGETS = {
     # its deliberate scale (the nonstandard_rules swarm dimension): 9 in all
     "custom_jvp in a custom_vjp fwd": (lambda p: "custom_jvp_in_fwd" in p.features(), 3, 9),
     "symbolic zeros with a named fwd in a region": (lambda p: "sz_fwd_remat" in p.features(), 3),
+    "region inside a scan": (lambda p: "checkpoint_in_scan" in p.features(), 3),
+    "second order in forward over reverse": (lambda p: p.diff.mode == "fwd_over_rev", 1),
     "matmul inside a region": (lambda p: any(s.op == "matmul" for r in regions(p) for s in r.body
                                              if isinstance(s, Op)), 3),   # on a vector: broadcast first
 }
@@ -213,7 +229,7 @@ SHRINK_TARGETS = {
 @pytest.mark.parametrize("name", sorted(SHRINK_TARGETS))
 def test_shrinks_to_a_small_program(name):
     pred, limit, *size_limit = SHRINK_TARGETS[name]
-    p = smallest(pred)
+    p = shrunk(pred)
     assert pred(p)
     assert primal_size(p) <= limit, p.to_json()
     assert p.size() <= (size_limit[0] if size_limit else limit + 3), p.to_json()

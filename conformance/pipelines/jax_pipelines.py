@@ -19,7 +19,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
-from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Interpreter, Op, Program, node_index  # noqa: E402
+from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Interpreter, Op, Program, Scan, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.pipelines import jax_table, xla_cache  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
@@ -87,6 +87,27 @@ class Lowering(Interpreter):
 
     def op(self, s: Op, args: list, nondiff):
         return OPS[s.op](args, s.params, nondiff)
+
+    def stack(self, xs):
+        return jnp.stack(xs)
+
+    def scan(self, s: Scan, path: str, args: list) -> list:
+        """jax.lax.scan (a recording evaluation loops in Python, to keep each iteration's values)."""
+        if self.record is not None:
+            return super().scan(s, path, args)
+        init, xs, consts = s.split_args()
+        n_c, n_x = len(init), len(xs)
+        env0 = dict(zip(consts, args[n_c + n_x:]))
+
+        def step(carry, x):
+            env = dict(env0)
+            env.update(zip(s.carry, carry))
+            env.update(zip(s.xs, x))
+            env = self.body(s.body, env, None, path + ".body")
+            return tuple(env[c] for c in s.carry_out), tuple(env[y] for y in s.ys)
+        carry, ys = jax.lax.scan(step, tuple(args[:n_c]), tuple(args[n_c:n_c + n_x]), length=s.length,
+                                 unroll=s.unroll)
+        return list(carry) + list(ys)
 
     def region(self, s: Checkpoint, path: str):
         fn = self.region_fn(s, path)
@@ -334,16 +355,16 @@ class JaxBase(Pipeline):
                 with timed(t, "residuals"):
                     leaves = [x for x in jax.tree.leaves(vjp_fn) if hasattr(x, "shape")]
                     obs.residuals = self._canonical(program, leaves)
+                    if self.spec.residual_report:
+                        obs.saved_arrays = [(int(np.size(x)), str(x.dtype)) for x in leaves]
             if self.spec.residual_report:
                 with timed(t, "residual_report"):
                     self._report(program, const, diff_ids, d, obs)
             if program.diff.order == 2:
                 stage = "second_order"
 
-                def l2(*d):
-                    gs = jax.grad(lambda *x: loss_fn(*x)[0], argnums=tuple(range(len(d))))(*d)
-                    return sum(jnp.sum(g).astype(jnp.float64) for g in gs)
-                g2 = jax.grad(l2, argnums=tuple(range(len(d))))
+                mode = program.diff.mode
+                g2 = lambda *d: NAMESPACE["hvp"](mode, lambda *x: loss_fn(*x)[0], *d)   # noqa: E731
                 if self.spec.jit:
                     g2 = jax.jit(g2)
                 with timed(t, "second_order"):

@@ -57,6 +57,7 @@ POLICIES: dict[str, str] = {
     "ops": "save_prims({prims})",
     "min_elements": "save_min_elements({elements})",
     "dot_params": "save_unbatched_dots()",
+    "no_policy": "None",
 }
 
 PRELUDE = '''
@@ -97,6 +98,22 @@ def save_min_elements(n):
     """A custom policy over the avals: save the outputs of primitives whose first input has at
     least n elements."""
     return lambda prim, *avals, **__: bool(avals) and getattr(avals[0], "size", 0) >= n
+
+
+def hvp(mode, loss, *d):
+    """H @ ones for a scalar loss of d (second-order programs), computed as `mode` says."""
+    argn = tuple(range(len(d)))
+    ones = tuple(jnp.ones_like(x) for x in d)
+    grad = lambda *x: jax.grad(loss, argnums=argn)(*x)   # noqa: E731
+    if mode == "reverse":   # grad of the sum of grad
+        return jax.grad(lambda *x: sum(jnp.sum(g).astype(jnp.float64) for g in grad(*x)), argnums=argn)(*d)
+    if mode == "fwd_over_rev":   # jvp of grad: a Hessian-vector product
+        return jax.jvp(grad, d, ones)[1]
+    if mode == "rev_over_fwd":   # grad of a jvp
+        return jax.grad(lambda *x: jax.jvp(loss, x, ones)[1], argnums=argn)(*d)
+    if mode == "linearize":   # jax.linearize of grad, applied to ones
+        return jax.linearize(grad, *d)[1](*ones)
+    raise ValueError(mode)
 
 
 def save_unbatched_dots():

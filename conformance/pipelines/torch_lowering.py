@@ -6,8 +6,10 @@ custom_vjp blocks as torch.autograd.Function). Only the torch modules import tor
   autograd rule passing the gradient through); SAC policy_fns see the name as args[1].
 - checkpoint regions are `torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
   context_fn=partial(create_selective_checkpoint_contexts, policy_fn),
-  respect_saved_tensors_hooks=True)`, nested as the program nests them. `prevent_cse` has
+  respect_saved_tensors_hooks=True)`, nested as the program nests them; a region with no
+  policy (kind `no_policy`) is plain `checkpoint(..., use_reentrant=False)`. `prevent_cse` has
   no PyTorch counterpart and is ignored.
+- scans are Python loops over the body (what dynamo unrolls), their ys stacked.
 - custom_vjp blocks are `torch.autograd.Function`s (forward runs fwd, saves the residuals
   with `ctx.save_for_backward`, backward runs bwd); `symbolic_zeros` is
   `ctx.set_materialize_grads(False)`: a None cotangent is logged as a symbolic zero and
@@ -91,6 +93,9 @@ class Lowering(Interpreter):
     def op(self, s: Op, args: list, nondiff):
         return OPS[s.op](args, s.params, nondiff)
 
+    def stack(self, xs):
+        return torch.stack(xs)
+
     def block(self, s: CustomVJP, path: str, args: list) -> list:
         if not self.custom:
             return self.inline(s, path, args)
@@ -109,6 +114,8 @@ class Lowering(Interpreter):
         if not self.remat:
             return fn
         ctx_fn = self._ctx_fns[path]
+        if s.policy.kind == "no_policy":   # no policy: checkpoint's own (non-selective) path
+            return lambda *args: checkpoint(fn, *args, use_reentrant=False)
 
         def ck(*args):
             return checkpoint(fn, *args, use_reentrant=False, context_fn=ctx_fn,

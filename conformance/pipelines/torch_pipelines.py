@@ -35,7 +35,7 @@ from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.tables import unlowered  # noqa: E402
 from conformance.pipelines.torch_capture import SavedRecorder, memory_kind  # noqa: E402
 from conformance.pipelines.torch_compile import inductor_partitioner, recording_aot_backend, torch_settings  # noqa: E402
-from conformance.pipelines.torch_lowering import Lowering, node_values  # noqa: E402
+from conformance.pipelines.torch_lowering import NAMESPACE, Lowering, node_values  # noqa: E402
 from conformance.residuals import canonicalise  # noqa: E402
 
 
@@ -47,6 +47,12 @@ def _tolist(x) -> Any:
 # The reason, also in the expectations data (entry torch-no-custom-jvp).
 NO_CUSTOM_JVP = ("PyTorch has no custom_jvp: an autograd.Function's jvp rule serves forward-mode AD only, "
                  "never the reverse mode these programs are differentiated in")
+# (entry torch-no-linearize)
+NO_LINEARIZE = ("jax.linearize has no PyTorch counterpart that runs under checkpoint: torch.func.linearize, like "
+                "every torch.func transform, rejects the saved tensor hooks torch.utils.checkpoint uses")
+# (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
+NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
+                 "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
 
 
 class TorchBase(Pipeline):
@@ -95,8 +101,15 @@ class TorchBase(Pipeline):
         if missing:
             obs.unsupported = f"no PyTorch lowering for ops {missing}"
             return obs
-        if "custom_jvp" in program.features():
+        feats = program.features()
+        if "custom_jvp" in feats:
             obs.unsupported = NO_CUSTOM_JVP
+            return obs
+        if "linearize" in feats:
+            obs.unsupported = NO_LINEARIZE
+            return obs
+        if "forward_ad" in feats and ("names" in feats or "custom_vjp" in feats):
+            obs.unsupported = NO_FORWARD_AD
             return obs
         torch.manual_seed(0)
         settings = [(torch._dynamo.config, "fail_on_recompile_limit_hit", True),
@@ -185,12 +198,8 @@ class TorchBase(Pipeline):
                                        "(torch.compile); second-order programs are out of scope")
                 else:
                     with timed(t, "second_order"):
-                        d = leaves()
                         low2 = Lowering(program, remat=self.remat, prefer=self.prefer, diff_residuals=True)
-                        loss2, _ = make_loss(low2)(*d)
-                        gs = grad(loss2, d, create_graph=True)
-                        l2 = sum(torch.sum(g).to(torch.float64) for g in gs)
-                        g2 = grad(l2, d)
+                        g2 = NAMESPACE["second_order"](program.diff.mode, make_loss(low2), leaves(), grad)
                     obs.grads2 = {i: _tolist(g) for i, g in zip(diff_ids, g2)}
         except Exception as e:  # the observation records it; oracles judge
             if stage == "lowering" and not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):

@@ -47,7 +47,32 @@ OPS: dict[str, Lowering] = {
 # region_decisions) keyed by (IR op kind, batched, size class) and (name op, checkpoint name,
 # size class). The size class says between which of the policy's element-count thresholds
 # (decisions["bounds"], min_elements policies) the op's first input falls; 0 without any.
+# Second-order modes PyTorch runs under checkpoint (each gives H @ ones, as in JAX): jax.linearize
+# has no counterpart there (torch.func transforms reject the saved tensor hooks checkpoint uses).
+SECOND_ORDER_MODES = ("reverse", "fwd_over_rev", "rev_over_fwd")
+
 PRELUDE = '''
+def second_order(mode, loss_fn, d, grad):
+    """H @ ones for loss_fn(*d)[0] (second-order programs), computed as `mode` says."""
+    import torch.autograd.forward_ad as fwAD
+    if mode == "reverse":   # grad of the sum of grad (double backward)
+        gs = grad(loss_fn(*d)[0], d, create_graph=True)
+        return grad(sum(torch.sum(g).to(torch.float64) for g in gs), d)
+    if mode == "fwd_over_rev":   # forward-mode AD (tangent ones) through the backward pass: jvp of grad
+        with fwAD.dual_level():
+            duals = [fwAD.make_dual(x, torch.ones_like(x)) for x in d]
+            gs = grad(loss_fn(*duals)[0], duals, create_graph=True)
+            tans = [fwAD.unpack_dual(g).tangent for g in gs]
+            return [torch.zeros_like(g) if t is None else t for g, t in zip(gs, tans)]
+    if mode == "rev_over_fwd":   # grad of a function built with forward-mode AD (the jvp of the loss)
+        def jvp_of_loss(*x):
+            with fwAD.dual_level():
+                t = fwAD.unpack_dual(loss_fn(*[fwAD.make_dual(a, torch.ones_like(a)) for a in x])[0]).tangent
+            return torch.zeros((), dtype=torch.float64) if t is None else t
+        return grad(jvp_of_loss(*d), d)
+    raise ValueError(mode)
+
+
 def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None):
     """A SAC policy_fn: aten op -> IR op kinds (kinds_of), then the region's decisions."""
     P = CheckpointPolicy

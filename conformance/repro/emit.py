@@ -11,10 +11,10 @@ import keyword
 import re
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Op, Program, walk
+from conformance.ir import ITER_SEP, Checkpoint, CustomJVP, CustomVJP, Op, Program, Scan, walk
 from conformance.pipelines import jax_table
 
-_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions)_?\d+$")
+_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|carry|xs|ys|y|it|scan_env)_?\d+$")
 _RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoint", "log", "dt", "program",
              "loss_fn", "run", "tag", "TAG_PACKET", "KINDS_OF", "CONST", "INPUTS", "DIFF", "sys", "re", "os", "env",
              "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
@@ -32,6 +32,8 @@ def identifiers(prog: Program) -> dict[str, str]:
             ids += list(s.cts)
         elif isinstance(s, CustomJVP):
             ids += list(s.tangents)
+        elif isinstance(s, Scan):
+            ids += list(s.carry) + list(s.xs) + list(s.results)
     out, used = {}, set()
     for k, i in enumerate(ids):
         n = i if (i.isidentifier() and i.isascii() and not keyword.iskeyword(i) and i not in _RESERVED
@@ -89,7 +91,40 @@ class Emitter:
                 lines += self.block(s, p, ind)
             elif isinstance(s, CustomJVP):
                 lines += self.jvp_block(s, p, ind)
+            elif isinstance(s, Scan):
+                lines += self.scan(s, p, ind, nd)
         return lines
+
+    def scan(self, s: Scan, path: str, ind: str, nd) -> list[str]:
+        """A scan: its body as a step function (carry, x) -> (new carry, y), then the dialect's loop."""
+        k = self.next_id()
+        step = f"step_{k}"
+        lines = [f"{ind}def {step}(carry_{k}, xs_{k}):   # the body of the scan {path}",
+                 f"{ind}    {self.tuple_([self.n[c] for c in s.carry])} = carry_{k}"]
+        if s.xs:
+            lines.append(f"{ind}    {self.tuple_([self.n[x] for x in s.xs])} = xs_{k}")
+        lines += self.body(s.body, ind + "    ", path + ".body", nd)
+        lines.append(f"{ind}    return {self.tuple_([self.n[c] for c in s.carry_out])}, "
+                     f"{self.tuple_([self.n[y] for y in s.ys])}")
+        init, xs, _ = s.split_args()
+        nc = len(s.carry)
+        return lines + self.scan_loop(k, step, s, ind, [self.n[a] for a in init], [self.n[a] for a in xs],
+                                      [self.n[r] for r in s.results[:nc]], [self.n[r] for r in s.results[nc:]])
+
+    def scan_loop(self, k: int, step: str, s: Scan, ind: str, init, xs, carry_res, ys_res) -> list[str]:
+        """The loop calling `step` (default: a Python loop stacking ys with stack_fn)."""
+        c, ys, it = f"carry_{k}", f"ys_{k}", f"it_{k}"
+        out = [f"{ind}{c}, {ys} = {self.tuple_(init)}, []",
+               f"{ind}for {it} in range({s.length}):",
+               f"{ind}    {c}, y_{k} = {step}({c}, {self.tuple_([f'{x}[{it}]' for x in xs])})",
+               f"{ind}    {ys}.append(y_{k})"]
+        if carry_res:
+            out.append(f"{ind}{self.tuple_(carry_res)} = {c}")
+        for j, r in enumerate(ys_res):
+            out.append(f"{ind}{r} = {self.stack_fn}([y_{k}[{j}] for y_{k} in {ys}])")
+        return out
+
+    stack_fn = "stack"
 
     def jvp_block(self, s: CustomJVP, path: str, ind: str) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__}: no custom_jvp")
@@ -107,19 +142,51 @@ class Emitter:
         lines = [f"    {self.n[i.id]} = {self.value_input(json.dumps(i.id))}" for i in self.prog.inputs]
         keys = [i.id for i in self.prog.inputs]
 
-        def visit(stmts, literal):
+        iters: list[str] = []   # the dicts of scans' per-iteration values
+
+        def visit(stmts, literal, ind, rec):
             for s in stmts:
                 if isinstance(s, Op):
-                    lines.append(f"    {self.n[s.out]} = {self.op(s, None, literal)}")
-                    keys.append(s.out)
+                    lines.append(f"{ind}{self.n[s.out]} = {self.op(s, None, literal)}")
+                    rec(s.out)
                 elif isinstance(s, Checkpoint):
-                    visit(s.body, literal)
+                    visit(s.body, literal, ind, rec)
                 elif isinstance(s, CustomVJP):
-                    visit(s.fwd, list(s.nondiff))
+                    visit(s.fwd, list(s.nondiff), ind, rec)
                 elif isinstance(s, CustomJVP):
-                    visit(s.body, literal)
-        visit(self.prog.body, None)
-        lines.append("    env = {" + ", ".join(f"{json.dumps(k)}: {self.n[k]}" for k in keys) + "}")
+                    visit(s.body, literal, ind, rec)
+                elif isinstance(s, Scan):
+                    scan(s, literal, ind)
+
+        def scan(s: Scan, literal, ind):
+            # iteration it's values as `<id>@<it>`, as the harness's recording evaluation names them
+            k = self.next_id()
+            env, it = f"scan_env_{k}", f"it_{k}"
+            init, xs, _ = s.split_args()
+            nc = len(s.carry)
+            lines.append(f"{ind}{env} = {{}}")
+            lines.append(f"{ind}{self.tuple_([self.n[c] for c in s.carry])} = {self.tuple_([self.n[a] for a in init])}")
+            lines.append(f"{ind}ys_{k} = []")
+            lines.append(f"{ind}for {it} in range({s.length}):")
+            inner = ind + "    "
+            for x, a in zip(s.xs, xs):
+                lines.append(f"{inner}{self.n[x]} = {self.n[a]}[{it}]")
+            rec = lambda i: lines.append(f"{inner}{env}[{json.dumps(i + ITER_SEP)} + str({it})] = {self.n[i]}")  # noqa: E731
+            for i in s.carry + s.xs:
+                rec(i)
+            visit(s.body, literal, inner, rec)
+            lines.append(f"{inner}ys_{k}.append({self.tuple_([self.n[y] for y in s.ys])})")
+            lines.append(f"{inner}{self.tuple_([self.n[c] for c in s.carry])} = "
+                         f"{self.tuple_([self.n[c] for c in s.carry_out])}")
+            if nc:
+                lines.append(f"{ind}{self.tuple_([self.n[r] for r in s.results[:nc]])} = "
+                             f"{self.tuple_([self.n[c] for c in s.carry])}")
+            for j, r in enumerate(s.results[nc:]):
+                lines.append(f"{ind}{self.n[r]} = {self.stack_fn}([y_{k}[{j}] for y_{k} in ys_{k}])")
+            iters.append(env)
+        visit(self.prog.body, None, "    ", keys.append)
+        lines.append("    env = {" + ", ".join([f"{json.dumps(k)}: {self.n[k]}" for k in keys]
+                                           + [f"**{e}" for e in iters]) + "}")
         return "\n".join(lines)
 
     def value_input(self, key: str) -> str:
@@ -136,6 +203,11 @@ class PseudoEmitter(Emitter):
 
     def op_text(self, op, args, params, nondiff):
         return O.pseudo(op, args, params)
+
+    def scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res):
+        opts = f", unroll={s.unroll}" if s.unroll != 1 else ""
+        return [f"{ind}{self.tuple_(carry_res)}, {self.tuple_(ys_res)} = scan({step}, init={self.tuple_(init)}, "
+                f"xs={self.tuple_(xs)}, length={s.length}{opts})"]
 
     def region(self, s, path, ind, nd):
         head = f"{ind}with checkpoint(policy={policy_text(s.policy)}" + (
@@ -172,6 +244,14 @@ class PseudoEmitter(Emitter):
         return out
 
 
+SECOND_ORDER_TEXT = {
+    "reverse": "grad of sum(grad of sum(outputs))",
+    "fwd_over_rev": "jvp of grad of sum(outputs) along ones (forward over reverse: H @ ones)",
+    "rev_over_fwd": "grad of (jvp of sum(outputs) along ones) (reverse over forward: H @ ones)",
+    "linearize": "jax.linearize of grad of sum(outputs), applied to ones (H @ ones)",
+}
+
+
 def pseudo_code(program) -> str:
     """The program as readable pseudo-Python (for reports)."""
     prog = program if isinstance(program, Program) else Program.model_validate(program)
@@ -179,5 +259,5 @@ def pseudo_code(program) -> str:
     sig = ", ".join(f"{e.n[i.id]}: {i.dtype}{list(i.shape)}" + ("" if i.diff else " (no grad)") for i in prog.inputs)
     lines = [f"def f({sig}):"] + e.body(prog.body, "    ", "body", None)
     lines.append(f"    return {', '.join(e.n[o] for o in prog.outputs)}")
-    tail = "grad of grad of sum(outputs)" if prog.diff.order == 2 else "grad of sum(outputs)"
+    tail = SECOND_ORDER_TEXT[prog.diff.mode] if prog.diff.order == 2 else "grad of sum(outputs)"
     return "\n".join(lines) + f"\n# differentiated: {tail} w.r.t. " + ", ".join(e.n[i.id] for i in prog.diff_inputs())

@@ -12,6 +12,12 @@ class JaxEmitter(Emitter):
     def op_text(self, op, args, params, nondiff):
         return jax_table.op_text(op, args, params, nondiff)
 
+    stack_fn = "jnp.stack"
+
+    def scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res):
+        return [f"{ind}{self.tuple_(carry_res)}, {self.tuple_(ys_res)} = lax.scan({step}, {self.tuple_(init)}, "
+                f"{self.tuple_(xs)}, length={s.length}, unroll={s.unroll})"]
+
     def value_input(self, key):
         return f"jnp.asarray(inputs[{key}])"
 

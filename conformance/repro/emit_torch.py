@@ -13,6 +13,8 @@ class TorchEmitter(Emitter):
         super().__init__(prog)
         self.names = torch_table.program_names(prog)
 
+    stack_fn = "torch.stack"   # scans: the default Python loop
+
     def op_text(self, op, args, params, nondiff):
         return torch_table.op_text(op, args, params, nondiff)
 
@@ -33,7 +35,8 @@ class TorchEmitter(Emitter):
                 f"ctx_{k} = {{p: partial(create_selective_checkpoint_contexts, sac_policy(decisions_{k}, KINDS_OF, "
                 f"TAG_PACKET, p)) for p in (False, True)}}", ""]
         self.defs.append("\n".join(src))
-        return [f"{ind}{res} = checkpoint({fn}, ctx_{k}, {', '.join(args)})"]
+        ctx = "None" if s.policy.kind == "no_policy" else f"ctx_{k}"   # None: checkpoint without SAC
+        return [f"{ind}{res} = checkpoint({fn}, {ctx}, {', '.join(args)})"]
 
     def block(self, s, path, ind):
         cls = f"Block{self.next_id()}"
