@@ -6,7 +6,7 @@ Program layer: imports the IR and the op table only.
 from __future__ import annotations
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Op, Program, Scan, infer_types, is_name, walk
+from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, infer_types, is_name, walk
 from conformance.policy import POLICY_KINDS, combines, offloads
 
 # Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
@@ -46,11 +46,23 @@ FEATURE_DOC: dict[str, str] = {
     "custom_jvp_in_fwd": "a custom_jvp block inside a custom_vjp fwd rule",
     "names_in_custom_jvp": "checkpoint names in a custom_jvp body (its jvp rule runs them too)",
     "scan": "a lax.scan (PyTorch: a Python loop over the body)",
-    "scan_xs": "a scan over a stacked sequence (its xs, e.g. per-layer weights)",
-    "scan_unroll": "a scan with unroll > 1",
-    "checkpoint_in_scan": "a checkpoint region inside a scan body (the checkpointed layer of a scanned model)",
-    "scan_in_checkpoint": "a scan inside a checkpoint region (jax.checkpoint around a whole scan)",
-    "names_in_scan": "checkpoint names inside a scan body",
+    "fori_loop": "a lax.fori_loop with a static trip count (differentiated; PyTorch: a Python loop)",
+    "while_loop": "a lax.while_loop that no gradient flows into (its inputs under stop_gradient)",
+    "vmap": "jax.vmap of a sub-function over stacked inputs (PyTorch: a Python loop)",
+    "scan_xs": "a scan or vmap over a stacked sequence (its xs, e.g. per-layer weights)",
+    "scan_unroll": "a scan or fori_loop with unroll > 1",
+    "checkpoint_in_scan": "a checkpoint region inside a scan, loop or vmap body (the checkpointed layer of a "
+                          "scanned model)",
+    "scan_in_checkpoint": "a scan, loop or vmap inside a checkpoint region (jax.checkpoint around a whole scan)",
+    "names_in_scan": "checkpoint names inside a scan, loop or vmap body",
+    "cond": "a lax.cond on a non-differentiated input (PyTorch: a Python if)",
+    "switch": "a lax.switch of three branches",
+    "checkpoint_in_cond": "a checkpoint region inside a cond branch",
+    "cond_in_checkpoint": "a cond inside a checkpoint region",
+    "names_in_cond": "checkpoint names inside a cond branch",
+    "nested_jit": "a jax.jit-ted sub-function inside the program (PyTorch: inline)",
+    "jit_in_checkpoint": "a jitted sub-function inside a checkpoint region",
+    "checkpoint_in_jit": "a checkpoint region inside a jitted sub-function",
     **O.FEATURE_DOC,
     "second_order": "a second-order program (H @ ones), in any mode",
     "fwd_over_rev": "second order as jvp of grad (forward over reverse: a Hessian-vector product)",
@@ -126,7 +138,7 @@ def compute_features(prog: Program) -> set[str]:
             if any(is_name(x) for x, _, _, _ in walk(s.body)):
                 f.add("names_in_custom_jvp")
         elif isinstance(s, Scan):
-            f.add("scan")
+            f.add(s.spelling)
             if s.xs:
                 f.add("scan_xs")
             if s.unroll > 1:
@@ -140,6 +152,23 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("names_in_scan")
             for r in s.carry_out + s.ys:
                 reads[r] = reads.get(r, 0) + 1
+        elif isinstance(s, Cond):
+            f.add("cond" if len(s.branches) == 2 else "switch")
+            if depth >= 1:
+                f.add("cond_in_checkpoint")
+            inner = [x for b in s.branches for x, _, _, _ in walk(b)]
+            if any(isinstance(x, Checkpoint) for x in inner):
+                f.add("checkpoint_in_cond")
+            if any(is_name(x) for x in inner):
+                f.add("names_in_cond")
+            for r in (r for rs in s.branch_results for r in rs):
+                reads[r] = reads.get(r, 0) + 1
+        elif isinstance(s, Jit):
+            f.add("nested_jit")
+            if depth >= 1:
+                f.add("jit_in_checkpoint")
+            if any(isinstance(x, Checkpoint) for x, _, _, _ in walk(s.body)):
+                f.add("checkpoint_in_jit")
         elif isinstance(s, Op):
             f.add(f"op:{s.op}")
             if is_name(s):
@@ -186,6 +215,8 @@ def _policy_conflict(body, outer) -> bool:
                 return True
         elif isinstance(s, CustomVJP) and (_policy_conflict(s.fwd, outer) or _policy_conflict(s.bwd, outer)):
             return True
-        elif isinstance(s, (CustomJVP, Scan)) and _policy_conflict(s.body, outer):
+        elif isinstance(s, (CustomJVP, Scan, Jit)) and _policy_conflict(s.body, outer):
+            return True
+        elif isinstance(s, Cond) and any(_policy_conflict(b, outer) for b in s.branches):
             return True
     return False

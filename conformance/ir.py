@@ -114,8 +114,15 @@ class Scan(_M):
     axis `length`), then the values its body closes over (re-bound to the same ids inside, as a
     region's args). Each iteration binds `carry` (the carries' current values) and `xs` (this
     iteration's slices) and runs `body`; `carry_out` (one per carry, same types) are the next
-    carries and `ys` are stacked. `results`: the final carries, then the stacked ys."""
+    carries and `ys` are stacked. `results`: the final carries, then the stacked ys.
+
+    `spelling`, how JAX writes the loop: `scan` (lax.scan); `fori_loop` (lax.fori_loop with a
+    static trip count: carries only); `while_loop` (lax.while_loop counting to `length`: carries
+    only, and no gradient flows into it: every value it reads is under stop_gradient, as
+    reverse mode requires); `vmap` (jax.vmap of the body over the xs: no carries, each
+    iteration independent). PyTorch runs each as a Python loop (detached for while_loop)."""
     kind: Literal["scan"] = "scan"
+    spelling: Literal["scan", "fori_loop", "while_loop", "vmap"] = "scan"
     args: list[str]
     carry: list[str]
     xs: list[str] = Field(default_factory=list)
@@ -132,11 +139,44 @@ class Scan(_M):
         return self.args[:nc], self.args[nc:nc + nx], self.args[nc + nx:]
 
 
-Stmt = Annotated[Union[Op, Checkpoint, CustomVJP, CustomJVP, Scan], Field(discriminator="kind")]
+class Jit(_M):
+    """A jax.jit-ted sub-function: `body` over `args` (re-bound to the same ids inside, as a
+    region's), exporting `results`. It inlines into the program's semantics (PyTorch runs it
+    inline); regions may stand inside it and it inside regions."""
+    kind: Literal["jit"] = "jit"
+    args: list[str]
+    body: list["Stmt"]
+    results: list[str]
+
+
+class Cond(_M):
+    """lax.cond (two branches) or lax.switch (more) on an index computed from `args[0]`, a
+    program input that is not differentiated: the index counts the thresholds
+    `branch_thresholds(n)` below the sum of its elements. The other args are the operands,
+    re-bound to the same ids in every branch; branch k defines `branch_results[k]`, one id per
+    result (the same types in every branch); `results` are the values after the cond."""
+    kind: Literal["cond"] = "cond"
+    args: list[str]
+    branches: list[list["Stmt"]]
+    branch_results: list[list[str]]
+    results: list[str]
+
+
+def branch_thresholds(n: int) -> list[float]:
+    """A cond's index on n branches: how many of these lie below the sum of its predicate."""
+    return [-0.5 + (j + 1) / n for j in range(n - 1)]
+
+
+MAX_BRANCHES = 3
+
+
+Stmt = Annotated[Union[Op, Checkpoint, CustomVJP, CustomJVP, Scan, Jit, Cond], Field(discriminator="kind")]
 Checkpoint.model_rebuild()
 CustomVJP.model_rebuild()
 CustomJVP.model_rebuild()
 Scan.model_rebuild()
+Jit.model_rebuild()
+Cond.model_rebuild()
 MAX_SCAN_LENGTH = 4
 # A value inside a scan body has one value per iteration: `<id>@<k>` names iteration k's value
 # (recorded values, residual classes). Program ids never contain the separator.
@@ -243,8 +283,11 @@ def walk(body, depth=0, path="body", ctx=None):
         elif isinstance(s, CustomJVP):
             yield from walk(s.body, depth, p + ".body", "primal")
             yield from walk(s.jvp, depth, p + ".jvp", "jvp")
-        elif isinstance(s, Scan):
+        elif isinstance(s, (Scan, Jit)):
             yield from walk(s.body, depth, p + ".body", ctx)
+        elif isinstance(s, Cond):
+            for k, b in enumerate(s.branches):
+                yield from walk(b, depth, f"{p}.branches[{k}]", ctx)
 
 
 def scan_lengths(body) -> dict[str, list[int]]:
@@ -262,12 +305,15 @@ def scan_lengths(body) -> dict[str, list[int]]:
             elif isinstance(s, Op):
                 if lengths:
                     out[s.out] = lengths
-            elif isinstance(s, Checkpoint):
+            elif isinstance(s, (Checkpoint, Jit)):
                 visit(s.body, lengths)
             elif isinstance(s, CustomVJP):
                 visit(s.fwd, lengths)
             elif isinstance(s, CustomJVP):
                 visit(s.body, lengths)
+            elif isinstance(s, Cond):
+                for b in s.branches:
+                    visit(b, lengths)
     visit(body, [])
     return out
 
@@ -306,7 +352,7 @@ def validate(prog: Program, limits: Limits | None = None) -> Program:
     return prog
 
 
-_TAGS = {"op", "checkpoint", "custom_vjp", "custom_jvp", "scan"}
+_TAGS = {"op", "checkpoint", "custom_vjp", "custom_jvp", "scan", "jit", "cond"}
 
 
 def error_location(loc) -> str:
@@ -412,6 +458,14 @@ def region_context(prog: Program) -> tuple[dict[str, list], set[str]]:
                 exempt.update(s.args)
                 exempt.update(s.results)
                 visit(s.body, stack)
+            elif isinstance(s, Jit):   # transparent: the policies around it decide for its values
+                visit(s.body, stack)
+            elif isinstance(s, Cond):   # its operands and results are its boundary
+                exempt.update(s.args)
+                exempt.update(s.results)
+                exempt.update(r for rs in s.branch_results for r in rs)
+                for b in s.branches:
+                    visit(b, stack)
             elif isinstance(s, Scan):   # a scan's carries, slices and results are its boundary
                 exempt.update(s.args)
                 exempt.update(s.results)
@@ -437,90 +491,3 @@ def free_vars(body) -> list[str]:
                 free.append(a)
         defined |= defined_ids([s])
     return free
-
-
-class Interpreter:
-    """Evaluates a program statement by statement; subclasses say what an op, a region and a
-    custom_vjp block are (one framework each). `record`: a dict that receives every op value."""
-    record: dict | None = None
-
-    def op(self, s: Op, args: list, nondiff):
-        raise NotImplementedError
-
-    def region(self, s: Checkpoint, path: str):
-        """A callable taking the region's args and returning its results."""
-        raise NotImplementedError
-
-    def block(self, s: CustomVJP, path: str, args: list) -> list:
-        raise NotImplementedError
-
-    def region_fn(self, s: Checkpoint, path: str):
-        """The region's body as a function of its args (no checkpoint)."""
-        def fn(*args):
-            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
-            return tuple(e[r] for r in s.results)
-        return fn
-
-    def jvp_block(self, s: "CustomJVP", path: str, args: list) -> list:
-        """A custom_jvp block (default: its primal body inline)."""
-        e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
-        return [e[r] for r in s.results]
-
-    def inline(self, s: CustomVJP, path: str, args: list) -> list:
-        """A custom_vjp block's primal: its fwd run inline."""
-        e = self.body(s.fwd, dict(zip(s.args, args)), s.nondiff, path + ".fwd")
-        return [e[r] for r in s.results]
-
-    def outputs(self, const: dict, diff_ids: list[str], diff_values) -> list:
-        """The program's outputs from its constant and differentiated inputs."""
-        env = dict(const)
-        env.update(zip(diff_ids, diff_values))
-        self.body(self.prog.body, env)
-        return [env[o] for o in self.prog.outputs]
-
-    def stack(self, xs: list):
-        """Per-iteration values stacked on a new leading axis."""
-        raise NotImplementedError
-
-    def index(self, x, k: int):
-        return x[k]
-
-    def scan(self, s: "Scan", path: str, args: list) -> list:
-        """A scan as a Python loop (default: what PyTorch runs, and what a recording evaluation
-        runs, recording `<id>@<k>` for iteration k)."""
-        init, xs, consts = s.split_args()
-        n_c, n_x = len(init), len(xs)
-        carry, seqs, env0 = args[:n_c], args[n_c:n_c + n_x], dict(zip(consts, args[n_c + n_x:]))
-        outer, ys = self.record, []
-        try:
-            for k in range(s.length):
-                env = dict(env0)
-                env.update(zip(s.carry, carry))
-                env.update(zip(s.xs, [self.index(x, k) for x in seqs]))
-                if outer is not None:
-                    self.record = {i: env[i] for i in s.carry + s.xs}
-                env = self.body(s.body, env, None, path + ".body")
-                if outer is not None:
-                    outer.update({f"{i}{ITER_SEP}{k}": v for i, v in self.record.items()})
-                carry = [env[c] for c in s.carry_out]
-                ys.append([env[y] for y in s.ys])
-        finally:
-            self.record = outer
-        return list(carry) + [self.stack([y[j] for y in ys]) for j in range(len(s.ys))]
-
-    def body(self, body, env: dict, nondiff=None, path="body"):
-        for i, s in enumerate(body):
-            p = f"{path}[{i}]"
-            if isinstance(s, Op):
-                env[s.out] = self.op(s, [env[a] for a in s.args], nondiff)
-                if self.record is not None:
-                    self.record[s.out] = env[s.out]
-            elif isinstance(s, Checkpoint):
-                env.update(zip(s.results, self.region(s, p)(*[env[a] for a in s.args])))
-            elif isinstance(s, CustomJVP):
-                env.update(zip(s.results, self.jvp_block(s, p, [env[a] for a in s.args])))
-            elif isinstance(s, Scan):
-                env.update(zip(s.results, self.scan(s, p, [env[a] for a in s.args])))
-            else:
-                env.update(zip(s.results, self.block(s, p, [env[a] for a in s.args])))
-        return env

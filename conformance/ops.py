@@ -28,6 +28,7 @@ GEN_MAX_DIM = 64    # generator: dimensions stay within ir.Limits' default
 FALLBACK_OP = "tanh"  # generator: bounded, any shape; used where an op's hint does not apply
 ACC_OP = "add"        # derivative rules: accumulates cotangents
 SCALE_OP = "scale"    # x * c (params: c); the generator's deliberately non-standard bwd rules
+SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement derivative rules
 
 
 class ParamError(ValueError):

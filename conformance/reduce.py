@@ -12,12 +12,11 @@ import copy
 from typing import Iterator
 
 from conformance.ir import Op, Program, ProgramError, load_program
-from conformance.ops import NAME_OPS, OPS, SCALE_OP
+from conformance.ops import NAME_OPS, OPS, SCALE_OP, SIMPLEST_OP
 from conformance.policy import KINDS
 from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
 
 SIMPLEST_POLICY = {"kind": next(iter(KINDS))}
-SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement derivative rules
 
 
 def _refs(stmt: dict) -> set[str]:
@@ -34,6 +33,9 @@ def _refs(stmt: dict) -> set[str]:
                     out.update(a for a in v if isinstance(a, str))
                 elif k in ("body", "fwd", "bwd", "jvp"):
                     stack.extend(v)
+                elif k in ("branches", "branch_results"):   # lists of lists
+                    for b in v:
+                        (stack.extend if k == "branches" else out.update)(b)
     return out
 
 
@@ -49,7 +51,7 @@ def _dce(body: list, live: set[str]) -> list:
     for s in reversed(body):
         if not any(d in live for d in _defines(s)):
             continue
-        if s["kind"] == "checkpoint":   # the results nothing reads go, and what only they needed
+        if s["kind"] in ("checkpoint", "jit"):   # the results nothing reads go, and what only they needed
             res = [r for r in s["results"] if r in live]
             s = {**s, "results": res, "body": _dce(s["body"], set(res))}
         elif s["kind"] == "custom_vjp":
@@ -72,12 +74,14 @@ def _statements(body: list, path=()) -> Iterator[tuple[tuple, dict]]:
     for i, s in enumerate(body):
         yield path + (i,), s
         for key in {"checkpoint": ("body",), "custom_vjp": ("fwd",), "custom_jvp": ("body",),
-                    "scan": ("body",)}.get(s["kind"], ()):
+                    "scan": ("body",), "jit": ("body",)}.get(s["kind"], ()):
             yield from _statements(s[key], path + (i, key))
+        for j, b in enumerate(s["branches"] if s["kind"] == "cond" else []):
+            yield from _statements(b, path + (i, "branches", j))
 
 
-def _regions(body: list) -> Iterator[tuple[tuple, dict]]:
-    return ((p, s) for p, s in _statements(body) if s["kind"] == "checkpoint")
+def _regions(body: list, kinds=("checkpoint",)) -> Iterator[tuple[tuple, dict]]:
+    return ((p, s) for p, s in _statements(body) if s["kind"] in kinds)
 
 
 _ID_LISTS = ("args", "results", "residuals", "bwd_results", "jvp_results", "outputs", "carry_out", "ys")
@@ -86,7 +90,9 @@ _ID_LISTS = ("args", "results", "residuals", "bwd_results", "jvp_results", "outp
 def _substitute(x, old: str, new: str):
     """`x` with every reference to value `old` read as `new`."""
     if isinstance(x, dict):
-        return {k: ([new if a == old else a for a in v] if k in _ID_LISTS else _substitute(v, old, new))
+        return {k: ([new if a == old else a for a in v] if k in _ID_LISTS else
+                    [[new if a == old else a for a in rs] for rs in v] if k == "branch_results" else
+                    _substitute(v, old, new))
                 for k, v in x.items()}
     if isinstance(x, list):
         return [_substitute(v, old, new) for v in x]
@@ -115,9 +121,12 @@ def _all_ids(obj: dict) -> set[str]:
         if isinstance(x, dict):
             if x.get("kind") == "op":
                 ids.add(x["out"])
-            ids.update(a for a in x.get("tangents", []) + x.get("cts", []) if isinstance(a, str))
+            ids.update(a for a in x.get("tangents", []) + x.get("cts", []) + x.get("carry", []) + x.get("xs", [])
+                       if isinstance(a, str))
             for k in ("body", "fwd", "bwd", "jvp"):
                 stack.extend(x.get(k, []))
+            for b in x.get("branches", []) if x.get("kind") == "cond" else []:
+                stack.extend(b)
     return ids
 
 
@@ -135,8 +144,10 @@ def _rederive(body: list, types: dict, fresh) -> list:
     ValueError where a rule is not made of plain ops."""
     out = []
     for s in body:
-        if s["kind"] in ("checkpoint", "scan"):
+        if s["kind"] in ("checkpoint", "scan", "jit"):
             s = {**s, "body": _rederive(s["body"], types, fresh)}
+        elif s["kind"] == "cond":
+            s = {**s, "branches": [_rederive(b, types, fresh) for b in s["branches"]]}
         elif s["kind"] == "custom_jvp":
             ops = [Op.model_validate(x) for x in s["body"]]   # ValueError: not plain ops
             jvp, tan = jvp_ops(ops, types, s["args"], s["tangents"], fresh)
@@ -251,9 +262,9 @@ def _carried(i: str, s: dict) -> str:
 
 def candidates(prog: Program) -> Iterator[Program]:
     """Rewrites of `prog`, simplest first: dead statements removed; one program output dropped
-    (and what only it needed); one region inlined; one custom rule's block inlined; one op
+    (and what only it needed); one region or jitted sub-function inlined; one custom rule's block inlined; one op
     bypassed (a checkpoint name, or an op one of whose arguments has its type); one scan cut to
-    one iteration, or inlined when it has one; one unary op of
+    one iteration, or inlined when it has one; one cond replaced by one of its branches; one unary op of
     a custom rule replaced by the simplest one; one non-standard rule made standard; one
     region's policy replaced by the simplest kind. Rules whose primal code changed are derived
     again from it, as the generator derives them."""
@@ -278,7 +289,7 @@ def candidates(prog: Program) -> Iterator[Program]:
             for drop in outs if len(outs) > 1]:
         if (p := emit(o)) is not None:
             yield p
-    for path, region in _regions(obj["body"]):   # a region inlined: its body in its place
+    for path, region in _regions(obj["body"], ("checkpoint", "jit")):   # a region (or jit) inlined: its body
         o = copy.deepcopy(obj)
         _at(o, path[:-1])[path[-1]:path[-1] + 1] = region["body"]
         if (p := emit(o)) is not None:
@@ -287,6 +298,15 @@ def candidates(prog: Program) -> Iterator[Program]:
     for o in _scans_simplified(obj, types):
         if (p := emit(o)) is not None:
             yield p
+    for path, s in _statements(obj["body"]):   # a cond replaced by one of its branches
+        if s["kind"] == "cond":
+            for b, rs in zip(s["branches"], s["branch_results"]):
+                o = copy.deepcopy(obj)
+                _at(o, path[:-1])[path[-1]:path[-1] + 1] = copy.deepcopy(b)
+                for r, src in zip(s["results"], rs):
+                    o = _substitute(o, r, src)
+                if (p := emit(o)) is not None:
+                    yield p
     for path, s in _statements(obj["body"]):   # a custom rule's block inlined: its primal code
         if s["kind"] in _RULES:
             o = copy.deepcopy(obj)

@@ -6,9 +6,9 @@ name tag and its producer) therefore share one class, which makes JAX and PyTorc
 residual sets comparable.
 
 Inside a scan, each iteration's value is a value of its own (`v@k`, as the recording
-evaluation names it). A saved array that equals no value but each of whose slices along its
+evaluation names it). A saved array each of whose slices along its
 leading axis equals an iteration's value is a stack of per-iteration residuals (what lax.scan
-saves): it counts as one residual per slice, so that a stacked JAX residual and PyTorch's
+saves; also when the whole equals a value, such as the scan's stacked ys): it counts as one residual per slice, so that a stacked JAX residual and PyTorch's
 per-iteration saves canonicalise alike.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
         whole = np.asarray(whole)
         cls = _cls(whole, values)
         parts = [(whole, cls)]
-        if not cls and iterated and whole.ndim >= 1:
+        if iterated and whole.ndim >= 1:   # (a stack of iteration values first: a scan's ys equals one)
             slices = [(x, _cls(x, values)) for x in whole]
             if all(c for _, c in slices) and any(ITER_SEP in i for _, c in slices for i in c):
                 parts = slices

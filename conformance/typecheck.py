@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from conformance import ops as O
-from conformance.ir import (ITER_SEP, MAX_SCAN_LENGTH, Checkpoint, CustomJVP, CustomVJP, Limits, Op, Program,
-                            ProgramError, Scan)
+from conformance.ir import (ITER_SEP, MAX_BRANCHES, MAX_SCAN_LENGTH, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Limits,
+                            Op, Program, ProgramError, Scan)
 from conformance.policy import policy_names
 
 
@@ -56,6 +56,7 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
         defined.add(i)
         types[i] = t
 
+    nondiff_inputs = {i.id for i in prog.inputs if not i.diff}
     for k, inp in enumerate(prog.inputs):
         if any((not isinstance(d, int)) or d < 1 for d in inp.shape):
             raise ProgramError(f"inputs[{k}].shape", f"dimensions must be positive integers: {inp.shape}")
@@ -166,7 +167,47 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
             elif isinstance(s, Scan):
                 check_scan(s, p, scope, depth, nondiff)
                 scope.update(s.results)
+            elif isinstance(s, Cond):
+                check_cond(s, p, depth, nondiff)
+                scope.update(s.results)
+            elif isinstance(s, Jit):
+                if len(set(s.args)) != len(s.args):
+                    raise ProgramError(f"{p}.args", "duplicate args")
+                inner = check_body(s.body, set(s.args), f"{p}.body", depth + 1, nondiff, in_fwd)
+                if not s.results:
+                    raise ProgramError(f"{p}.results", "a jitted sub-function must export at least one value")
+                for k, r in enumerate(s.results):
+                    if r not in inner or r in s.args:
+                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in the sub-function's body")
+                    scope.add(r)
         return scope
+
+    def check_cond(s: "Cond", p: str, depth: int, nondiff):
+        if nondiff is not None:
+            raise ProgramError(p, "conds do not nest inside custom rules")
+        if not s.args or s.args[0] not in nondiff_inputs:
+            raise ProgramError(f"{p}.args[0]", "the predicate must be a program input that is not differentiated")
+        ops = s.args[1:]
+        if len(set(ops)) != len(ops):
+            raise ProgramError(f"{p}.args", "duplicate operands")
+        if not 2 <= len(s.branches) <= MAX_BRANCHES:
+            raise ProgramError(f"{p}.branches", f"need 2 to {MAX_BRANCHES} branches")
+        if len(s.branch_results) != len(s.branches):
+            raise ProgramError(f"{p}.branch_results", "need one result list per branch")
+        if not s.results:
+            raise ProgramError(f"{p}.results", "a cond must have at least one result")
+        for k, (b, rs) in enumerate(zip(s.branches, s.branch_results)):
+            inner = check_body(b, set(ops), f"{p}.branches[{k}]", depth, None)
+            if len(rs) != len(s.results):
+                raise ProgramError(f"{p}.branch_results[{k}]", f"need one id per result ({len(s.results)})")
+            for j, r in enumerate(rs):
+                if r not in inner:
+                    raise ProgramError(f"{p}.branch_results[{k}][{j}]", f"{r!r} is not defined in branch {k}")
+                if types[r] != types[s.branch_results[0][j]]:
+                    raise ProgramError(f"{p}.branch_results[{k}][{j}]",
+                                       f"type {types[r]} differs from branch 0's {types[s.branch_results[0][j]]}")
+        for j, r in enumerate(s.results):
+            define(r, types[s.branch_results[0][j]], f"{p}.results[{j}]")
 
     def check_scan(s: "Scan", p: str, scope: set[str], depth: int, nondiff):
         if nondiff is not None:
@@ -175,6 +216,10 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
             raise ProgramError(f"{p}.length", f"must be between 1 and {MAX_SCAN_LENGTH}")
         if s.unroll < 1:
             raise ProgramError(f"{p}.unroll", "must be a positive integer")
+        if s.spelling in ("fori_loop", "while_loop") and (s.xs or s.ys):
+            raise ProgramError(f"{p}.spelling", f"a {s.spelling} has carries only (no xs, no ys)")
+        if s.spelling == "vmap" and (s.carry or not s.xs or not s.ys):
+            raise ProgramError(f"{p}.spelling", "a vmap has no carries, and at least one xs and one ys")
         if len(s.args) < len(s.carry) + len(s.xs):
             raise ProgramError(f"{p}.args", f"need the {len(s.carry)} carries' initial values and the "
                                             f"{len(s.xs)} stacked xs first")

@@ -2,32 +2,33 @@
 choice sequence builds a valid program.
 
 Swarm testing (Groce et al., ISSTA 2012): each program first draws which features it may use
-(`draw_swarm`: regions, nesting, prevent_cse, custom_vjp, symbolic zeros, optimize_remat,
-nondiff args, rule variants, unused results, extra inputs, dead values, second order, each
-policy kind after the first, each op family after the first, the dtype). "Off" is a flag's
-simplest choice, so shrinking turns features off; the Config's switches win over the swarm.
+(`draw_swarm`, generators/swarm.py: regions, nesting, prevent_cse, custom_vjp, symbolic zeros,
+optimize_remat, nondiff args, rule variants, unused results, extra inputs, dead values, second
+order and its modes, scans and their spellings, conds, jitted sub-functions, each policy kind after
+the first, each op family after the first, the dtype). "Off" is a flag's simplest choice, so
+shrinking turns features off; the Config's switches win over the swarm.
 
 Shrinking: a program is one flat item stream (each item after a "continue?" choice): an op, a
-region or custom_vjp opening, or a close of the innermost open one. Every item draws the same
+region, custom_vjp, jit, scan or cond opening (generators/structure.py: scans and conds), or a
+close of the innermost open one. Every item draws the same
 number of choices whatever came before, operands count back from the newest value, values stay
 visible after their region, and results/args/outputs/bwd rules are derived after the stream
 is read, so deleting an item leaves later choices meaning what they meant.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 from hypothesis import strategies as st
 
 from conformance import ops as O
-from conformance.ir import (DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Op, Program, Scan, free_vars,
-                            validate)
+from conformance.ir import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate
 from conformance.policy import KINDS
 from generators.draws import BOOL, draw_int, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
 from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
-from generators.swarm import SCAN_LENGTHS, Config, Swarm, draw_swarm, op_families, swarm_dimensions, swarms  # noqa: F401
+from generators.frames import Frame, Val, chain
+from generators.structure import Structure
+from generators.swarm import Config, Swarm, draw_swarm, op_families, swarm_dimensions, swarms  # noqa: F401
 
 # Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
 # that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
@@ -41,57 +42,23 @@ SPELLINGS = ("defvjp", "custom_gradient", "custom_gradient_remat", "defremat")
 RESIDUAL_TREES = ("tuple", "dict", "nested")   # the pytree custom_vjp residuals travel in
 
 
-@dataclass
-class Val:
-    id: str
-    shape: tuple
-    dtype: str
-    mag: float
-
-
 # ---- the generator ------------------------------------------------------------------------------
 class _NoInput(Exception):
     """An op hint asked for a new input beyond Config.max_inputs."""
 
 
-class _Frame:
-    """An open (then closed) region or block while the item stream is read."""
-    __slots__ = ("kind", "parent", "depth", "items", "policy_choice", "prevent_cse", "nondiff",
-                 "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp", "spelling",
-                 "residual_tree", "perturbed_branch", "in_scan", "scan")
-
-    def __init__(self, kind, parent, depth):
-        self.kind, self.parent, self.depth = kind, parent, depth
-        self.items: list = []          # Op | _Frame
-        # inside a custom rule (a custom_vjp fwd or a custom_jvp body): ops with derivatives only
-        self.in_cvjp = kind in ("custom_vjp", "custom_jvp") or (parent is not None and parent.in_cvjp)
-        self.nondiff: list[float] = [] if parent is None else list(parent.nondiff)
-        self.in_scan = kind == "scan" or (parent is not None and parent.in_scan)
-        self.scan: dict | None = None   # a scan's carry, xs, length, unroll; at its close its outputs
-
-
 # Item kinds, the value of one draw: the simplest (0) is a plain op. A kind that is not
 # available where it is drawn becomes an op (a region where the swarm or the depth forbids
 # one, a block where the swarm does) or a close (a block inside a block).
-_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_SCAN = range(5)
+_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_SCAN, _ITEM_COND = range(6)
 # At top level ops and regions are twice as likely as blocks (and closes, which do nothing
 # there); inside a region the second region choice is an op, so that nested regions do not cut
 # bodies into single ops.
-# A scan where the swarm has none (or inside a custom rule or another scan) is an op.
-_ITEM_OF = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_REGION, _ITEM_OP, _ITEM_SCAN)
-_ITEM_OF_NESTED = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_OP, _ITEM_OP, _ITEM_SCAN)
-
-
-def _chain(f: _Frame | None) -> set:
-    """A frame and the frames around it."""
-    out = set()
-    while f is not None:
-        out.add(f)
-        f = f.parent
-    return out
-
-
-class _Gen:
+# A scan or cond where the swarm has none (or inside a custom rule; a scan inside another scan)
+# is an op.
+_ITEM_OF = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_REGION, _ITEM_OP, _ITEM_SCAN, _ITEM_COND)
+_ITEM_OF_NESTED = (_ITEM_OP, _ITEM_REGION, _ITEM_CVJP, _ITEM_CLOSE, _ITEM_OP, _ITEM_OP, _ITEM_SCAN, _ITEM_COND)
+class _Gen(Structure):
     """Reads the item stream (the Chooser that the op table's generator hints draw with), then
     derives the program."""
 
@@ -105,7 +72,7 @@ class _Gen:
         self.types: dict[str, tuple] = {}
         self.scope: list[Val] = []
         self.nondiff: list[float] = []
-        self.home: dict[str, _Frame] = {}     # value id -> frame that defines it
+        self.home: dict[str, Frame] = {}     # value id -> frame that defines it
         self.cjvp_frames: dict[int, tuple] = {}   # id(CustomJVP) -> (its frame, the ids its body defines)
         self.n = 0
         on = self.sw
@@ -243,6 +210,9 @@ class _Gen:
             k = _ITEM_OP
         if k == _ITEM_SCAN and not (self.sw["scan"] and not f.in_cvjp and not f.in_scan):
             k = _ITEM_OP
+        if k == _ITEM_COND and not (self.sw["cond"] and not f.in_cvjp and not f.in_cond
+                                    and self._predicate() is not None):
+            k = _ITEM_OP
         block = "custom_vjp"
         if k == _ITEM_CVJP and f.kind == "custom_vjp" and self.sw["custom_jvp"]:
             block = "custom_jvp"   # a custom_jvp inside a custom_vjp fwd rule
@@ -265,28 +235,32 @@ class _Gen:
             if f.parent is not None and f.items:
                 self._close(f)
             return 0
-        kind = "checkpoint" if k == _ITEM_REGION else "scan" if k == _ITEM_SCAN else block
-        g = _Frame(kind, f, f.depth + (k == _ITEM_REGION))
-        if k == _ITEM_REGION:
+        kind = {_ITEM_REGION: "checkpoint", _ITEM_SCAN: "scan", _ITEM_COND: "cond"}.get(k, block)
+        if k == _ITEM_REGION and self.sw["nested_jit"] and draw(BOOL, label="region_is_jit"):
+            kind = "jit"   # a jax.jit-ted sub-function where a region would open
+        g = Frame(kind, f, f.depth + (k == _ITEM_REGION))
+        if kind == "checkpoint":
             self._open_region(g)
         elif k == _ITEM_SCAN:
             self._open_scan(g)
-        elif block == "custom_vjp":
+        elif k == _ITEM_COND:
+            self._open_cond(g)
+        elif kind == "custom_vjp":
             self._open_cvjp(g)
-        else:
+        elif kind == "custom_jvp":
             self._open_cjvp(g)
         f.items.append(g)
         self.frame = g
         return 1
 
-    def _open_region(self, g: _Frame):
+    def _open_region(self, g: Frame):
         draw = self.draw
         # the policy's choices belong to this item; it is built with the body, so that an
         # `ops` policy can name the region's own ops
         g.policy_choice = draw_policy_plan(draw, self.kinds)
         g.prevent_cse = not (self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_false"))
 
-    def _open_cvjp(self, g: _Frame):
+    def _open_cvjp(self, g: Frame):
         sw, draw = self.sw, self.draw
         # A block option the swarm turns on is on in every block of the program, except
         # optimize_remat: with symbolic_zeros it is documented as unsupported (every pipeline
@@ -305,62 +279,14 @@ class _Gen:
         g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
 
-    def _open_scan(self, g: _Frame):
-        """A scan's choices: its length, unroll, whether it scans over a stacked input (a new
-        input, e.g. per-layer weights), and its carry's initial value. The body sees the slice,
-        then the carry (the newest value: the body's ops chain from it)."""
-        sw, draw = self.sw, self.draw
-        length = SCAN_LENGTHS[draw_int(draw, 0, len(SCAN_LENGTHS) - 1, "scan_length")]
-        unroll = length if sw["scan_unroll"] and draw(BOOL, label="scan_unroll") else 1
-        with_xs = sw["scan_xs"] and draw(BOOL, label="scan_xs")
-        init = self.operand()
-        xs = []
-        if with_xs and len(init.shape) < 3 and len(self.inputs) < self.cfg.max_inputs:
-            seq = self._input((length,) + tuple(init.shape))
-            w = Val(self.fresh("w"), init.shape, init.dtype, seq.mag)
-            self.types[w.id] = (w.shape, w.dtype)
-            self.scope.append(w)
-            xs.append((seq, w))
-        c = Val(self.fresh("c"), init.shape, init.dtype, init.mag)
-        self.types[c.id] = (c.shape, c.dtype)
-        self.scope.append(c)
-        g.scan = {"length": length, "unroll": unroll, "init": init, "carry": c, "xs": xs}
-
-    def _close(self, f: _Frame):
-        """Leave frame f; a scan's body values leave the scope, its final carry and stacked
-        outputs enter it."""
-        self.frame = f.parent
-        if f.kind != "scan":
-            return
-        sc = f.scan
-        inner = {x.id for x, _ in [(sc["carry"], 0)] + [(w, 0) for _, w in sc["xs"]]}
-        body = [v for v in self.scope if v.id in inner or (v.id in self.home and f in _chain(self.home[v.id]))]
-        self.scope = [v for v in self.scope if v not in body]
-        c = sc["carry"]
-        defined = [v for v in body if v.id not in inner]
-        same = [v for v in defined if (v.shape, v.dtype) == (c.shape, c.dtype)]
-        out = same[-1] if same else c
-        grow = out.mag / max(c.mag, 1e-6)
-        if out is not c and c.mag * grow ** sc["length"] > O.MAX_MAG:
-            out = c   # a carry compounding past the magnitude bound: the body leaves it as it is
-        ys = [defined[-1]] if defined and len(defined[-1].shape) < 3 else []
-        sc["carry_out"], sc["ys"] = out.id, [y.id for y in ys]
-        res = [Val(self.fresh("s"), c.shape, c.dtype, max(c.mag, out.mag * (grow if out is not c else 1.0)))]
-        res += [Val(self.fresh("s"), (sc["length"],) + tuple(y.shape), y.dtype, y.mag) for y in ys]
-        for r in res:
-            self.types[r.id] = (r.shape, r.dtype)
-            self.home[r.id] = f.parent
-            self.scope.append(r)
-        sc["results"] = [r.id for r in res]
-
-    def _open_cjvp(self, g: _Frame):
+    def _open_cjvp(self, g: Frame):
         g.nondiff, g.symbolic_zeros, g.optimize_remat = [], False, False
         g.nonstandard = draw_int(self.draw, 0, 7, "nonstandard_result") if self.sw["nonstandard_rules"] else None
         g.extra_result = self.sw["unused_results"]
 
     def stream(self):
         draw = self.draw
-        top = self.frame = _Frame("top", None, 0)
+        top = self.frame = Frame("top", None, 0)
         x0 = self._input(self._shape())
         self.scope.append(x0)
         if self.sw["extra_inputs"]:
@@ -391,7 +317,7 @@ class _Gen:
     def program(self) -> Program:
         top, extra_out = self.stream()
         values = [v for v in self.scope if v.id in self.home]
-        readers: dict[str, list[_Frame]] = {}   # value id -> the frames of the statements reading it
+        readers: dict[str, list[Frame]] = {}   # value id -> the frames of the statements reading it
 
         def note_reads(f):
             for it in f.items:
@@ -399,9 +325,12 @@ class _Gen:
                     for a in it.args:
                         readers.setdefault(a, []).append(f)
                 else:
+                    if it.kind == "cond":   # the cond reads its result's source in its first branch
+                        readers.setdefault(it.scan["source"], []).append(it)
                     if it.kind == "scan":   # the scan reads its initial carry; its body, what it carries out
-                        readers.setdefault(it.scan["init"].id, []).append(f)
-                        for a in [it.scan["carry_out"]] + it.scan["ys"]:
+                        if it.scan["carry"] is not None:
+                            readers.setdefault(it.scan["init"].id, []).append(f)
+                        for a in ([it.scan["carry_out"]] if it.scan["carry"] else []) + it.scan["ys"]:
                             readers.setdefault(a, []).append(it)
                     note_reads(it)
         note_reads(top)
@@ -417,15 +346,15 @@ class _Gen:
         # definition that some reader is outside of.
         leaves: dict[str, set[int]] = {}
         for vid, f in self.home.items():   # scan bodies' values included (they left the scope)
-            home = _chain(f)
-            leaves[vid] = {id(g) for r in readers.get(vid, ()) for g in home - _chain(r)}
+            home = chain(f)
+            leaves[vid] = {id(g) for r in readers.get(vid, ()) for g in home - chain(r)}
         body = self._build(top, leaves)
         diff = Diff(order=2 if self.sw["second_order"] else 1)
         if self.sw["second_order"] and self.sw["diff_modes"]:   # how H @ ones is computed (first: reverse)
             diff.mode = DIFF_MODES[draw_int(self.draw, 0, len(DIFF_MODES) - 1, "diff_mode")]
         return Program(inputs=self.inputs, body=body, outputs=outs, diff=diff)
 
-    def _build(self, f: _Frame, leaves) -> list:
+    def _build(self, f: Frame, leaves) -> list:
         body = []
         for it in f.items:
             if isinstance(it, Op):
@@ -438,6 +367,10 @@ class _Gen:
             results = [d for d in defined if id(it) in leaves.get(d, ())]
             if it.kind == "scan":
                 body.append(self._scan(it, inner))
+            elif it.kind == "jit":
+                body.append(Jit(args=free_vars(inner), body=inner, results=results or [defined[-1]]))
+            elif it.kind == "cond":
+                body.append(self._cond(it, inner))
             elif it.kind == "checkpoint":
                 results = results or [defined[-1]]
                 body.append(Checkpoint(args=free_vars(inner), body=inner, results=results,
@@ -449,20 +382,11 @@ class _Gen:
                 body.append(self._cvjp(it, inner, defined, results))
         return body
 
-    @staticmethod
-    def _scan(it: _Frame, inner) -> Scan:
-        sc = it.scan
-        carry, xs = [sc["carry"].id], [w.id for _, w in sc["xs"]]
-        consts = [a for a in free_vars(inner) if a not in carry + xs]
-        return Scan(args=[sc["init"].id] + [q.id for q, _ in sc["xs"]] + consts, carry=carry, xs=xs, body=inner,
-                    carry_out=[sc["carry_out"]], ys=sc["ys"], results=sc["results"], length=sc["length"],
-                    unroll=sc["unroll"])
-
-    def _policy(self, it: _Frame, inner):
+    def _policy(self, it: Frame, inner):
         return make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])
 
     @staticmethod
-    def _block_results(it: _Frame, defined, results) -> list[str]:
+    def _block_results(it: Frame, defined, results) -> list[str]:
         """A block's results: what is read outside it (else its last value), and with
         unused_results one value more that nothing reads."""
         if not results:
@@ -473,10 +397,10 @@ class _Gen:
                 results = sorted(results + extra[:1], key=defined.index)
         return results
 
-    def _cjvp(self, it: _Frame, body, defined, results) -> CustomJVP:
+    def _cjvp(self, it: Frame, body, defined, results) -> CustomJVP:
         return self._cjvp_rule(it, body, self._block_results(it, defined, results))
 
-    def _cjvp_rule(self, it: _Frame, body, results) -> CustomJVP:
+    def _cjvp_rule(self, it: Frame, body, results) -> CustomJVP:
         args = free_vars(body)
         tangents = [self.fresh("t") for _ in args]
         for t, a in zip(tangents, args):
@@ -498,7 +422,7 @@ class _Gen:
         it, defined = self.cjvp_frames[id(s)]
         return self._cjvp_rule(it, s.body, sorted(s.results + extra, key=defined.index))
 
-    def _cvjp(self, it: _Frame, fwd, defined, results) -> CustomVJP:
+    def _cvjp(self, it: Frame, fwd, defined, results) -> CustomVJP:
         results = self._block_results(it, defined, results)
         args = free_vars(fwd)
         cts = [self.fresh("g") for _ in results]

@@ -14,6 +14,9 @@ from conformance.policy import KINDS
 from generators.draws import draw_int, flag
 
 
+LOOP_SPELLINGS = ("scan", "fori_loop", "while_loop", "vmap")   # how a scan is spelled (first: lax.scan)
+
+
 @dataclass
 class Config:
     """What the generator may produce. Profiles and pipelines narrow it; a feature switched off
@@ -28,6 +31,9 @@ class Config:
     offload_policies: bool = True
     max_inputs: int = 6
     scan: bool = True         # lax.scan (PyTorch: a Python loop), its bodies holding regions and names
+    loop_spellings: tuple[str, ...] = LOOP_SPELLINGS   # scan spellings allowed (the first is the plain one)
+    nested_jit: bool = True
+    cond: bool = True         # lax.cond / lax.switch on a non-differentiated input (PyTorch: a Python if)   # jax.jit-ted sub-functions (PyTorch: inline), inside and around regions
     swarm: bool = True        # False: every feature the config allows is available to every program
     require: tuple[str, ...] = ()   # swarm dimensions on in every program (where the config allows them)
 
@@ -57,7 +63,8 @@ _FEATURE_FLAGS = (
 # Dimensions added later are drawn after every other one, so that the earlier dimensions keep
 # their places in the choice sequence (the shrinker's moves depend on them).
 _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed_branch", _HALF),
-               ("scan", _HALF), ("scan_xs", _HALF), ("scan_unroll", _HALF), ("diff_modes", _HALF))
+               ("scan", _HALF), ("scan_xs", _HALF), ("scan_unroll", _HALF), ("diff_modes", _HALF),
+               ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF))
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 
@@ -90,6 +97,14 @@ def _allowed(cfg: Config) -> dict[str, bool]:
         a["extra_inputs"] = a["scan_xs"] = False
     if not cfg.scan:
         a["scan"] = False
+    if not cfg.cond or cfg.max_inputs < 2:   # a cond's predicate is an input of its own
+        a["cond"] = False
+    if not a["cond"]:
+        a["cond_switch"] = False
+    if not cfg.nested_jit or not a["checkpoint"]:   # a sub-function opens where a region would
+        a["nested_jit"] = False
+    if not a["scan"] or len(cfg.loop_spellings) < 2:
+        a["loop_spellings"] = False
     if not a["scan"]:
         a["scan_xs"] = a["scan_unroll"] = False
     for k, decl in list(KINDS.items())[1:]:

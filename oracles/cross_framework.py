@@ -23,7 +23,7 @@ Pure functions over observations; they import no framework.
 """
 from __future__ import annotations
 
-from conformance.ir import (DERIVATIVE_CTX, Checkpoint, CustomVJP, Op, Program, Scan, base_id, checkpoint_name_of,
+from conformance.ir import (DERIVATIVE_CTX, Checkpoint, Cond, CustomVJP, Jit, Op, Program, Scan, base_id, checkpoint_name_of,
                             input_elements, is_name, region_context, walk)
 from conformance.ops import OPS
 from conformance.observation import Observation
@@ -62,8 +62,11 @@ def policy_named(program: Program) -> set[str]:
                 visit(s.body, stack + [s.policy])
             elif isinstance(s, CustomVJP):
                 visit(s.fwd, stack)
-            elif isinstance(s, Scan):
+            elif isinstance(s, (Scan, Jit)):
                 visit(s.body, stack)
+            elif isinstance(s, Cond):
+                for b in s.branches:
+                    visit(b, stack)
     visit(program.body, [])
     return out
 

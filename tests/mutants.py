@@ -262,6 +262,11 @@ COMMON_EXPECTATIONS = [
     {"id": "mutant-rule-remat-needs-custom-vjp3", "pipelines": ["jax:mutant-*"], "features": ["rule_remat"],
      "flags": {"jax_custom_vjp3": False},
      "raises": {"type": "NotImplementedError", "regex": "requires the jax_custom_vjp3"},
+     "verified_by": "tests/mutants.py (test-only)"},
+    # as the packaged entry jax-both-policies-cannot-offload says of jax:remat*
+    {"id": "mutant-both-policies-cannot-offload", "pipelines": ["jax:mutant-*"], "features": ["offload_in_both"],
+     "diverges": {"check": "error", "error_regex": "ValueError: The return value of the policies should be a boolean",
+                  "reason": "save_from_both_policies accepts only boolean policies (mutants run JAX's policies)"},
      "verified_by": "tests/mutants.py (test-only)"}]
 # Expectation entries a mutant is judged with besides the packaged ones.
 _MUST_RAISE_SZ = {"features": ["symbolic_zeros"], "raises": {"type": ".*", "regex": "(?i)symbolic.?zeros"},

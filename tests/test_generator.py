@@ -48,8 +48,13 @@ def primal_ops(p):
 
 
 def primal_size(p):
-    """Statements outside custom rules' derivative code (derived from the primal, not drawn)."""
-    return sum(1 for _, _, _, ctx in walk(p.body) if ctx not in DERIVATIVE_CTX)
+    """Statements outside custom rules' derivative code and outside a cond's later branches
+    (derived from the primal code and the first branch, not drawn)."""
+    return sum(1 for _, _, path, ctx in walk(p.body) if ctx not in DERIVATIVE_CTX and not _later_branch(path))
+
+
+def _later_branch(path: str) -> bool:
+    return any(not part.startswith("[0]") for part in path.split(".branches")[1:])
 
 
 def dead_values(p):
@@ -60,6 +65,10 @@ def dead_values(p):
         if isinstance(s, CustomVJP):
             read.update(s.residuals)
             read.update(r for r in s.bwd_results if r)
+        read.update(getattr(s, "carry_out", []) + getattr(s, "ys", []))   # a scan's
+        read.update(r for rs in getattr(s, "branch_results", []) for r in rs)   # a cond's
+        if isinstance(s, CustomJVP):
+            read.update(s.jvp_results)
     return [s.out for s in primal_ops(p) if s.out not in read]
 
 
@@ -93,10 +102,14 @@ SHOWS = {
     "nondiff_inputs": lambda p: "nondiff_input" in p.features(),
     "dead_values": lambda p: bool(dead_values(p)),
     "second_order": lambda p: p.diff.order == 2,
-    "scan": lambda p: "scan" in p.features(),
+    "scan": lambda p: bool({"scan", "fori_loop", "while_loop", "vmap"} & p.features()),
+    "loop_spellings": lambda p: bool({"fori_loop", "while_loop", "vmap"} & p.features()),
     "scan_xs": lambda p: "scan_xs" in p.features(),
     "scan_unroll": lambda p: "scan_unroll" in p.features(),
     "diff_modes": lambda p: p.diff.mode != "reverse",
+    "nested_jit": lambda p: "nested_jit" in p.features(),
+    "cond": lambda p: bool({"cond", "switch"} & p.features()),
+    "cond_switch": lambda p: "switch" in p.features(),
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},

@@ -6,7 +6,7 @@ import pytest
 
 from conformance import repro
 from conformance.findings import make_finding
-from conformance.ir import DIFF_MODES, ProgramError, iteration_ids, load_program, node_index, scan_lengths
+from conformance.ir import DIFF_MODES, ProgramError, iteration_ids, load_program, node_index, scan_lengths, walk
 from conformance.reduce import candidates
 from conformance.residuals import canonicalise
 from conformance.runner import InProcessExecutor
@@ -177,3 +177,120 @@ def test_grad_of_jvp_of_custom_vjp_raises():
     j = judge(p, obs, PACKAGED)
     assert j.expectation_hits.get("jax-custom-vjp-no-forward-mode") == "fired"
     assert not [v for v in j.failures() if v.pipeline in ("ref:f64", "jax:remat2")]
+
+
+def jit_program():
+    """A jitted sub-function inside a region (naming sin(x) 'a'), and a region inside a jitted
+    sub-function."""
+    inner = {"kind": "jit", "args": ["x"], "body": [op("sin", ["x"], "s"), op("name", ["s"], "a", name="a"),
+                                                  op("cos", ["a"], "c")], "results": ["c", "a"]}
+    r1 = region(["x"], [inner, op("mul", ["c", "a"], "m")], ["m"], {"kind": "save_only_names", "names": ["a"]})
+    r2 = {"kind": "jit", "args": ["m"], "body": [region(["m"], [op("exp", ["m"], "e"), op("name", ["e"], "b", name="b"),
+                                                              op("tanh", ["b"], "t")], ["t"], {"kind": "nothing"})],
+          "results": ["t"]}
+    return prog([r1, r2], outputs=["t"])
+
+
+def test_nested_jit_runs_alike_and_keeps_policies_inside_and_around():
+    p = jit_program()
+    assert {"nested_jit", "jit_in_checkpoint", "checkpoint_in_jit"} <= p.features()
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3:jit", "torch:none", "torch:eager-sac"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    j = judge(p, obs, PACKAGED)
+    assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+    for n in ("jax:remat2", "jax:remat3", "torch:eager-sac"):
+        assert named(obs[n]) == [("a", "s")], (n, [r.describe() for r in obs[n].residuals])
+    src = repro.generate(p, input_values(p, 0), None, "jax")
+    assert "= jax.jit(jit_" in src
+    assert "jit(jit_1)" in repro.pseudo_code(p)
+    jits = lambda q: sum(s.kind == "jit" for s, *_ in walk(q.body))   # noqa: E731
+    inlined = [c for c in candidates(p) if jits(c) == 1]
+    assert len(inlined) >= 2 and all(load_program(c.to_json_obj()) == c for c in inlined)
+
+
+def loop(spelling):
+    """A checkpointed layer named 'a' as a fori_loop / while_loop (carry only) or a vmap (xs only)."""
+    if spelling == "vmap":
+        layer = [op("mul", ["wk", "y"], "m"), op("sin", ["m"], "s"), op("name", ["s"], "a", name="a"),
+                 op("mul", ["a", "y"], "b")]
+        body = [region(["wk", "y"], layer, ["b"], {"kind": "save_only_names", "names": ["a"]})]
+        s = {"kind": "scan", "spelling": "vmap", "args": ["w", "y"], "carry": [], "xs": ["wk"], "length": 3,
+             "body": body, "carry_out": [], "ys": ["b"], "results": ["bs"]}
+        inputs = [{"id": "w", "shape": [3, 3], "dtype": F32, "diff": True},
+                  {"id": "y", "shape": [3], "dtype": F32, "diff": True}]
+        return prog([s], inputs=inputs, outputs=["bs"])
+    p = scanned_layers(xs=False).to_json_obj()
+    s = p["body"][0]
+    s.update(spelling=spelling, ys=[], results=["cf"])
+    p["outputs"] = ["cf"]
+    if spelling == "while_loop":   # no gradient flows into it: y is read again after it
+        p["body"].append(op("mul", ["cf", "y"], "o"))
+        p["outputs"] = ["o"]
+    return load_program(p)
+
+
+@pytest.mark.parametrize("spelling", ["fori_loop", "while_loop", "vmap"])
+def test_loops_and_vmap_run_alike(spelling, tmp_path):
+    p = loop(spelling)
+    assert spelling in p.features()
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3:jit", "torch:none", "torch:eager-sac"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    j = judge(p, obs, PACKAGED)
+    assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+    if spelling == "while_loop":   # only the last multiply is differentiated
+        np.testing.assert_allclose(obs["jax:remat2"].grads["y"], obs["ref:f64"].outputs[0] / input_values(p, 0)["y"],
+                                   rtol=1e-4)
+        assert not named(obs["jax:remat2"])
+    else:   # each iteration's named value is saved, as a stack in JAX and one by one in PyTorch
+        for n in ("jax:remat2", "jax:remat3:jit", "torch:eager-sac"):
+            assert named(obs[n]) == [(f"a@{k}", f"s@{k}") for k in range(3)], (n, obs[n].residuals)
+    for fw in ("jax", "torch"):
+        v = Verdict(check="residuals", pipeline="jax:remat3" if fw == "jax" else "torch:eager-sac",
+                    reference="jax:remat2", status="fail", error_type="missing")
+        src = repro.generate(p, input_values(p, 0), make_finding(v, p, input_values(p, 0), {}, {}, "cpu"), fw)
+        rc, out = run_script(src, tmp_path, name=f"repro_{fw}.py")
+        assert rc == 0, out
+
+
+def cond_program(n=2):
+    """A cond (or a switch of three) on a non-differentiated input p: each branch a checkpointed
+    layer naming its nonlinearity 'a' (sin, cos, tanh), saving only it."""
+    fns = ("sin", "cos", "tanh")[:n]
+    branches = [[region(["x"], [op(f, ["x"], f"s{k}"), op("name", [f"s{k}"], f"a{k}", name="a"),
+                                op("mul", [f"a{k}", "x"], f"m{k}")], [f"m{k}"], {"kind": "save_only_names", "names": ["a"]})]
+                for k, f in enumerate(fns)]
+    c = {"kind": "cond", "args": ["p", "x"], "branches": branches, "branch_results": [[f"m{k}"] for k in range(n)],
+         "results": ["r"]}
+    return prog([c, op("exp", ["r"], "e")], inputs=[{"id": "x", "shape": [3], "dtype": F32, "diff": True},
+                                                   {"id": "p", "shape": [2], "dtype": F32, "diff": False}],
+                outputs=["e"])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_cond_takes_the_same_branch_everywhere_and_saves_its_names(n, tmp_path):
+    from conformance.ir import branch_thresholds
+    p = cond_program(n)
+    assert ("cond" if n == 2 else "switch") in p.features() and "checkpoint_in_cond" in p.features()
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3:jit", "torch:none", "torch:eager-sac",
+             "torch:compile-aot_eager"]
+    taken = set()
+    for seed in range(6):
+        inputs = input_values(p, seed)
+        k = sum(float(inputs["p"].sum()) > t for t in branch_thresholds(n))
+        taken.add(k)
+        obs = EXECUTOR.run(p, inputs, names)
+        j = judge(p, obs, PACKAGED)
+        assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+        x = inputs["x"].astype(np.float64)
+        s = [np.sin, np.cos, np.tanh][k](x)
+        ds = [np.cos(x), -np.sin(x), 1 - np.tanh(x) ** 2][k]
+        np.testing.assert_allclose(obs["ref:f64"].grads["x"], np.exp(s * x) * (ds * x + s), rtol=1e-10)
+        for name in ("jax:remat2", "torch:eager-sac"):
+            assert [c for c in named(obs[name])] == [(f"a{k}", f"s{k}")], (name, obs[name].residuals)
+    assert len(taken) >= 2   # the seeds reach several branches
+    v = Verdict(check="residuals", pipeline="jax:remat3", reference="jax:remat2", status="fail", error_type="missing")
+    for fw in ("jax", "torch"):
+        src = repro.generate(p, input_values(p, 0), make_finding(v, p, input_values(p, 0), {}, {}, "cpu"), fw)
+        rc, out = run_script(src, tmp_path, name=f"repro_{fw}.py")
+        assert rc == 0, out
+    assert len([c for c in candidates(p) if "cond" not in c.features() and "switch" not in c.features()]) == n

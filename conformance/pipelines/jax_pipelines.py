@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,7 +18,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
-from conformance.ir import Checkpoint, CustomJVP, CustomVJP, Interpreter, Op, Program, Scan, node_index  # noqa: E402
+from conformance.interpreter import Interpreter  # noqa: E402
+from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.pipelines import jax_table, xla_cache  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
@@ -91,6 +91,9 @@ class Lowering(Interpreter):
     def stack(self, xs):
         return jnp.stack(xs)
 
+    def stop_gradient(self, x):
+        return jax.lax.stop_gradient(x)
+
     def scan(self, s: Scan, path: str, args: list) -> list:
         """jax.lax.scan (a recording evaluation loops in Python, to keep each iteration's values)."""
         if self.record is not None:
@@ -99,15 +102,49 @@ class Lowering(Interpreter):
         n_c, n_x = len(init), len(xs)
         env0 = dict(zip(consts, args[n_c + n_x:]))
 
+        if s.spelling == "while_loop":   # no gradient flows into a while_loop
+            env0 = {k: jax.lax.stop_gradient(v) for k, v in env0.items()}
+
         def step(carry, x):
             env = dict(env0)
             env.update(zip(s.carry, carry))
             env.update(zip(s.xs, x))
             env = self.body(s.body, env, None, path + ".body")
             return tuple(env[c] for c in s.carry_out), tuple(env[y] for y in s.ys)
-        carry, ys = jax.lax.scan(step, tuple(args[:n_c]), tuple(args[n_c:n_c + n_x]), length=s.length,
-                                 unroll=s.unroll)
+        init, xs = tuple(args[:n_c]), tuple(args[n_c:n_c + n_x])
+        if s.spelling == "fori_loop":
+            return list(jax.lax.fori_loop(0, s.length, lambda i, c: step(c, ())[0], init, unroll=s.unroll))
+        if s.spelling == "while_loop":
+            init = tuple(jax.lax.stop_gradient(a) for a in init)
+            return list(jax.lax.while_loop(lambda ic: ic[0] < s.length, lambda ic: (ic[0] + 1, step(ic[1], ())[0]),
+                                           (0, init))[1])
+        if s.spelling == "vmap":
+            return list(jax.vmap(lambda *x: step((), x)[1])(*xs))
+        carry, ys = jax.lax.scan(step, init, xs, length=s.length, unroll=s.unroll)
         return list(carry) + list(ys)
+
+    def branch(self, pred, n: int) -> int:
+        return int(NAMESPACE["branch_index"](pred, n))
+
+    def cond(self, s: Cond, path: str, args: list) -> list:
+        """lax.cond (two branches) or lax.switch (a recording evaluation branches in Python)."""
+        if self.record is not None:
+            return super().cond(s, path, args)
+
+        def fn(k):
+            def branch(*ops):
+                e = self.body(s.branches[k], dict(zip(s.args[1:], ops)), None, f"{path}.branches[{k}]")
+                return tuple(e[r] for r in s.branch_results[k])
+            return branch
+        index = NAMESPACE["branch_index"](args[0], len(s.branches))
+        if len(s.branches) == 2:
+            return list(jax.lax.cond(index == 1, fn(1), fn(0), *args[1:]))
+        return list(jax.lax.switch(index, [fn(k) for k in range(len(s.branches))], *args[1:]))
+
+    def jit(self, s: Jit, path: str):
+        """jax.jit of the sub-function (a recording evaluation runs it inline)."""
+        fn = self.region_fn(s, path)
+        return fn if self.record is not None else jax.jit(fn)
 
     def region(self, s: Checkpoint, path: str):
         fn = self.region_fn(s, path)

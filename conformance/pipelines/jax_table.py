@@ -100,6 +100,12 @@ def save_min_elements(n):
     return lambda prim, *avals, **__: bool(avals) and getattr(avals[0], "size", 0) >= n
 
 
+def branch_index(pred, n):
+    """The branch a cond on n branches takes: how many thresholds lie below the sum of its
+    predicate (conformance.ir.branch_thresholds)."""
+    return jnp.sum(jnp.sum(pred) > jnp.asarray([-0.5 + (j + 1) / n for j in range(n - 1)], pred.dtype)).astype(jnp.int32)
+
+
 def hvp(mode, loss, *d):
     """H @ ones for a scalar loss of d (second-order programs), computed as `mode` says."""
     argn = tuple(range(len(d)))

@@ -9,7 +9,8 @@ custom_vjp blocks as torch.autograd.Function). Only the torch modules import tor
   respect_saved_tensors_hooks=True)`, nested as the program nests them; a region with no
   policy (kind `no_policy`) is plain `checkpoint(..., use_reentrant=False)`. `prevent_cse` has
   no PyTorch counterpart and is ignored.
-- scans are Python loops over the body (what dynamo unrolls), their ys stacked.
+- scans (and fori/while loops, vmaps) are Python loops over the body (what dynamo unrolls),
+  their ys stacked; a while_loop's inputs detached; conds are Python `if`s on the predicate.
 - custom_vjp blocks are `torch.autograd.Function`s (forward runs fwd, saves the residuals
   with `ctx.save_for_backward`, backward runs bwd); `symbolic_zeros` is
   `ctx.set_materialize_grads(False)`: a None cotangent is logged as a symbolic zero and
@@ -27,7 +28,8 @@ import numpy as np
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from conformance.ir import Checkpoint, CustomVJP, Interpreter, Op, Program, walk
+from conformance.interpreter import Interpreter
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
 from conformance.observation import CustomRuleLog
 from conformance.pipelines import torch_table
 from conformance.pipelines.tables import compile_table
@@ -95,6 +97,12 @@ class Lowering(Interpreter):
 
     def stack(self, xs):
         return torch.stack(xs)
+
+    def stop_gradient(self, x):
+        return x.detach()
+
+    def branch(self, pred, n: int) -> int:
+        return NAMESPACE["branch_index"](pred, n)
 
     def block(self, s: CustomVJP, path: str, args: list) -> list:
         if not self.custom:

@@ -52,6 +52,13 @@ OPS: dict[str, Lowering] = {
 SECOND_ORDER_MODES = ("reverse", "fwd_over_rev", "rev_over_fwd")
 
 PRELUDE = '''
+def branch_index(pred, n):
+    """The branch a cond on n branches takes: how many thresholds lie below the sum of its
+    predicate (conformance.ir.branch_thresholds)."""
+    total = torch.sum(pred)
+    return int(sum(bool(total > -0.5 + (j + 1) / n) for j in range(n - 1)))
+
+
 def second_order(mode, loss_fn, d, grad):
     """H @ ones for loss_fn(*d)[0] (second-order programs), computed as `mode` says."""
     import torch.autograd.forward_ad as fwAD

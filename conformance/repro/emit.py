@@ -11,10 +11,10 @@ import keyword
 import re
 
 from conformance import ops as O
-from conformance.ir import ITER_SEP, Checkpoint, CustomJVP, CustomVJP, Op, Program, Scan, walk
+from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, walk
 from conformance.pipelines import jax_table
 
-_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|carry|xs|ys|y|it|scan_env)_?\d+$")
+_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|carry|xs|ys|y|it|scan_env|jit|branch|cond_env)_?\d+$")
 _RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoint", "log", "dt", "program",
              "loss_fn", "run", "tag", "TAG_PACKET", "KINDS_OF", "CONST", "INPUTS", "DIFF", "sys", "re", "os", "env",
              "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
@@ -34,6 +34,8 @@ def identifiers(prog: Program) -> dict[str, str]:
             ids += list(s.tangents)
         elif isinstance(s, Scan):
             ids += list(s.carry) + list(s.xs) + list(s.results)
+        elif isinstance(s, Cond):
+            ids += list(s.results)
     out, used = {}, set()
     for k, i in enumerate(ids):
         n = i if (i.isidentifier() and i.isascii() and not keyword.iskeyword(i) and i not in _RESERVED
@@ -93,13 +95,50 @@ class Emitter:
                 lines += self.jvp_block(s, p, ind)
             elif isinstance(s, Scan):
                 lines += self.scan(s, p, ind, nd)
+            elif isinstance(s, Jit):
+                lines += self.jit(s, p, ind, nd)
+            elif isinstance(s, Cond):
+                lines += self.cond(s, p, ind, nd)
         return lines
+
+    def cond(self, s: Cond, path: str, ind: str, nd) -> list[str]:
+        """A cond: one function per branch, defined where it is called, then the dialect's call."""
+        k = self.next_id()
+        ops = [self.n[a] for a in s.args[1:]]
+        lines, fns = [], []
+        for j, b in enumerate(s.branches):
+            fns.append(f"branch_{k}_{j}")
+            lines.append(f"{ind}def {fns[-1]}({', '.join(ops)}):   # {path}.branches[{j}]")
+            lines += self.body(b, ind + "    ", f"{path}.branches[{j}]", nd)
+            lines.append(f"{ind}    return {self.tuple_([self.n[r] for r in s.branch_results[j]])}")
+        index = f"branch_index({self.n[s.args[0]]}, {len(s.branches)})"
+        return lines + [f"{ind}{self.tuple_([self.n[r] for r in s.results])} = {self.cond_call(index, fns, ops)}"]
+
+    def cond_call(self, index: str, fns: list[str], ops: list[str]) -> str:
+        """Calling the branch the index picks (default: Python indexing, on a concrete index)."""
+        return f"[{', '.join(fns)}][{index}]({', '.join(ops)})"
+
+    def jit(self, s: Jit, path: str, ind: str, nd) -> list[str]:
+        """A jitted sub-function: defined where it is called, called through the dialect's jit_fn."""
+        fn = f"jit_{self.next_id()}"
+        args, res = [self.n[a] for a in s.args], self.tuple_([self.n[r] for r in s.results])
+        lines = [f"{ind}def {fn}({', '.join(args)}):   # the jitted sub-function {path}"]
+        lines += self.body(s.body, ind + "    ", path + ".body", nd) + [f"{ind}    return {res}"]
+        call = f"{self.jit_fn}({fn})" if self.jit_fn else fn
+        return lines + [f"{ind}{res} = {call}({', '.join(args)})"]
+
+    jit_fn = ""   # how the dialect jits a sub-function ("": it runs inline)
 
     def scan(self, s: Scan, path: str, ind: str, nd) -> list[str]:
         """A scan: its body as a step function (carry, x) -> (new carry, y), then the dialect's loop."""
         k = self.next_id()
         step = f"step_{k}"
-        lines = [f"{ind}def {step}(carry_{k}, xs_{k}):   # the body of the scan {path}",
+        _, _, consts = s.split_args()
+        # a while_loop reads every closed-over value under stop_gradient: bound as parameters
+        # whose defaults are the stopped values
+        stopped = "".join(f", {self.n[a]}={self.stop_fn.format(self.n[a])}" for a in consts) if (
+            s.spelling == "while_loop") else ""
+        lines = [f"{ind}def {step}(carry_{k}, xs_{k}{stopped}):   # the body of the {s.spelling} {path}",
                  f"{ind}    {self.tuple_([self.n[c] for c in s.carry])} = carry_{k}"]
         if s.xs:
             lines.append(f"{ind}    {self.tuple_([self.n[x] for x in s.xs])} = xs_{k}")
@@ -114,6 +153,8 @@ class Emitter:
     def scan_loop(self, k: int, step: str, s: Scan, ind: str, init, xs, carry_res, ys_res) -> list[str]:
         """The loop calling `step` (default: a Python loop stacking ys with stack_fn)."""
         c, ys, it = f"carry_{k}", f"ys_{k}", f"it_{k}"
+        if s.spelling == "while_loop":
+            init = [self.stop_fn.format(a) for a in init]
         out = [f"{ind}{c}, {ys} = {self.tuple_(init)}, []",
                f"{ind}for {it} in range({s.length}):",
                f"{ind}    {c}, y_{k} = {step}({c}, {self.tuple_([f'{x}[{it}]' for x in xs])})",
@@ -125,6 +166,7 @@ class Emitter:
         return out
 
     stack_fn = "stack"
+    stop_fn = "stop_gradient({})"
 
     def jvp_block(self, s: CustomJVP, path: str, ind: str) -> list[str]:
         raise NotImplementedError(f"{type(self).__name__}: no custom_jvp")
@@ -149,16 +191,34 @@ class Emitter:
                 if isinstance(s, Op):
                     lines.append(f"{ind}{self.n[s.out]} = {self.op(s, None, literal)}")
                     rec(s.out)
-                elif isinstance(s, Checkpoint):
+                elif isinstance(s, (Checkpoint, Jit)):
                     visit(s.body, literal, ind, rec)
                 elif isinstance(s, CustomVJP):
                     visit(s.fwd, list(s.nondiff), ind, rec)
                 elif isinstance(s, CustomJVP):
                     visit(s.body, literal, ind, rec)
                 elif isinstance(s, Scan):
-                    scan(s, literal, ind)
+                    scan(s, literal, ind, rec)
+                elif isinstance(s, Cond):
+                    cond(s, literal, ind, rec)
 
-        def scan(s: Scan, literal, ind):
+        def cond(s: Cond, literal, ind, outer_rec):
+            # only the branch taken runs: its values go to a dict of their own
+            k = self.next_id()
+            env = f"cond_env_{k}"
+            lines.append(f"{ind}{env} = {{}}")
+            for j, b in enumerate(s.branches):
+                head = "if" if j == 0 else "elif"
+                lines.append(f"{ind}{head} int(branch_index({self.n[s.args[0]]}, {len(s.branches)})) == {j}:")
+                inner = ind + "    "
+                visit(b, literal, inner, lambda i: lines.append(f"{inner}{env}[{json.dumps(i)}] = {self.n[i]}"))
+                lines.append(f"{inner}{self.tuple_([self.n[r] for r in s.results])} = "
+                             f"{self.tuple_([self.n[r] for r in s.branch_results[j]])}")
+            for r in s.results:
+                outer_rec(r)
+            iters.append(env)
+
+        def scan(s: Scan, literal, ind, outer_rec):
             # iteration it's values as `<id>@<it>`, as the harness's recording evaluation names them
             k = self.next_id()
             env, it = f"scan_env_{k}", f"it_{k}"
@@ -183,6 +243,8 @@ class Emitter:
                              f"{self.tuple_([self.n[c] for c in s.carry])}")
             for j, r in enumerate(s.results[nc:]):
                 lines.append(f"{ind}{self.n[r]} = {self.stack_fn}([y_{k}[{j}] for y_{k} in ys_{k}])")
+            for r in s.results:
+                outer_rec(r)
             iters.append(env)
         visit(self.prog.body, None, "    ", keys.append)
         lines.append("    env = {" + ", ".join([f"{json.dumps(k)}: {self.n[k]}" for k in keys]
@@ -204,8 +266,18 @@ class PseudoEmitter(Emitter):
     def op_text(self, op, args, params, nondiff):
         return O.pseudo(op, args, params)
 
+    jit_fn = "jit"
+
+    def cond_call(self, index, fns, ops):
+        return f"switch({index}, [{', '.join(fns)}], {', '.join(ops)})"
+
     def scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res):
         opts = f", unroll={s.unroll}" if s.unroll != 1 else ""
+        if s.spelling == "vmap":
+            return [f"{ind}{self.tuple_(ys_res)} = vmap({step}, xs={self.tuple_(xs)})"]
+        if s.spelling != "scan":
+            return [f"{ind}{self.tuple_(carry_res)} = {s.spelling}({step}, init={self.tuple_(init)}, "
+                    f"length={s.length}{opts})"]
         return [f"{ind}{self.tuple_(carry_res)}, {self.tuple_(ys_res)} = scan({step}, init={self.tuple_(init)}, "
                 f"xs={self.tuple_(xs)}, length={s.length}{opts})"]
 

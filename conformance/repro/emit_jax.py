@@ -13,9 +13,27 @@ class JaxEmitter(Emitter):
         return jax_table.op_text(op, args, params, nondiff)
 
     stack_fn = "jnp.stack"
+    jit_fn = "jax.jit"
+
+    stop_fn = "jax.lax.stop_gradient({})"
+
+    def cond_call(self, index, fns, ops):
+        if len(fns) == 2:
+            return f"lax.cond({index} == 1, {fns[1]}, {fns[0]}, {', '.join(ops)})"
+        return f"lax.switch({index}, [{', '.join(fns)}], {', '.join(ops)})"
 
     def scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res):
-        return [f"{ind}{self.tuple_(carry_res)}, {self.tuple_(ys_res)} = lax.scan({step}, {self.tuple_(init)}, "
+        c = self.tuple_(carry_res)
+        if s.spelling == "fori_loop":
+            return [f"{ind}{c} = lax.fori_loop(0, {s.length}, lambda i, c: {step}(c, ())[0], {self.tuple_(init)}, "
+                    f"unroll={s.unroll})"]
+        if s.spelling == "while_loop":
+            init = self.tuple_([self.stop_fn.format(a) for a in init])
+            return [f"{ind}{c} = lax.while_loop(lambda ic: ic[0] < {s.length}, "
+                    f"lambda ic: (ic[0] + 1, {step}(ic[1], ())[0]), (0, {init}))[1]"]
+        if s.spelling == "vmap":
+            return [f"{ind}{self.tuple_(ys_res)} = jax.vmap(lambda *x: {step}((), x)[1])({', '.join(xs)})"]
+        return [f"{ind}{c}, {self.tuple_(ys_res)} = lax.scan({step}, {self.tuple_(init)}, "
                 f"{self.tuple_(xs)}, length={s.length}, unroll={s.unroll})"]
 
     def value_input(self, key):

@@ -14,6 +14,7 @@ class TorchEmitter(Emitter):
         self.names = torch_table.program_names(prog)
 
     stack_fn = "torch.stack"   # scans: the default Python loop
+    stop_fn = "{}.detach()"
 
     def op_text(self, op, args, params, nondiff):
         return torch_table.op_text(op, args, params, nondiff)

@@ -1,0 +1,125 @@
+"""The interpreter every lowering subclasses: a program evaluated statement by statement, each
+framework saying what an op, a region, a custom rule, a scan, a cond and a jitted sub-function
+are. Scans loop and conds branch in Python by default (what PyTorch runs, and what a recording
+evaluation runs, recording each iteration's values as `<id>@<k>`).
+
+Program layer: imports the IR only.
+"""
+from __future__ import annotations
+
+from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan
+
+
+class Interpreter:
+    """Evaluates a program statement by statement; subclasses say what an op, a region and a
+    custom_vjp block are (one framework each). `record`: a dict that receives every op value."""
+    record: dict | None = None
+
+    def op(self, s: Op, args: list, nondiff):
+        raise NotImplementedError
+
+    def region(self, s: Checkpoint, path: str):
+        """A callable taking the region's args and returning its results."""
+        raise NotImplementedError
+
+    def block(self, s: CustomVJP, path: str, args: list) -> list:
+        raise NotImplementedError
+
+    def branch(self, pred, n: int) -> int:
+        """The branch a cond takes: `branch_index` of the predicate's sum, concretely."""
+        raise NotImplementedError
+
+    def cond(self, s: "Cond", path: str, args: list) -> list:
+        """A cond as Python control flow on the concrete predicate (default: what PyTorch runs, and
+        what a recording evaluation runs)."""
+        k = self.branch(args[0], len(s.branches))
+        e = self.body(s.branches[k], dict(zip(s.args[1:], args[1:])), None, f"{path}.branches[{k}]")
+        return [e[r] for r in s.branch_results[k]]
+
+    def jit(self, s: "Jit", path: str):
+        """A callable taking the jitted sub-function's args (default: its body inline)."""
+        return self.region_fn(s, path)
+
+    def region_fn(self, s: Checkpoint, path: str):
+        """The region's (or sub-function's) body as a function of its args (no checkpoint)."""
+        def fn(*args):
+            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+            return tuple(e[r] for r in s.results)
+        return fn
+
+    def jvp_block(self, s: "CustomJVP", path: str, args: list) -> list:
+        """A custom_jvp block (default: its primal body inline)."""
+        e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+        return [e[r] for r in s.results]
+
+    def inline(self, s: CustomVJP, path: str, args: list) -> list:
+        """A custom_vjp block's primal: its fwd run inline."""
+        e = self.body(s.fwd, dict(zip(s.args, args)), s.nondiff, path + ".fwd")
+        return [e[r] for r in s.results]
+
+    def outputs(self, const: dict, diff_ids: list[str], diff_values) -> list:
+        """The program's outputs from its constant and differentiated inputs."""
+        env = dict(const)
+        env.update(zip(diff_ids, diff_values))
+        self.body(self.prog.body, env)
+        return [env[o] for o in self.prog.outputs]
+
+    def stack(self, xs: list):
+        """Per-iteration values stacked on a new leading axis."""
+        raise NotImplementedError
+
+    def stop_gradient(self, x):
+        raise NotImplementedError
+
+    def index(self, x, k: int):
+        return x[k]
+
+    def scan(self, s: "Scan", path: str, args: list) -> list:
+        """A scan as a Python loop (default: what PyTorch runs, and what a recording evaluation
+        runs, recording `<id>@<k>` for iteration k)."""
+        init, xs, consts = s.split_args()
+        n_c, n_x = len(init), len(xs)
+        if s.spelling == "while_loop":   # no gradient flows into a while_loop
+            args = [self.stop_gradient(a) for a in args]
+        carry, seqs, env0 = args[:n_c], args[n_c:n_c + n_x], dict(zip(consts, args[n_c + n_x:]))
+        outer, ys = self.record, []
+        try:
+            for k in range(s.length):
+                env = dict(env0)
+                env.update(zip(s.carry, carry))
+                env.update(zip(s.xs, [self.index(x, k) for x in seqs]))
+                if outer is not None:
+                    self.record = {i: env[i] for i in s.carry + s.xs}
+                env = self.body(s.body, env, None, path + ".body")
+                if outer is not None:
+                    outer.update({f"{i}{ITER_SEP}{k}": v for i, v in self.record.items()})
+                carry = [env[c] for c in s.carry_out]
+                ys.append([env[y] for y in s.ys])
+        finally:
+            self.record = outer
+        return list(carry) + [self.stack([y[j] for y in ys]) for j in range(len(s.ys))]
+
+    def body(self, body, env: dict, nondiff=None, path="body"):
+        for i, s in enumerate(body):
+            p = f"{path}[{i}]"
+            if isinstance(s, Op):
+                env[s.out] = self.op(s, [env[a] for a in s.args], nondiff)
+                if self.record is not None:
+                    self.record[s.out] = env[s.out]
+            elif isinstance(s, Checkpoint):
+                env.update(zip(s.results, self.region(s, p)(*[env[a] for a in s.args])))
+            elif isinstance(s, CustomJVP):
+                env.update(zip(s.results, self.jvp_block(s, p, [env[a] for a in s.args])))
+            elif isinstance(s, Scan):
+                env.update(zip(s.results, self.scan(s, p, [env[a] for a in s.args])))
+                if self.record is not None:
+                    self.record.update((r, env[r]) for r in s.results)
+            elif isinstance(s, Jit):
+                env.update(zip(s.results, self.jit(s, p)(*[env[a] for a in s.args])))
+            elif isinstance(s, Cond):
+                env.update(zip(s.results, self.cond(s, p, [env[a] for a in s.args])))
+                if self.record is not None:
+                    self.record.update((r, env[r]) for r in s.results)
+            else:
+                env.update(zip(s.results, self.block(s, p, [env[a] for a in s.args])))
+        return env
