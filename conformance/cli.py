@@ -19,7 +19,7 @@ from conformance import __version__
 from conformance.loading import load_program_file
 from conformance.pipelines import FAMILY_SHARES, REFERENCES
 from conformance.errors import UsageError
-from conformance.options import positive, seed, shard, share
+from conformance.options import positive, seed, shard, share, swarm_dimension
 from conformance.reporting import command as report_command
 from conformance.repro import command as repro_command
 
@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--shrink-seconds", type=positive(float, "--shrink-seconds"), default=45.0)
     r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=250)
     r.add_argument("--max-stmts", type=positive(int, "--max-stmts"), default=6, help="generator: a program draws at most 2 x N ops and region/block openings")
+    r.add_argument("--require", action="append", default=[], metavar="DIMENSION", type=swarm_dimension,
+                   help="generator: a swarm dimension on in every program (repeatable), e.g. --require scan "
+                        "--require cond; the rest are drawn as usual")
     r.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
                    help="run pipelines in supervised worker processes (default on)")
     r.add_argument("--timeout", type=positive(float, "--timeout"), default=60.0,
@@ -180,7 +183,7 @@ def _run(args) -> int:
     isolate = _isolate(args)
     opts = Options(pipelines=names, budget=args.budget, max_examples=args.max_examples, seed=args.seed,
                    device=args.device, shrink_seconds=args.shrink_seconds, shrink_steps=args.shrink_steps,
-                   generator=Config(max_stmts=args.max_stmts), jobs=jobs, shard=args.shard,
+                   generator=Config(max_stmts=args.max_stmts, require=tuple(args.require)), jobs=jobs, shard=args.shard,
                    shares=dict(args.share), round_size=args.round_size,
                    executor={"isolate": isolate, "timeout": args.timeout,
                              "memory_limit": _memory_limit(jobs) if isolate else None},
@@ -189,7 +192,7 @@ def _run(args) -> int:
     run_info = {"schema_version": 1, "harness": __version__, "options": {
         "pipelines": names, "budget": args.budget, "max_examples": args.max_examples, "seed": args.seed,
         "device": args.device, "shrink_seconds": args.shrink_seconds, "shrink_steps": args.shrink_steps,
-        "max_stmts": args.max_stmts, "expectations": str(expectations.source), "jobs": jobs,
+        "max_stmts": args.max_stmts, "require": sorted(args.require), "expectations": str(expectations.source), "jobs": jobs,
         "shard": list(args.shard), "shares": dict(args.share), "round_size": args.round_size},
         "versions": versions, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if args.resume:
@@ -204,8 +207,10 @@ def _run(args) -> int:
         po = prev["options"]
         if not isinstance(prev.get("resumed", 0), int) or isinstance(prev.get("resumed", 0), bool):
             raise UsageError(f"{store.dir}/run.json: resumed: must be an integer")
-        for k in ("pipelines", "seed", "device", "max_stmts", "shard", "round_size"):
-            if po.get(k, run_info["options"][k] if k in ("shard", "round_size") else None) != run_info["options"][k]:
+        # (options added later: a run that did not record them had their defaults)
+        later = {"shard": run_info["options"]["shard"], "round_size": run_info["options"]["round_size"], "require": []}
+        for k in ("pipelines", "seed", "device", "max_stmts", "shard", "round_size", "require"):
+            if po.get(k, later.get(k)) != run_info["options"][k]:
                 raise UsageError(f"--resume: option {k} differs from the interrupted run "
                                  f"({po.get(k)!r} there, {run_info['options'][k]!r} now)")
         run_info["resumed"] = prev.get("resumed", 0) + 1

@@ -40,6 +40,15 @@ def shard(s):
     return (i, n)
 
 
+def swarm_dimension(s):
+    """--require DIMENSION: a swarm dimension of the generator (generators.swarm)."""
+    from generators.swarm import swarm_dimensions
+    dims = swarm_dimensions()
+    if s not in dims:
+        raise argparse.ArgumentTypeError(f"must be a swarm dimension, one of {', '.join(dims)}; got {s!r}")
+    return s
+
+
 def share(s):
     """--share FAMILY=FRACTION: a known pipeline family, a fraction in (0, 1]."""
     from conformance.pipelines import FAMILY_SHARES

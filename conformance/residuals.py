@@ -3,7 +3,8 @@
 A saved array belongs to the class of every program value it equals, modulo layout
 (any axis permutation, or a reshape of the same elements). Values that are equal (a
 name tag and its producer) therefore share one class, which makes JAX and PyTorch
-residual sets comparable.
+residual sets comparable. Saved arrays of other dtypes than floats (a relu's bool mask, a
+cond's int32 branch index) are no program value, whatever their elements.
 
 Inside a scan, each iteration's value is a value of its own (`v@k`, as the recording
 evaluation names it). A saved array each of whose slices along its
@@ -63,6 +64,8 @@ def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
 
 
 def _cls(arr: np.ndarray, values: dict) -> list[str]:
+    if not np.issubdtype(arr.dtype, np.floating):   # a bool mask, a cond's int32 branch index: no program
+        return []                                   # value (programs compute floats)
     return sorted(i for i, v in values.items() if matches(arr, np.asarray(v)))
 
 

@@ -110,13 +110,20 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set)
     """The finding a failing verdict `key` of a program (with features `feats`, failing the keys
     `failing`) is an instance of: one of the same key whose shrunk program's core features the
     program has all of, or one that lists `key` among its siblings when the program also fails
-    that finding's own key and has its core features. None: a behaviour not known yet."""
+    that finding's own key and has its core features; a trace count of several counters is known
+    when each counter's is. None: a behaviour not known yet."""
     for f in findings:
         if f.key() == tuple(key) and f.core_features() <= feats:
             return f
     for f in findings:
         if list(key) in f.reproduces and f.key() in failing and f.core_features() <= feats:
             return f
+    if key[0] == "trace_count" and "+" in key[3]:
+        # several counters grew (fwd_traces+primal_traces): known when each one alone is
+        parts = [(*key[:3], c) for c in key[3].split("+")]
+        known = [known_finding(findings, p, feats, set(failing) | set(parts)) for p in parts]
+        if all(known):
+            return known[0]
     return None
 
 

@@ -87,6 +87,9 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     the value reference failed (no node values), a violation on a program with such ops is
     skipped rather than blamed.
 
+    Under a cond, a saved class of zeros is not blamed either: lax.cond saves zeros in place of
+    the residuals of the branch it did not take.
+
     A saved class is a violation when each of its values lies inside checkpoint regions,
     is none of the values a region or block boundary may legitimately keep, and every
     enclosing policy decides 'recompute' for it (a name op is judged by its name)."""
@@ -98,6 +101,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     factors = _outside_factors(program, policies, values) if values else []
     types = program.types()
     ops = primal_ops(program)
+    conds = bool({"cond", "switch"} & program.features())
     bad = []
     for r in obs.residuals:
         if not r.cls:
@@ -115,6 +119,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
                 break
         if not ok_to_save and factors and r.cls[0] in values and _aliases(values[r.cls[0]], factors):
             ok_to_save = True   # indistinguishable from a residual of an op outside the regions
+        if not ok_to_save and conds and r.cls[0] in values and not np.any(np.asarray(values[r.cls[0]])):
+            ok_to_save = True   # indistinguishable from the zeros a cond saves for the branch it did not take
         if not ok_to_save:
             bad.append(r)
     if bad and ref is not None and not ref.ok() and _has_outside_factors(program, policies):

@@ -83,3 +83,16 @@ def test_campaign_tracks_each_entry_once_and_counts_only_new_findings(tmp_path):
     c.findings[0].count = 2
     c.findings.append(_finding(key=("gradient",) + KEY[1:3] + ("",)))
     assert [f.check for f in c.new_findings()] == ["gradient"] and c.tracked_seen() == [c.findings[0]]
+
+
+def test_a_trace_count_of_several_counters_is_known_when_each_counter_is():
+    from conformance.search import known_finding
+    tc = ("trace_count", "jax:remat3+cvjp3", "jax:remat2")
+    primal = _finding((*tc, "primal_traces"), features=("custom_vjp",))
+    fwd = _finding((*tc, "fwd_traces"), features=("custom_gradient", "custom_vjp"))
+    both = (*tc, "fwd_traces+primal_traces")
+    feats = {"custom_gradient", "custom_vjp", "names"}
+    assert known_finding([primal, fwd], both, feats, {both}) is fwd   # (the first counter's)
+    # one counter alone known is not enough, nor both without the program having their core features
+    assert known_finding([primal], both, feats, {both}) is None
+    assert known_finding([primal, fwd], both, {"custom_vjp"}, {both}) is None

@@ -412,6 +412,31 @@ def test_a_region_value_equal_to_an_outside_ops_residual_is_not_blamed():
     assert residuals.check_policy(ALIAS, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=reshaped)).status == "fail"
 
 
+def test_saved_masks_and_indices_are_no_program_value():
+    # a relu's bool mask, a cond's int32 branch index: equal in elements to a 0/1 program value (a
+    # step), never that value (found by scan and cond campaigns: "saved against the policy")
+    from conformance.residuals import canonicalise
+    values = {"st": np.array([0.0, 1.0, 1.0]), "one": np.array(1.0)}
+    res = canonicalise([np.array([False, True, True]), np.array(1, np.int32), np.array([0.0, 1.0, 1.0])], values, {})
+    assert [(r.cls, r.dtype) for r in res] == [([], "int32"), ([], "bool"), (["st"], "float64")]
+
+
+def test_a_zero_residual_under_a_cond_is_not_blamed():
+    # lax.cond saves zeros for the residuals of the branch it did not take
+    body = [op("sub", ["x", "x"], "z"), op("sin", ["z"], "y")]
+    c = {"kind": "cond", "args": ["p", "x"], "branches": [body, [op("neg", ["x"], "w")]],
+         "branch_results": [["y"], ["w"]], "results": ["r"]}
+    p = prog([region(["x", "p"], [c], ["r"], {"kind": "nothing"})],
+             inputs=[{"id": "x", "shape": [3], "dtype": "float64", "diff": True},
+                     {"id": "p", "shape": [], "dtype": "float64", "diff": False}], outputs=["r"])
+    vals = {"x": [0.1, 0.2, 0.3], "z": [0.0, 0.0, 0.0], "y": [0.0, 0.0, 0.0], "p": -1.0}
+    ref = ob("ref:f64", G, values=vals)
+    assert residuals.check_policy(p, ob("p", res=[R(["z"])]), ref).status == "pass"
+    assert residuals.check_policy(p, ob("p", res=[R(["x"]), R(["y"])]), ref).status == "pass"
+    nonzero = {**vals, "z": [0.0, 1.0, 0.0]}
+    assert residuals.check_policy(p, ob("p", res=[R(["z"])]), ob("ref:f64", G, values=nonzero)).status == "fail"
+
+
 def test_aliasing_is_judged_within_rtol_1e_6_and_atol_1e_9():
     ref = lambda c: ob("ref:f64", G, values={**ALIAS_VALUES, "c": c.tolist()})
     cos = np.cos(XV)
