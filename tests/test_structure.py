@@ -177,6 +177,14 @@ def test_grad_of_jvp_of_custom_vjp_raises():
     j = judge(p, obs, PACKAGED)
     assert j.expectation_hits.get("jax-custom-vjp-no-forward-mode") == "fired"
     assert not [v for v in j.failures() if v.pipeline in ("ref:f64", "jax:remat2")]
+    # a custom_vjp on a constant: the jvp never reaches it, nothing raises, nothing fails
+    q = prog([op("sin", ["x"], "a"), sin_cvjp("c")], inputs=[{"id": "x", "shape": [3], "dtype": F32, "diff": True},
+                                                             {"id": "c", "shape": [3], "dtype": F32, "diff": False}],
+             outputs=["a", "s"], order=2).to_json_obj()
+    q = load_program({**q, "diff": {"order": 2, "mode": "rev_over_fwd"}})
+    obs = EXECUTOR.run(q, input_values(q, 0), ["ref:f64", "jax:none", "jax:remat2"])
+    assert all(o.error is None for o in obs.values())
+    assert not judge(q, obs, PACKAGED).failures()
 
 
 def jit_program():
