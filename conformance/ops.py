@@ -29,6 +29,10 @@ FALLBACK_OP = "tanh"  # generator: bounded, any shape; used where an op's hint d
 ACC_OP = "add"        # derivative rules: accumulates cotangents
 SCALE_OP = "scale"    # x * c (params: c); the generator's deliberately non-standard bwd rules
 SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement derivative rules
+# Op kinds a framework's policy cannot tell apart: they lower to the same primitive (JAX `mul` for
+# x * y, x * c and x * nondiff; `reduce_sum` inside a mean), so an `ops` policy naming one saves
+# the others' outputs too (tests/test_tables.py derives the groups from the lowering tables).
+POLICY_ALIKE = (("mul", "scale", "nondiff_scale"), ("sum", "mean"))
 
 
 class ParamError(ValueError):

@@ -19,6 +19,7 @@ jax.checkpoint_policies members. Op facts (which ops are dots) come from the op 
 | offload_dots_no_batch        | offload_dot_with_no_batch_dims(src, dst)       |
 | save_and_offload_names       | save_and_offload_only_these_names(...)         |
 | ops                          | custom callable: save outputs of these op kinds|
+|                              | (and of those sharing their primitive)         |
 | min_elements                 | custom callable over avals: save outputs of ops|
 |                              | whose first input has >= N elements            |
 | dot_params                   | custom callable over params: save dot_general  |
@@ -34,7 +35,7 @@ from typing import Annotated, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from conformance.ops import NAME_OPS, OPS
+from conformance.ops import NAME_OPS, OPS, POLICY_ALIKE
 
 
 class _P(BaseModel):
@@ -142,6 +143,11 @@ def _is_dot_no_batch(op, batched):
     return d is not None and d.dot_no_batch and not batched
 
 
+def _alike(op) -> set:
+    """An op kind and those no framework's policy tells apart from it (ops.POLICY_ALIKE)."""
+    return {op} | {o for g in POLICY_ALIKE if op in g for o in g}
+
+
 def _either(a: str, b: str) -> str:
     return "save" if "save" in (a, b) else "offload" if "offload" in (a, b) else "recompute"
 
@@ -181,7 +187,7 @@ _kind(SaveAnyNamesButThese,
       lambda p, op, name, b, n: "save" if name is not None and name not in p.names else "recompute", ("names",))
 _kind(SaveAnythingExceptNames,
       lambda p, op, name, b, n: "recompute" if name is not None and name in p.names else "save", ("names",))
-_kind(Ops, lambda p, op, name, b, n: "save" if op in p.ops else "recompute", ("ops",))
+_kind(Ops, lambda p, op, name, b, n: "save" if _alike(op) & set(p.ops) else "recompute", ("ops",))
 _kind(OffloadDotsNoBatch, lambda p, op, name, b, n: "offload" if _is_dot_no_batch(op, b) else "recompute",
       offloads=True)
 _kind(SaveAndOffloadNames, lambda p, op, name, b, n: (

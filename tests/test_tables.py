@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conformance import pipelines as registry
-from conformance.ops import NAME_OP, OPS
+from conformance.ops import NAME_OP, NAME_OPS, OPS
 from conformance.pipelines import jax_table, torch_table
 from conformance.pipelines.tables import Lowering, missing_lowerings
 from conformance.policy import KINDS, POLICY_KINDS
@@ -98,3 +98,24 @@ def test_lowering_templates_fill_every_placeholder():
             allowed = set("xy"[:d.arity]) | set(d.params) | {"nondiff"}
             assert holes <= allowed, (fw, op, holes - allowed)
             assert isinstance(low, Lowering)
+
+
+@pytest.mark.parametrize("table", ["jax", "torch"])
+def test_ops_sharing_a_policy_primitive_are_declared_alike(table):
+    # an `ops` policy decides on primitives: IR ops that lower to one are alike in its meaning
+    from collections import defaultdict
+    from conformance.ops import POLICY_ALIKE
+    from conformance.pipelines import jax_table, torch_table
+    by = defaultdict(set)
+    for op, low in {"jax": jax_table.OPS, "torch": torch_table.OPS}[table].items():
+        for prim in low.policy_ops:
+            by[prim].add(op)
+    groups = [ops for ops in by.values() if len(ops) > 1 and not ops <= set(NAME_OPS)]
+    assert groups
+    for ops in groups:
+        assert any(ops <= set(g) for g in POLICY_ALIKE), ops
+    # and the policy's meaning follows: naming one saves the others
+    from conformance.policy import Ops, decide
+    for g in POLICY_ALIKE:
+        assert all(decide(Ops(ops=[g[0]]), o, None) == "save" for o in g)
+    assert decide(Ops(ops=["mul"]), "sin", None) == "recompute"
