@@ -16,6 +16,8 @@ FEATURE_DOC: dict[str, str] = {
     "depth3": "regions nested three deep or more",
     "nested_policy_conflict": "a region inside another region with a different policy",
     "prevent_cse_false": "a region with prevent_cse=False",
+    "static_argnums": "a region whose function takes a static argument (static_argnums) it branches on",
+    "region_pytree": "a region whose function takes and returns its values as one tuple or dict",
     "offload_in_both": "a both(p, q) policy one of whose parts offloads",
     "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
     "op:<op>": "the program uses this op (for expectations; not part of signatures)",
@@ -68,6 +70,7 @@ FEATURE_DOC: dict[str, str] = {
     "fwd_over_rev": "second order as jvp of grad (forward over reverse: a Hessian-vector product)",
     "rev_over_fwd": "second order as grad of a jvp (reverse over forward)",
     "linearize": "second order as jax.linearize of grad, applied to ones",
+    "seeded_cotangents": "first order with a non-scalar cotangent per output (a fixed pattern, not ones)",
     "forward_ad": "a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)",
     "float32": "a float32 value",
     "float64": "a float64 value",
@@ -99,6 +102,10 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("depth3")
             if not s.prevent_cse:
                 f.add("prevent_cse_false")
+            if s.static_flag:
+                f.add("static_argnums")
+            if s.tree != "flat":
+                f.add("region_pytree")
         elif isinstance(s, CustomVJP):
             f.add("custom_vjp")
             if depth >= 1:
@@ -193,6 +200,8 @@ def compute_features(prog: Program) -> set[str]:
         f.add("dup_names")
     if any(not i.diff for i in prog.inputs):
         f.add("nondiff_input")
+    if prog.diff.cotangents == "seeded":
+        f.add("seeded_cotangents")
     if prog.diff.order == 2:
         f.add("second_order")
         if prog.diff.mode != "reverse":

@@ -7,7 +7,27 @@ Program layer: imports the IR only.
 """
 from __future__ import annotations
 
-from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan
+import math
+
+from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan
+
+
+def seeded_cotangent(shape) -> list:
+    """The cotangent an output of this shape receives under `cotangents: seeded` (row-major
+    flat values in [0, 1], not all equal), as nested lists."""
+    n = math.prod(shape)
+    flat = [0.5 + 0.5 * math.cos(1.7 * k + 0.3) for k in range(n)]
+    for d in reversed(shape[1:]):
+        flat = [flat[i:i + d] for i in range(0, len(flat), d)]
+    return flat if shape else flat[0]
+
+
+def output_cotangents(prog: Program) -> list | None:
+    """Each output's seeded cotangent (None: every output's is ones)."""
+    if prog.diff.cotangents != "seeded":
+        return None
+    types = prog.types()
+    return [seeded_cotangent(list(types[o][0])) for o in prog.outputs]
 
 
 class Interpreter:
@@ -46,6 +66,31 @@ class Interpreter:
             e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
             return tuple(e[r] for r in s.results)
         return fn
+
+    @staticmethod
+    def spelled_region(s: Checkpoint, fn):
+        """(the region's function as the program spells it, how to call it on the args, how to read
+        its results): with a static flag argument it branches on, and taking and returning one
+        pytree (a tuple or a dict keyed by value id) where the region says so."""
+        def spelled(*a):
+            if s.static_flag:
+                a, flag = a[:-1], a[-1]
+                if flag is not True:
+                    raise ValueError("the region's static flag must be True")
+            if s.tree == "tuple":
+                a = a[0]
+            elif s.tree == "dict":
+                a = [a[0][k] for k in s.args]
+            out = fn(*a)
+            return {r: v for r, v in zip(s.results, out)} if s.tree == "dict" else out
+
+        def call(f, args):
+            packed = [tuple(args)] if s.tree == "tuple" else [dict(zip(s.args, args))] if s.tree == "dict" else list(args)
+            return f(*packed, True) if s.static_flag else f(*packed)
+
+        def read(out):
+            return tuple(out[r] for r in s.results) if s.tree == "dict" else tuple(out)
+        return spelled, call, read
 
     def jvp_block(self, s: "CustomJVP", path: str, args: list) -> list:
         """A custom_jvp block (default: its primal body inline)."""

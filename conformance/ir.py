@@ -63,6 +63,12 @@ class Checkpoint(_M):
     results: list[str]
     policy: Policy
     prevent_cse: bool = True
+    # jax.checkpoint options beyond the policy: `static_flag`, the region's function takes one
+    # more argument, True, passed as a static argument (static_argnums) that its Python code
+    # branches on; `tree`, it takes and returns its values as one tuple or dict (a pytree)
+    # instead of positionally. Neither changes what the program computes.
+    static_flag: bool = False
+    tree: Literal["flat", "tuple", "dict"] = "flat"
 
 
 class CustomVJP(_M):
@@ -203,6 +209,10 @@ DIFF_MODES = ("reverse", "fwd_over_rev", "rev_over_fwd", "linearize")
 class Diff(_M):
     order: Literal[1, 2] = 1
     mode: Literal["reverse", "fwd_over_rev", "rev_over_fwd", "linearize"] = "reverse"
+    # The cotangent each output's backward receives: "ones" (the loss sums every output), or
+    # "seeded": a fixed non-scalar pattern per output (interpreter.seeded_cotangent), the loss
+    # being sum(output * pattern) (first order only).
+    cotangents: Literal["ones", "seeded"] = "ones"
 
 
 class Program(_M):
@@ -245,14 +255,21 @@ class Program(_M):
 # custom_vjp fields added after programs were first stored: left out of the JSON at their
 # defaults, so that those programs keep their content hashes.
 _LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False}
+_LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat"}
+_LATER_DIFF_DEFAULTS = {"cotangents": "ones"}   # the same for the diff part
 
 
 def _drop_later_defaults(x):
     """A custom_vjp block's later fields are left out of its JSON at their defaults."""
     if isinstance(x, dict):
-        if x.get("kind") == "custom_vjp":
-            x = {k: v for k, v in x.items() if not (k in _LATER_DEFAULTS and v == _LATER_DEFAULTS[k])}
-        return {k: _drop_later_defaults(v) for k, v in x.items()}
+        later = {"custom_vjp": _LATER_DEFAULTS, "checkpoint": _LATER_REGION_DEFAULTS}.get(x.get("kind"))
+        if later:
+            x = {k: v for k, v in x.items() if not (k in later and v == later[k])}
+        out = {k: _drop_later_defaults(v) for k, v in x.items()}
+        if isinstance(out.get("diff"), dict):
+            out["diff"] = {k: v for k, v in out["diff"].items()
+                           if not (k in _LATER_DIFF_DEFAULTS and v == _LATER_DIFF_DEFAULTS[k])}
+        return out
     if isinstance(x, list):
         return [_drop_later_defaults(v) for v in x]
     return x

@@ -253,6 +253,8 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
             shp, dt = types[src]
             define(r, (shp if k < len(s.carry) else (s.length,) + tuple(shp), dt), f"{p}.results[{k}]")
 
+    if prog.diff.cotangents != "ones" and prog.diff.order != 1:
+        raise ProgramError("diff.cotangents", "seeded cotangents are for first-order programs")
     if prog.diff.mode != "reverse" and prog.diff.order != 2:
         raise ProgramError("diff.mode", f"{prog.diff.mode} is a second-order mode (needs order 2)")
     top = check_body(prog.body, {i.id for i in prog.inputs}, "body", 0, None)

@@ -259,6 +259,10 @@ class _Gen(Structure):
         # `ops` policy can name the region's own ops
         g.policy_choice = draw_policy_plan(draw, self.kinds)
         g.prevent_cse = not (self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_false"))
+        g.static_flag, g.tree = False, "flat"
+        if self.sw["region_options"]:   # jax.checkpoint's static_argnums, a pytree of args
+            g.static_flag = draw(BOOL, label="static_flag")
+            g.tree = ("flat", "tuple", "dict")[draw_int(draw, 0, 2, "region_tree")]
 
     def _open_cvjp(self, g: Frame):
         sw, draw = self.sw, self.draw
@@ -352,6 +356,8 @@ class _Gen(Structure):
         diff = Diff(order=2 if self.sw["second_order"] else 1)
         if self.sw["second_order"] and self.sw["diff_modes"]:   # how H @ ones is computed (first: reverse)
             diff.mode = DIFF_MODES[draw_int(self.draw, 0, len(DIFF_MODES) - 1, "diff_mode")]
+        if self.sw["seeded_cotangents"] and not self.sw["second_order"]:
+            diff.cotangents = "seeded"
         return Program(inputs=self.inputs, body=body, outputs=outs, diff=diff)
 
     def _build(self, f: Frame, leaves) -> list:
@@ -374,7 +380,8 @@ class _Gen(Structure):
             elif it.kind == "checkpoint":
                 results = results or [defined[-1]]
                 body.append(Checkpoint(args=free_vars(inner), body=inner, results=results,
-                                       policy=self._policy(it, inner), prevent_cse=it.prevent_cse))
+                                       policy=self._policy(it, inner), prevent_cse=it.prevent_cse,
+                                       static_flag=it.static_flag, tree=it.tree))
             elif it.kind == "custom_jvp":
                 body.append(self._cjvp(it, inner, defined, results))
                 self.cjvp_frames[id(body[-1])] = (it, defined)

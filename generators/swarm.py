@@ -64,7 +64,8 @@ _FEATURE_FLAGS = (
 # their places in the choice sequence (the shrinker's moves depend on them).
 _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed_branch", _HALF),
                ("scan", _HALF), ("scan_xs", _HALF), ("scan_unroll", _HALF), ("diff_modes", _HALF),
-               ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF))
+               ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
+               ("seeded_cotangents", _HALF), ("region_options", _HALF))
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 
@@ -83,6 +84,7 @@ def _allowed(cfg: Config) -> dict[str, bool]:
     if not a["checkpoint"] or cfg.max_depth < 2:
         a["nesting"] = False
     a["prevent_cse"] &= a["checkpoint"]
+    a["region_options"] &= a["checkpoint"]
     if not cfg.custom_vjp:
         for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees",
                   "perturbed_branch"):

@@ -110,6 +110,8 @@ SHOWS = {
     "nested_jit": lambda p: "nested_jit" in p.features(),
     "cond": lambda p: bool({"cond", "switch"} & p.features()),
     "cond_switch": lambda p: "switch" in p.features(),
+    "seeded_cotangents": lambda p: p.diff.cotangents == "seeded",
+    "region_options": lambda p: bool({"static_argnums", "region_pytree"} & p.features()),
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},

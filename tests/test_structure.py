@@ -302,3 +302,48 @@ def test_cond_takes_the_same_branch_everywhere_and_saves_its_names(n, tmp_path):
         rc, out = run_script(src, tmp_path, name=f"repro_{fw}.py")
         assert rc == 0, out
     assert len([c for c in candidates(p) if "cond" not in c.features() and "switch" not in c.features()]) == n
+
+
+def test_seeded_cotangents_reach_each_output_and_its_checkpoint():
+    from conformance.interpreter import seeded_cotangent
+    p = scanned_layers(length=2, xs=False).to_json_obj()
+    p["diff"]["cotangents"] = "seeded"
+    p = load_program(p)
+    assert "seeded_cotangents" in p.features() and "sum(outputs * seeded cotangents)" in repro.pseudo_code(p)
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3:jit", "torch:none", "torch:eager-sac"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    assert not judge(p, obs, PACKAGED).failures()
+    # the loss weights each output by its cotangent
+    w = [np.asarray(seeded_cotangent(list(np.shape(o)))) for o in obs["ref:f64"].outputs]
+    assert abs(obs["ref:f64"].loss - sum(float(np.sum(np.asarray(o) * c)) for o, c in zip(obs["ref:f64"].outputs, w))) < 1e-9
+    q = load_program({**p.to_json_obj(), "diff": {"order": 1, "mode": "reverse"}})
+    ones = EXECUTOR.run(q, input_values(q, 0), ["ref:f64"])["ref:f64"]
+    assert not np.allclose(ones.grads["x"], obs["ref:f64"].grads["x"])
+    with pytest.raises(ProgramError) as e:
+        load_program({**p.to_json_obj(), "diff": {"order": 2, "mode": "reverse", "cotangents": "seeded"}})
+    assert e.value.field == "diff.cotangents"
+    # the JSON of a program with ones cotangents is unchanged (stored programs keep their hashes)
+    assert "cotangents" not in q.to_json_obj()["diff"]
+    src = repro.generate(p, input_values(p, 0), None, "jax")
+    assert "COTANGENTS = [" in src
+
+
+@pytest.mark.parametrize("tree,static", [("flat", True), ("tuple", False), ("dict", True)])
+def test_region_static_flag_and_pytree_args_compute_the_same(tree, static, tmp_path):
+    p = cond_program(2).to_json_obj()
+    region_ = p["body"][0]["branches"][0][0]
+    region_.update(static_flag=static, tree=tree)
+    p = load_program(p)
+    feats = p.features()
+    assert ("static_argnums" in feats) == static and ("region_pytree" in feats) == (tree != "flat")
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3:jit", "torch:none", "torch:eager-sac"]
+    for seed in (0, 1):
+        obs = EXECUTOR.run(p, input_values(p, seed), names)
+        j = judge(p, obs, PACKAGED)
+        assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+    v = Verdict(check="residuals", pipeline="jax:remat3", reference="jax:remat2", status="fail", error_type="missing")
+    for fw in ("jax", "torch"):
+        src = repro.generate(p, input_values(p, 0), make_finding(v, p, input_values(p, 0), {}, {}, "cpu"), fw)
+        assert (("static_argnums=(" in src) == static) or fw == "torch"
+        rc, out = run_script(src, tmp_path, name=f"repro_{fw}.py")
+        assert rc == 0, out

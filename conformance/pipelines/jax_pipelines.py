@@ -18,7 +18,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
-from conformance.interpreter import Interpreter  # noqa: E402
+from conformance.interpreter import Interpreter, output_cotangents  # noqa: E402
 from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.pipelines import jax_table, xla_cache  # noqa: E402
@@ -150,7 +150,11 @@ class Lowering(Interpreter):
         fn = self.region_fn(s, path)
         if not self.remat:
             return fn
-        return jax.checkpoint(fn, policy=jax_policy(s.policy), prevent_cse=s.prevent_cse)
+        spelled, call, read = self.spelled_region(s, fn)
+        n = 1 if s.tree != "flat" else len(s.args)
+        ck = jax.checkpoint(spelled, policy=jax_policy(s.policy), prevent_cse=s.prevent_cse,
+                            static_argnums=(n,) if s.static_flag else ())
+        return lambda *args: read(call(ck, args))
 
     def block(self, s: CustomVJP, path: str, args: list) -> list:
         if not self.custom:
@@ -353,7 +357,7 @@ class JaxBase(Pipeline):
         const = {i.id: arrays[i.id] for i in program.inputs if not i.diff}
         low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
 
-        loss_fn = _loss_fn(low, const, diff_ids)
+        loss_fn = _loss_fn(low, const, diff_ids, program)
 
         def fwd(*d):
             loss, vjp_fn, outs = jax.vjp(loss_fn, *d, has_aux=True)
@@ -415,7 +419,7 @@ class JaxBase(Pipeline):
     def _report(self, program: Program, const, diff_ids, d, obs: Observation):
         """JAX's own residual report of the loss this run differentiates (traced afresh with its
         own lowering, so that the custom-rule logs stay this run's)."""
-        loss_fn = _loss_fn(Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64), const, diff_ids)
+        loss_fn = _loss_fn(Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64), const, diff_ids, program)
         try:
             rows = saved_residuals(lambda *x: loss_fn(*x)[0], *d)
         except Exception as e:   # the diagnostic itself failed: the oracle judges it
@@ -429,10 +433,15 @@ class JaxBase(Pipeline):
                             memory=[_memory_kind(x) for x in leaves])
 
 
-def _loss_fn(low: Lowering, const: dict, diff_ids: list[str]):
-    """The scalar loss a run differentiates (float64 sum of every output), with the outputs as aux."""
+def _loss_fn(low: Lowering, const: dict, diff_ids: list[str], program: Program):
+    """The scalar loss a run differentiates (float64 sum of every output, each times its seeded
+    cotangent where the program says so), with the outputs as aux."""
+    cts = output_cotangents(program)
+
     def loss_fn(*d):
         outs = low.outputs(const, diff_ids, d)
+        if cts is not None:
+            return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
         return sum(jnp.sum(o).astype(jnp.float64) for o in outs), outs
     return loss_fn
 

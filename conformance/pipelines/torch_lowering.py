@@ -122,13 +122,13 @@ class Lowering(Interpreter):
         if not self.remat:
             return fn
         ctx_fn = self._ctx_fns[path]
+        spelled, call, read = self.spelled_region(s, fn)   # a static flag is a plain Python argument
         if s.policy.kind == "no_policy":   # no policy: checkpoint's own (non-selective) path
-            return lambda *args: checkpoint(fn, *args, use_reentrant=False)
+            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=False), args))
 
-        def ck(*args):
-            return checkpoint(fn, *args, use_reentrant=False, context_fn=ctx_fn,
-                              respect_saved_tensors_hooks=True)
-        return ck
+        def ck(*a):
+            return checkpoint(spelled, *a, use_reentrant=False, context_fn=ctx_fn, respect_saved_tensors_hooks=True)
+        return lambda *args: read(call(ck, args))
 
     def function(self, s: CustomVJP, path: str):
         if path in self._fns:

@@ -14,7 +14,7 @@ from conformance import ops as O
 from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, walk
 from conformance.pipelines import jax_table
 
-_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|carry|xs|ys|y|it|scan_env|jit|branch|cond_env)_?\d+$")
+_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|carry|xs|ys|y|it|scan_env|jit|branch|cond_env|vals|static|out)_?\d+$")
 _RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoint", "log", "dt", "program",
              "loss_fn", "run", "tag", "TAG_PACKET", "KINDS_OF", "CONST", "INPUTS", "DIFF", "sys", "re", "os", "env",
              "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
@@ -117,6 +117,25 @@ class Emitter:
     def cond_call(self, index: str, fns: list[str], ops: list[str]) -> str:
         """Calling the branch the index picks (default: Python indexing, on a concrete index)."""
         return f"[{', '.join(fns)}][{index}]({', '.join(ops)})"
+
+    def region_spelling(self, s: Checkpoint, k: int):
+        """How a region's function is spelled (its static flag, its pytree): (parameters, prologue
+        lines unpacking them, the return expression, the call's arguments, and the lines reading
+        the call's result `out` into the results)."""
+        args, res = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
+        vals = f"vals_{k}"
+        params = [vals] if s.tree != "flat" else list(args)
+        pro = ([f"    {self.tuple_(args)} = {vals}"] if s.tree == "tuple" else
+               [f"    {self.tuple_(args)} = {self.tuple_([f'{vals}[{a!r}]' for a in s.args])}"] if s.tree == "dict" else [])
+        call = ([self.tuple_(args)] if s.tree == "tuple" else
+                ["{" + ", ".join(f"{a!r}: {self.n[a]}" for a in s.args) + "}"] if s.tree == "dict" else list(args))
+        if s.static_flag:   # a static argument the function branches on (static_argnums in JAX)
+            params.append(f"static_{k}")
+            pro = [f"    if static_{k} is not True:", "        raise ValueError('the static flag must be True')"] + pro
+            call.append("True")
+        ret = ("{" + ", ".join(f"{r!r}: {self.n[r]}" for r in s.results) + "}") if s.tree == "dict" else self.tuple_(res)
+        read = self.tuple_([f"out_{k}[{r!r}]" for r in s.results]) if s.tree == "dict" else f"out_{k}"
+        return params, pro, ret, call, read
 
     def jit(self, s: Jit, path: str, ind: str, nd) -> list[str]:
         """A jitted sub-function: defined where it is called, called through the dialect's jit_fn."""
@@ -283,7 +302,9 @@ class PseudoEmitter(Emitter):
 
     def region(self, s, path, ind, nd):
         head = f"{ind}with checkpoint(policy={policy_text(s.policy)}" + (
-            ", prevent_cse=False" if not s.prevent_cse else "") + f"):   # {path}"
+            ", prevent_cse=False" if not s.prevent_cse else "") + (
+            ", static_argnums=(flag,)" if s.static_flag else "") + (
+            f", args_as={s.tree!r}" if s.tree != "flat" else "") + f"):   # {path}"
         return [head] + self.body(s.body, ind + "    ", path + ".body", nd) + [
             f"{ind}    export {', '.join(self.n[r] for r in s.results)}"]
 
@@ -331,5 +352,6 @@ def pseudo_code(program) -> str:
     sig = ", ".join(f"{e.n[i.id]}: {i.dtype}{list(i.shape)}" + ("" if i.diff else " (no grad)") for i in prog.inputs)
     lines = [f"def f({sig}):"] + e.body(prog.body, "    ", "body", None)
     lines.append(f"    return {', '.join(e.n[o] for o in prog.outputs)}")
-    tail = SECOND_ORDER_TEXT[prog.diff.mode] if prog.diff.order == 2 else "grad of sum(outputs)"
+    tail = SECOND_ORDER_TEXT[prog.diff.mode] if prog.diff.order == 2 else (
+        "grad of sum(outputs * seeded cotangents)" if prog.diff.cotangents == "seeded" else "grad of sum(outputs)")
     return "\n".join(lines) + f"\n# differentiated: {tail} w.r.t. " + ", ".join(e.n[i.id] for i in prog.diff_inputs())

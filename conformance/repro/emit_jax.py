@@ -44,14 +44,17 @@ class JaxEmitter(Emitter):
         return f"jnp.zeros({tuple(shp)!r}, dt({dtype!r}))"
 
     def region(self, s, path, ind, nd):
-        fn = f"region_{self.next_id()}"
-        args = [self.n[a] for a in s.args]
+        k = self.next_id()
+        fn = f"region_{k}"
+        params, pro, ret, call, read = self.region_spelling(s, k)
         res = self.tuple_([self.n[r] for r in s.results])
-        src = [f"def {fn}({', '.join(args)}):", f"    \"\"\"Checkpoint region {path}.\"\"\""]
-        src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {res}", ""]
+        src = [f"def {fn}({', '.join(params)}):", f"    \"\"\"Checkpoint region {path}.\"\"\""] + pro
+        src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {ret}", ""]
         self.defs.append("\n".join(src))
         pol = jax_table.policy_source(s.policy)
-        return [f"{ind}{res} = checkpoint({fn}, policy={pol}, prevent_cse={s.prevent_cse})({', '.join(args)})"]
+        static = f", static_argnums=({len(params) - 1},)" if s.static_flag else ""
+        return [f"{ind}out_{k} = checkpoint({fn}, policy={pol}, prevent_cse={s.prevent_cse}{static})({', '.join(call)})",
+                f"{ind}{res} = {read}"]
 
     def jvp_block(self, s, path, ind):
         b = f"block_{self.next_id()}"

@@ -26,10 +26,10 @@ class TorchEmitter(Emitter):
     def region(self, s, path, ind, nd):
         k = self.next_id()
         fn = f"region_{k}"
-        args = [self.n[a] for a in s.args]
+        params, pro, ret, call, read = self.region_spelling(s, k)
         res = self.tuple_([self.n[r] for r in s.results])
-        src = [f"def {fn}({', '.join(args)}):", f"    \"\"\"Checkpoint region {path}.\"\"\""]
-        src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {res}", ""]
+        src = [f"def {fn}({', '.join(params)}):", f"    \"\"\"Checkpoint region {path}.\"\"\""] + pro
+        src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {ret}", ""]
         decisions = torch_table.region_decisions(s.policy, self.names)
         src += [f"# what the region's policy decides: (IR op kind, batched) or ('name', checkpoint name)",
                 f"decisions_{k} = {decisions!r}",
@@ -37,7 +37,7 @@ class TorchEmitter(Emitter):
                 f"TAG_PACKET, p)) for p in (False, True)}}", ""]
         self.defs.append("\n".join(src))
         ctx = "None" if s.policy.kind == "no_policy" else f"ctx_{k}"   # None: checkpoint without SAC
-        return [f"{ind}{res} = checkpoint({fn}, {ctx}, {', '.join(args)})"]
+        return [f"{ind}out_{k} = checkpoint({fn}, {ctx}, {', '.join(call)})", f"{ind}{res} = {read}"]
 
     def block(self, s, path, ind):
         cls = f"Block{self.next_id()}"

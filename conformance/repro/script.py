@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.interpreter import output_cotangents
 from conformance import pipelines as registry
 from conformance.ir import CustomVJP, checkpoint_name_of, primal_ops, walk
 from conformance.pipelines import jax_table, torch_table
@@ -71,5 +72,6 @@ def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework
         seen=repr({"versions": seen_versions, "observed": seen_lines}),
         inputs=[(k, _fmt_array(np.asarray(inputs[k]))) for k in [i.id for i in prog.inputs]],
         diff_ids=[e.n[i.id] for i in prog.diff_inputs()], diff_keys=[i.id for i in prog.diff_inputs()],
-        defs=defs, body=body, values_body=e.values(), order2=prog.diff.order == 2, diff_mode=prog.diff.mode, has_names=bool(names),
+        defs=defs, body=body, values_body=e.values(), order2=prog.diff.order == 2, diff_mode=prog.diff.mode,
+        cotangents=repr(output_cotangents(prog)), has_names=bool(names),
         blocks=[p for s, _, p, _ in walk(prog.body) if isinstance(s, CustomVJP)], **_dialect(framework, prog))
