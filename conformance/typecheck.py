@@ -81,18 +81,20 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 t = _infer(s, [types[a] for a in s.args], p, nondiff or [])
                 define(s.out, t, f"{p}.out")
                 scope.add(s.out)
-            elif isinstance(s, Checkpoint):
+            elif isinstance(s, (Checkpoint, Jit)):   # a region, or a jitted sub-function
+                what = "region" if isinstance(s, Checkpoint) else "jitted sub-function"
                 if len(set(s.args)) != len(s.args):
                     raise ProgramError(f"{p}.args", "duplicate args")
-                for nm in policy_names(s.policy):
+                for nm in policy_names(s.policy) if isinstance(s, Checkpoint) else ():
                     if len(nm) > limits.max_name_length:
                         raise ProgramError(f"{p}.policy", f"name longer than {limits.max_name_length} characters")
-                inner = check_body(s.body, set(s.args), f"{p}.body", depth + 1, nondiff)
+                inner = check_body(s.body, set(s.args), f"{p}.body", depth + 1, nondiff,
+                                   in_fwd and isinstance(s, Jit))
                 if not s.results:
-                    raise ProgramError(f"{p}.results", "a region must export at least one value")
+                    raise ProgramError(f"{p}.results", f"a {what} must export at least one value")
                 for k, r in enumerate(s.results):
                     if r not in inner or r in s.args:
-                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in the region body")
+                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in the {what}'s body")
                     scope.add(r)
             elif isinstance(s, CustomVJP):
                 if nondiff is not None:
@@ -126,16 +128,7 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                     define(c, types[r], f"{p}.cts[{k}]")
                 bscope = set(s.residuals) | set(s.cts)
                 binner = check_body(s.bwd, bscope, f"{p}.bwd", depth, list(s.nondiff))
-                if len(s.bwd_results) != len(s.args):
-                    raise ProgramError(f"{p}.bwd_results", f"need one entry per arg ({len(s.args)})")
-                for k, (r, a) in enumerate(zip(s.bwd_results, s.args)):
-                    if r is None:
-                        continue
-                    if r not in binner:
-                        raise ProgramError(f"{p}.bwd_results[{k}]", f"{r!r} is not defined in bwd")
-                    if types[r] != types[a]:
-                        raise ProgramError(f"{p}.bwd_results[{k}]",
-                                           f"cotangent type {types[r]} differs from arg type {types[a]}")
+                rule_results(f"{p}.bwd_results", s.bwd_results, s.args, binner, "bwd", "cotangent", "arg")
                 for r in s.results:
                     scope.add(r)
             elif isinstance(s, CustomJVP):
@@ -154,14 +147,7 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 for k, (t, a) in enumerate(zip(s.tangents, s.args)):
                     define(t, types[a], f"{p}.tangents[{k}]")
                 jinner = check_body(s.jvp, inner | set(s.tangents), f"{p}.jvp", depth, [])
-                if len(s.jvp_results) != len(s.results):
-                    raise ProgramError(f"{p}.jvp_results", f"need one tangent per result ({len(s.results)})")
-                for k, (t, r) in enumerate(zip(s.jvp_results, s.results)):
-                    if t not in jinner:
-                        raise ProgramError(f"{p}.jvp_results[{k}]", f"{t!r} is not defined in jvp")
-                    if types[t] != types[r]:
-                        raise ProgramError(f"{p}.jvp_results[{k}]",
-                                           f"tangent type {types[t]} differs from result type {types[r]}")
+                rule_results(f"{p}.jvp_results", s.jvp_results, s.results, jinner, "jvp", "tangent", "result")
                 for r in s.results:
                     scope.add(r)
             elif isinstance(s, Scan):
@@ -170,17 +156,20 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
             elif isinstance(s, Cond):
                 check_cond(s, p, depth, nondiff)
                 scope.update(s.results)
-            elif isinstance(s, Jit):
-                if len(set(s.args)) != len(s.args):
-                    raise ProgramError(f"{p}.args", "duplicate args")
-                inner = check_body(s.body, set(s.args), f"{p}.body", depth + 1, nondiff, in_fwd)
-                if not s.results:
-                    raise ProgramError(f"{p}.results", "a jitted sub-function must export at least one value")
-                for k, r in enumerate(s.results):
-                    if r not in inner or r in s.args:
-                        raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in the sub-function's body")
-                    scope.add(r)
         return scope
+
+    def rule_results(path, got, of, inner, rule, what, whose):
+        """A custom rule's results: one per counterpart, each defined in the rule (None: a zero) and of
+        its counterpart's type."""
+        if len(got) != len(of):
+            raise ProgramError(path, f"need one {what} per {whose} ({len(of)})")
+        for k, (r, a) in enumerate(zip(got, of)):
+            if r is None:
+                continue
+            if r not in inner:
+                raise ProgramError(f"{path}[{k}]", f"{r!r} is not defined in {rule}")
+            if types[r] != types[a]:
+                raise ProgramError(f"{path}[{k}]", f"{what} type {types[r]} differs from {whose} type {types[a]}")
 
     def check_cond(s: "Cond", p: str, depth: int, nondiff):
         if nondiff is not None:

@@ -5,17 +5,19 @@ from conformance.pipelines import derive, register_instance, register_lazy
 from conformance.pipelines.jax_pipelines import JaxRemat
 
 
-def _perturb(obs, off):
-    if obs.grads:
-        k = sorted(obs.grads)[0]
-        g = obs.grads[k]
+def _perturb(obs, off, field="grads"):
+    """One element of the first value of `field` (grads, grads2) off by a relative and absolute off."""
+    vals = getattr(obs, field)
+    if vals:
+        k = sorted(vals)[0]
+        g = vals[k]
         if isinstance(g, list):
             flat = g
             while isinstance(flat[0], list):
                 flat = flat[0]
             flat[0] = flat[0] * (1 + off) + off
         else:
-            obs.grads[k] = g * (1 + off) + off
+            vals[k] = g * (1 + off) + off
 
 
 class DropNamedResidual(JaxRemat):
@@ -188,16 +190,8 @@ class PerturbHVP(JaxRemat):
     over reverse (forward over reverse, reverse over forward, linearize)."""
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
-        if obs.grads2 and program.diff.mode != "reverse":
-            k = sorted(obs.grads2)[0]
-            g = obs.grads2[k]
-            if isinstance(g, list):
-                flat = g
-                while isinstance(flat[0], list):
-                    flat = flat[0]
-                flat[0] = flat[0] * 1.001 + 1e-3
-            else:
-                obs.grads2[k] = g * 1.001 + 1e-3
+        if program.diff.mode != "reverse":
+            _perturb(obs, 1e-3, "grads2")
 
 
 MUTANTS = {
