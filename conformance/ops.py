@@ -363,7 +363,8 @@ define("exp", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul",
 define("sigmoid", 1, "unary", _same, vjp=_vjp_unary(_vjp_sigmoid), gen=_bounded,
        outside_factors=lambda a, y: [y * (1 - y)], tangent="diagonal")
 define("square", 1, "unary", _same,
-       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [d.emit("mul", [g, a])], c=2.0)), gen=_gen_square, tangent="diagonal")
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [d.emit("mul", [g, a])], c=2.0)), gen=_gen_square, tangent="diagonal",
+       outside_factors=lambda a, y: [2 * a])   # JAX keeps 2x for x**2
 define("neg", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("neg", [g])), gen=_keep, pseudo="-{x}", tangent="linear")
 define("scale", 1, "unary", _infer_scale, params=("c",),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [g], c=s.params["c"])), gen=_gen_scale, pseudo="{x} * {c}", tangent="linear")

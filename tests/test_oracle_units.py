@@ -474,7 +474,7 @@ def test_an_op_inside_a_region_or_a_bwd_rule_is_no_outside_factor():
     # ref failed: without node values, a violation is skipped only where an outside op could alias it
     failed = ob("ref:f64", error=err(stage="forward"))
     assert residuals.check_policy(inside, ob("p", res=[R(["c"])]), failed).status == "fail"
-    bwd = prog([{"kind": "custom_vjp", "args": ["x"], "fwd": [op("square", ["x"], "s")], "results": ["s"],
+    bwd = prog([{"kind": "custom_vjp", "args": ["x"], "fwd": [op("neg", ["x"], "s")], "results": ["s"],
                  "residuals": ["x"], "cts": ["g"], "bwd": [op("sin", ["x"], "c"), op("mul", ["g", "c"], "d")],
                  "bwd_results": ["d"]},
                 region(["x"], [op("cos", ["x"], "c2"), op("mul", ["c2", "c2"], "y")], ["y"], {"kind": "nothing"}),
