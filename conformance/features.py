@@ -38,6 +38,8 @@ FEATURE_DOC: dict[str, str] = {
     "residual_is_arg": "a custom_vjp residual that is one of its args",
     "residual_is_result": "a custom_vjp residual that is one of its results (an output aliased by a residual)",
     "perturbed_branch": "a symbolic_zeros custom_vjp whose bwd returns None for the args its fwd saw unperturbed",
+    "rule_pytree": "a custom_vjp or custom_jvp taking its args and returning its results (and cotangents or "
+                   "tangents) as one tuple or dict",
     "residual_pytree": "custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
     "bwd_none": "a custom_vjp bwd rule that returns None (a zero cotangent) for some argument",
     "custom_gradient": "a custom rule spelled with jax.custom_gradient (remat=False)",
@@ -71,6 +73,7 @@ FEATURE_DOC: dict[str, str] = {
     "rev_over_fwd": "second order as grad of a jvp (reverse over forward)",
     "linearize": "second order as jax.linearize of grad, applied to ones",
     "seeded_cotangents": "first order with a non-scalar cotangent per output (a fixed pattern, not ones)",
+    "aux_outputs": "outputs returned as aux beside the loss, not differentiated (value_and_grad(has_aux=True))",
     "forward_ad": "a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)",
     "float32": "a float32 value",
     "float64": "a float64 value",
@@ -128,6 +131,8 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("perturbed_branch")
             if s.residual_tree != "tuple":
                 f.add("residual_pytree")
+            if s.tree != "flat":
+                f.add("rule_pytree")
             if any(r is None for r in s.bwd_results):
                 f.add("bwd_none")
             if s.spelling == "custom_gradient":
@@ -144,6 +149,8 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("custom_jvp_in_fwd")
             if any(is_name(x) for x, _, _, _ in walk(s.body)):
                 f.add("names_in_custom_jvp")
+            if s.tree != "flat":
+                f.add("rule_pytree")
         elif isinstance(s, Scan):
             f.add(s.spelling)
             if s.xs:
@@ -202,6 +209,8 @@ def compute_features(prog: Program) -> set[str]:
         f.add("nondiff_input")
     if prog.diff.cotangents == "seeded":
         f.add("seeded_cotangents")
+    if prog.diff.aux:
+        f.add("aux_outputs")
     if prog.diff.order == 2:
         f.add("second_order")
         if prog.diff.mode != "reverse":

@@ -22,12 +22,17 @@ def seeded_cotangent(shape) -> list:
     return flat if shape else flat[0]
 
 
+def loss_outputs(prog: Program) -> int:
+    """How many outputs (the first ones) the loss sums; the rest are auxiliary (has_aux)."""
+    return len(prog.outputs) - prog.diff.aux
+
+
 def output_cotangents(prog: Program) -> list | None:
-    """Each output's seeded cotangent (None: every output's is ones)."""
+    """The seeded cotangent of each output the loss sums (None: every one's is ones)."""
     if prog.diff.cotangents != "seeded":
         return None
     types = prog.types()
-    return [seeded_cotangent(list(types[o][0])) for o in prog.outputs]
+    return [seeded_cotangent(list(types[o][0])) for o in prog.outputs[:loss_outputs(prog)]]
 
 
 class Interpreter:

@@ -98,6 +98,10 @@ class CustomVJP(_M):
     # marks the perturbed args in its residual pytree's structure, bwd returns None (a zero
     # cotangent) for every arg fwd saw unperturbed.
     perturbed_branch: bool = False
+    # How the rule takes its (differentiated) args and returns its results: positionally, or as
+    # one tuple or one dict keyed by value id (its bwd then returns one cotangent pytree of the
+    # same structure, None for a zero leaf). PyTorch's autograd.Function takes tensors positionally.
+    tree: Literal["flat", "tuple", "dict"] = "flat"
 
 
 class CustomJVP(_M):
@@ -112,6 +116,8 @@ class CustomJVP(_M):
     tangents: list[str]
     jvp: list["Stmt"]
     jvp_results: list[str]
+    # As a custom_vjp's: args, results and tangents as one tuple or dict keyed by value id.
+    tree: Literal["flat", "tuple", "dict"] = "flat"
 
 
 class Scan(_M):
@@ -213,6 +219,9 @@ class Diff(_M):
     # "seeded": a fixed non-scalar pattern per output (interpreter.seeded_cotangent), the loss
     # being sum(output * pattern) (first order only).
     cotangents: Literal["ones", "seeded"] = "ones"
+    # The last `aux` outputs are auxiliary: returned beside the loss and not differentiated
+    # (jax.value_and_grad(..., has_aux=True), as a training step returns its metrics).
+    aux: StrictInt = 0
 
 
 class Program(_M):
@@ -254,15 +263,19 @@ class Program(_M):
 
 # custom_vjp fields added after programs were first stored: left out of the JSON at their
 # defaults, so that those programs keep their content hashes.
-_LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False}
+_LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False, "tree": "flat"}
 _LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat"}
-_LATER_DIFF_DEFAULTS = {"cotangents": "ones"}   # the same for the diff part
+_LATER_RULE_DEFAULTS = {"tree": "flat"}   # custom_jvp
+_LATER_DIFF_DEFAULTS = {"cotangents": "ones", "aux": 0}   # the same for the diff part
+# Statement kind -> its later options at their plain values (the reducer sets them so, too).
+LATER_OPTIONS = {"custom_vjp": _LATER_DEFAULTS, "checkpoint": _LATER_REGION_DEFAULTS,
+                 "custom_jvp": _LATER_RULE_DEFAULTS, "diff": _LATER_DIFF_DEFAULTS}
 
 
 def _drop_later_defaults(x):
     """A custom_vjp block's later fields are left out of its JSON at their defaults."""
     if isinstance(x, dict):
-        later = {"custom_vjp": _LATER_DEFAULTS, "checkpoint": _LATER_REGION_DEFAULTS}.get(x.get("kind"))
+        later = LATER_OPTIONS.get(x.get("kind"))
         if later:
             x = {k: v for k, v in x.items() if not (k in later and v == later[k])}
         out = {k: _drop_later_defaults(v) for k, v in x.items()}

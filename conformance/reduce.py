@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Iterator
 
-from conformance.ir import Op, Program, ProgramError, load_program
+from conformance.ir import LATER_OPTIONS, Op, Program, ProgramError, load_program
 from conformance.ops import NAME_OPS, OPS, SCALE_OP, SIMPLEST_OP
 from conformance.policy import KINDS
 from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
@@ -260,13 +260,28 @@ def _carried(i: str, s: dict) -> str:
     return dict(zip(s["carry"], s["args"][:nc])).get(i, i)
 
 
+def _plain_options(obj: dict) -> Iterator[dict]:
+    """One statement's option, or the diff's, set to its plain value (ir.LATER_OPTIONS: a rule's
+    pytree or spelling, a region's static flag, auxiliary outputs, seeded cotangents...)."""
+    for key, plain in LATER_OPTIONS["diff"].items():
+        if obj["diff"].get(key, plain) != plain:
+            yield {**obj, "diff": {**obj["diff"], key: plain}}
+    for path, s in _statements(obj["body"]):
+        for key, plain in LATER_OPTIONS.get(s["kind"], {}).items():
+            if s.get(key, plain) != plain:
+                o = copy.deepcopy(obj)
+                _at(o, path)[key] = plain
+                yield o
+
+
 def candidates(prog: Program) -> Iterator[Program]:
     """Rewrites of `prog`, simplest first: dead statements removed; one program output dropped
     (and what only it needed); one region or jitted sub-function inlined; one custom rule's block inlined; one op
     bypassed (a checkpoint name, or an op one of whose arguments has its type); one scan cut to
     one iteration, or inlined when it has one; one cond replaced by one of its branches; one unary op of
-    a custom rule replaced by the simplest one; one non-standard rule made standard; one
-    region's policy replaced by the simplest kind. Rules whose primal code changed are derived
+    a custom rule replaced by the simplest one; one non-standard rule made standard; one option
+    of a statement or of the diff set to its plain value; one region's policy replaced by the
+    simplest kind. Rules whose primal code changed are derived
     again from it, as the generator derives them."""
     obj = prog.to_json_obj()
     seen = {prog.content_hash()}
@@ -327,6 +342,9 @@ def candidates(prog: Program) -> Iterator[Program]:
         if (p := emit(o)) is not None:
             yield p
     for o in _unscaled(obj):
+        if (p := emit(o)) is not None:
+            yield p
+    for o in _plain_options(obj):
         if (p := emit(o)) is not None:
             yield p
     for path, region in _regions(obj["body"]):

@@ -252,6 +252,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
         raise ProgramError("body", f"{n} statements exceed the limit {limits.max_statements}")
     if not prog.outputs:
         raise ProgramError("outputs", "a program needs at least one output")
+    if not 0 <= prog.diff.aux < len(prog.outputs):
+        raise ProgramError("diff.aux", f"{prog.diff.aux} auxiliary outputs: need 0 to {len(prog.outputs) - 1} "
+                                       "(at least one output is differentiated)")
     for k, o in enumerate(prog.outputs):
         if o not in top:
             raise ProgramError(f"outputs[{k}]", f"value {o!r} is not defined at top level")

@@ -40,6 +40,7 @@ NONDIFF_VALUES = (2.0, 0.5)
 
 SPELLINGS = ("defvjp", "custom_gradient", "custom_gradient_remat", "defremat")
 RESIDUAL_TREES = ("tuple", "dict", "nested")   # the pytree custom_vjp residuals travel in
+RULE_TREES = ("flat", "tuple", "dict")   # how a custom rule takes its args and returns its results
 
 
 # ---- the generator ------------------------------------------------------------------------------
@@ -282,11 +283,18 @@ class _Gen(Structure):
         g.optimize_remat = sw["optimize_remat"] and plain and draw(BOOL, label="optimize_remat")
         g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
+        g.tree = self._rule_tree()
+
+    def _rule_tree(self) -> str:
+        """How a custom rule takes its args and returns its results: positionally, or as one
+        tuple or dict (the rule_trees dimension)."""
+        return RULE_TREES[draw_int(self.draw, 0, len(RULE_TREES) - 1, "rule_tree")] if self.sw["rule_trees"] else "flat"
 
     def _open_cjvp(self, g: Frame):
         g.nondiff, g.symbolic_zeros, g.optimize_remat = [], False, False
         g.nonstandard = draw_int(self.draw, 0, 7, "nonstandard_result") if self.sw["nonstandard_rules"] else None
         g.extra_result = self.sw["unused_results"]
+        g.tree = self._rule_tree()
 
     def stream(self):
         draw = self.draw
@@ -358,6 +366,8 @@ class _Gen(Structure):
             diff.mode = DIFF_MODES[draw_int(self.draw, 0, len(DIFF_MODES) - 1, "diff_mode")]
         if self.sw["seeded_cotangents"] and not self.sw["second_order"]:
             diff.cotangents = "seeded"
+        if self.sw["aux_outputs"] and len(outs) > 1:   # the last outputs returned as aux, not differentiated
+            diff.aux = 1 + draw_int(self.draw, 0, min(2, len(outs) - 1) - 1, "aux_outputs")
         return Program(inputs=self.inputs, body=body, outputs=outs, diff=diff)
 
     def _build(self, f: Frame, leaves) -> list:
@@ -418,7 +428,8 @@ class _Gen(Structure):
         if it.nonstandard is not None:
             jvp, jvp_results = scale_result(jvp, jvp_results, it.nonstandard % len(results), 3.0,
                                             lambda: self.fresh("j"))
-        return CustomJVP(args=args, body=body, results=results, tangents=tangents, jvp=jvp, jvp_results=jvp_results)
+        return CustomJVP(args=args, body=body, results=results, tangents=tangents, jvp=jvp, jvp_results=jvp_results,
+                         tree=it.tree)
 
     def _export(self, s: CustomJVP, used: set[str]) -> CustomJVP:
         """A custom_jvp of a custom_vjp fwd, with the values of its body that the bwd rule reads
@@ -448,7 +459,7 @@ class _Gen(Structure):
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
                          optimize_remat=it.optimize_remat, spelling=it.spelling, residual_tree=it.residual_tree,
-                         perturbed_branch=it.perturbed_branch)
+                         perturbed_branch=it.perturbed_branch, tree=it.tree)
 
 
 @st.composite

@@ -65,7 +65,8 @@ _FEATURE_FLAGS = (
 _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed_branch", _HALF),
                ("scan", _HALF), ("scan_xs", _HALF), ("scan_unroll", _HALF), ("diff_modes", _HALF),
                ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
-               ("seeded_cotangents", _HALF), ("region_options", _HALF))
+               ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
+               ("rule_trees", _HALF))
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 
@@ -92,7 +93,7 @@ def _allowed(cfg: Config) -> dict[str, bool]:
     if not cfg.custom_jvp:
         a["custom_jvp"] = False
     if not cfg.custom_vjp and not cfg.custom_jvp:
-        a["nonstandard_rules"] = a["unused_results"] = False
+        a["nonstandard_rules"] = a["unused_results"] = a["rule_trees"] = False
     if not cfg.second_order:
         a["second_order"] = a["diff_modes"] = False
     if cfg.max_inputs < 2:

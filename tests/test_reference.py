@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, find, given, settings
 
 from conformance import pipelines
-from conformance.interpreter import output_cotangents
+from conformance.interpreter import loss_outputs, output_cotangents
 from conformance.ir import CustomJVP, CustomVJP, walk
 from conformance.ops import SCALE_OP
 from conformance.pipelines.jax_pipelines import node_values
@@ -16,7 +16,7 @@ from tests.programs import named_chain, seed_program
 
 def _loss(prog, inputs):
     vals = node_values(prog, inputs, cast_f64=True)
-    cts = output_cotangents(prog) or [1.0] * len(prog.outputs)   # seeded cotangents weight the outputs
+    cts = output_cotangents(prog) or [1.0] * loss_outputs(prog)   # seeded cotangents weight them; aux: none
     return float(sum(np.sum(vals[o] * np.asarray(c)) for o, c in zip(prog.outputs, cts)))
 
 

@@ -347,3 +347,88 @@ def test_region_static_flag_and_pytree_args_compute_the_same(tree, static, tmp_p
         assert (("static_argnums=(" in src) == static) or fw == "torch"
         rc, out = run_script(src, tmp_path, name=f"repro_{fw}.py")
         assert rc == 0, out
+
+
+def test_aux_outputs_are_returned_and_not_differentiated(tmp_path):
+    """diff.aux: the last outputs come back beside the loss (value_and_grad(has_aux=True)) and
+    contribute nothing to the gradient, in every pipeline and in the repros."""
+    body = [region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "a", name="a"), op("mul", ["a", "x"], "b")],
+                   ["b", "a"], {"kind": "save_only_names", "names": ["a"]}),
+            op("exp", ["a"], "e")]
+    p = load_program({**prog(body, outputs=["b", "e"]).to_json_obj(), "diff": {"order": 1, "mode": "reverse", "aux": 1}})
+    assert "aux_outputs" in p.features() and "has_aux=True" in repro.pseudo_code(p)
+    only_b = prog(body, outputs=["b"])
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3:jit", "torch:none", "torch:eager-sac"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    ref = EXECUTOR.run(only_b, input_values(p, 0), ["ref:f64"])["ref:f64"]
+    j = judge(p, obs, PACKAGED)
+    assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+    for name in names:
+        np.testing.assert_allclose(obs[name].grads["x"], ref.grads["x"], rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(obs[name].outputs[1], np.exp(np.sin(input_values(p, 0)["x"])), rtol=1e-5)
+        assert abs(obs[name].loss - ref.loss) < 1e-4, name
+    with pytest.raises(ProgramError) as e:   # at least one output is differentiated
+        load_program({**p.to_json_obj(), "diff": {"order": 1, "mode": "reverse", "aux": 2}})
+    assert e.value.field == "diff.aux"
+    assert "aux" not in only_b.to_json_obj()["diff"]   # stored programs keep their hashes
+    for fw in ("jax", "torch"):
+        src = repro.generate(p, input_values(p, 0), None, fw)
+        assert "AUX = 1" in src
+        rc, out = run_script(src, tmp_path, name=f"repro_{fw}.py")
+        assert rc == 0, out
+
+
+def pytree_rules(tree, spelling="defvjp", symbolic_zeros=False):
+    """A custom_vjp of two args and two results (one unread: a zero cotangent) taking and
+    returning them as `tree`, inside a region saving everything; then a custom_jvp as `tree`."""
+    cvjp = {"kind": "custom_vjp", "args": ["x", "y"], "tree": tree, "spelling": spelling,
+            # (no name in its fwd: remat3's open findings, the seed's and a missing named residual)
+            "fwd": [op("sin", ["x"], "s"), op("cos", ["x"], "c"), op("mul", ["s", "y"], "m")],
+            "results": ["m", "s"], "residuals": ["c", "s", "y"], "cts": ["gm", "gs"],
+            "bwd": [op("mul", ["gm", "y"], "t1"), op("add", ["t1", "gs"], "t2"), op("mul", ["t2", "c"], "dx"),
+                    op("mul", ["gm", "s"], "dy")],
+            "bwd_results": ["dx", "dy"], "symbolic_zeros": symbolic_zeros}
+    cjvp = {"kind": "custom_jvp", "args": ["m", "y"], "tree": tree, "body": [op("mul", ["m", "y"], "p")],
+            "results": ["p"], "tangents": ["tm", "ty"],
+            "jvp": [op("mul", ["tm", "y"], "j1"), op("mul", ["m", "ty"], "j2"), op("add", ["j1", "j2"], "tp")],
+            "jvp_results": ["tp"]}
+    body = [region(["x", "y"], [cvjp], ["m"], {"kind": "everything"}), cjvp]
+    return prog(body, inputs=[{"id": "x", "shape": [3], "dtype": F32, "diff": True},
+                              {"id": "y", "shape": [3], "dtype": F32, "diff": True}], outputs=["p"])
+
+
+@pytest.mark.parametrize("tree,spelling,sz", [("tuple", "defvjp", True), ("dict", "defvjp", False),
+                                               ("dict", "custom_gradient", False), ("tuple", "defremat", False)])
+def test_custom_rules_over_pytrees_compute_the_same(tree, spelling, sz, tmp_path):
+    p = pytree_rules(tree, spelling, sz)
+    flat = pytree_rules("flat", spelling, sz)
+    assert "rule_pytree" in p.features() and "rule_pytree" not in flat.features()
+    assert f"args_as={tree!r}" in repro.pseudo_code(p)
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3+cvjp3:jit"]
+    x = input_values(p, 0)
+    obs, ref = EXECUTOR.run(p, x, names), EXECUTOR.run(flat, x, names)
+    j = judge(p, obs, PACKAGED)
+    assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+    for name in names:
+        if ref[name].error is None:
+            assert obs[name].error is None, (name, obs[name].error)
+            for k in ("x", "y"):
+                np.testing.assert_allclose(obs[name].grads[k], ref[name].grads[k], rtol=1e-6, err_msg=name)
+        if sz and name != "ref:f64":   # the unread result's cotangent is a symbolic zero, in a pytree too
+            assert [False, True] in next(iter(obs[name].custom_rules.values())).symbolic_zero_cts, name
+    src = repro.generate(p, x, None, "jax", pipeline="jax:remat3+cvjp3")   # (defremat needs custom_vjp3)
+    assert "tree_rules(" in src and "tree_jvp(" in src
+    rc, out = run_script(src, tmp_path, name="repro_jax.py")
+    assert rc == 0, out
+
+
+def test_reductions_set_each_later_option_to_its_plain_value():
+    p = pytree_rules("dict", "custom_gradient").to_json_obj()
+    p["diff"]["aux"] = 0
+    p["body"][0]["static_flag"] = True
+    p = load_program(p)
+    plain = {(c.body[0].static_flag, c.body[0].body[0].tree, c.body[0].body[0].spelling, c.body[1].tree)
+             for c in candidates(p) if [s.kind for s in c.body] == ["checkpoint", "custom_jvp"]
+             and [s.kind for s in c.body[0].body] == ["custom_vjp"]}
+    assert {(False, "dict", "custom_gradient", "dict"), (True, "flat", "custom_gradient", "dict"),
+            (True, "dict", "defvjp", "dict"), (True, "dict", "custom_gradient", "flat")} <= plain

@@ -18,7 +18,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
-from conformance.interpreter import Interpreter, output_cotangents  # noqa: E402
+from conformance.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.pipelines import jax_table, xla_cache  # noqa: E402
@@ -159,11 +159,15 @@ class Lowering(Interpreter):
     def block(self, s: CustomVJP, path: str, args: list) -> list:
         if not self.custom:
             return self.inline(s, path, args)
+        if s.tree != "flat":   # one tuple or dict in, one out
+            return list(from_tree(s, s.results, self.custom_vjp(s, path)(*s.nondiff, as_tree(s, s.args, args))))
         return self.custom_vjp(s, path)(*s.nondiff, *args)
 
     def jvp_block(self, s: CustomJVP, path: str, args: list) -> list:
         if not self.custom:
             return super().jvp_block(s, path, args)
+        if s.tree != "flat":
+            return list(from_tree(s, s.results, self.custom_jvp(s, path)(as_tree(s, s.args, args))))
         return self.custom_jvp(s, path)(*args)
 
     def custom_jvp(self, s: CustomJVP, path: str):
@@ -184,6 +188,8 @@ class Lowering(Interpreter):
             e = self.body(s.jvp, e, None, path + ".jvp")
             return outs, tuple(e[t] for t in s.jvp_results)
 
+        if s.tree != "flat":   # the function takes one tuple or dict, and returns one
+            primal, rule = _tree_jvp(s, primal, rule)
         f = jax.custom_jvp(primal)
         f.defjvp(rule)
         return f
@@ -243,6 +249,12 @@ class Lowering(Interpreter):
                 outs = [o if k else None for o, k in zip(outs, keep)]
             return tuple(outs)
 
+        run_spelled = run_fwd   # the fwd statements on the args as the rule takes them
+        if s.tree != "flat":   # fwd and primal take one tuple or dict; bwd returns one
+            primal, fwd, bwd, run_spelled = _tree_vjp(s, primal, fwd, bwd, run_fwd)
+
+        def outs_of(e):   # the results, as the rule returns them
+            return tuple(e[r] for r in s.results) if s.tree == "flat" else as_tree(s, s.results, [e[r] for r in s.results])
         spelling = s.spelling
         if not self.remat and spelling in REMAT_SPELLINGS:
             # outside jax.remat a rematerialisation rule defines the same VJP as running rem
@@ -256,25 +268,25 @@ class Lowering(Interpreter):
         if spelling == "custom_gradient_remat":
             def spelled(*args):
                 log.fwd_traces += 1
-                e = run_fwd((), args)
+                e = run_spelled((), args)
 
                 def rem(*args2):
                     log.rem_traces += 1
-                    e2 = run_fwd((), args2)
+                    e2 = run_spelled((), args2)
                     res = pack(tuple(e2[r] for r in s.residuals))
-                    return tuple(e2[r] for r in s.results), lambda g: bwd(res, g)
-                return tuple(e[r] for r in s.results), rem
+                    return outs_of(e2), lambda g: bwd(res, g)
+                return outs_of(e), rem
             return jax.custom_gradient(spelled, remat=True)
         if spelling == "defremat":
             def fwd_nothing(*args):   # saves nothing: rem recomputes the residuals from the args
                 log.fwd_traces += 1
-                e = run_fwd((), args)
-                return tuple(e[r] for r in s.results), ()
+                e = run_spelled((), args)
+                return outs_of(e), ()
 
             def rem(_, *args):
                 log.rem_traces += 1
-                e = run_fwd((), args)
-                return tuple(e[r] for r in s.results), pack(tuple(e[r] for r in s.residuals))
+                e = run_spelled((), args)
+                return outs_of(e), pack(tuple(e[r] for r in s.residuals))
             f = jax.custom_vjp(primal)
             f.defremat(fwd_nothing, rem, bwd)
             return f
@@ -286,6 +298,26 @@ class Lowering(Interpreter):
             kw["optimize_remat"] = True
         f.defvjp(fwd, bwd, **kw)
         return f
+
+
+def as_tree(s, keys, vals):
+    return NAMESPACE["as_tree"](s.tree, keys, vals)
+
+
+def from_tree(s, keys, t):
+    return NAMESPACE["from_tree"](s.tree, keys, t)
+
+
+def _tree_vjp(s: CustomVJP, primal, fwd, bwd, run_fwd):
+    """A custom_vjp's positional rules as rules of one pytree (the prelude's tree_rules); fwd
+    statements run on the args of one pytree."""
+    def run_fwd_t(nondiff, arrs):
+        return run_fwd(nondiff, from_tree(s, s.args, arrs[0]))
+    return (*NAMESPACE["tree_rules"](s.tree, s.args, s.results, len(s.nondiff), primal, fwd, bwd), run_fwd_t)
+
+
+def _tree_jvp(s: CustomJVP, primal, rule):
+    return NAMESPACE["tree_jvp"](s.tree, s.args, s.results, primal, rule)
 
 
 # Spellings whose bwd rule says a zero cotangent with None.
@@ -367,6 +399,10 @@ class JaxBase(Pipeline):
             return vjp_fn(jnp.ones((), jnp.float64))
 
         d = [arrays[i] for i in diff_ids]
+        if program.diff.aux:
+            # Auxiliary outputs: the gradient as a training step spells it, value_and_grad with
+            # has_aux (the vjp above still gives the residuals the pullback holds).
+            value_and_grad = jax.value_and_grad(loss_fn, argnums=tuple(range(len(d))), has_aux=True)
         stage = "lowering"
         try:
             if self.spec.jit:
@@ -374,6 +410,9 @@ class JaxBase(Pipeline):
                 # is used), its outputs also carrying the pullback's residual leaves.
                 def fwd_bwd(*d):
                     loss, outs, vjp_fn = fwd(*d)
+                    if program.diff.aux:
+                        (loss, outs), grads = value_and_grad(*d)
+                        return loss, outs, vjp_fn, grads
                     return loss, outs, vjp_fn, bwd(vjp_fn)
                 with timed(t, "lowering"):
                     compiled = jax.jit(fwd_bwd).lower(*d).compile()
@@ -387,7 +426,10 @@ class JaxBase(Pipeline):
                     loss, outs, vjp_fn = fwd(*d)
                 stage = "backward"
                 with timed(t, "backward"):
-                    grads = bwd(vjp_fn)
+                    if program.diff.aux:
+                        (loss, outs), grads = value_and_grad(*d)
+                    else:
+                        grads = bwd(vjp_fn)
                     jax.block_until_ready(grads)
             obs.loss = float(loss)
             obs.outputs = [_tolist(o) for o in outs]
@@ -434,15 +476,15 @@ class JaxBase(Pipeline):
 
 
 def _loss_fn(low: Lowering, const: dict, diff_ids: list[str], program: Program):
-    """The scalar loss a run differentiates (float64 sum of every output, each times its seeded
-    cotangent where the program says so), with the outputs as aux."""
-    cts = output_cotangents(program)
+    """The scalar loss a run differentiates (float64 sum of every output but the auxiliary ones,
+    each times its seeded cotangent where the program says so), with all outputs as aux."""
+    cts, n = output_cotangents(program), loss_outputs(program)
 
     def loss_fn(*d):
         outs = low.outputs(const, diff_ids, d)
         if cts is not None:
             return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
-        return sum(jnp.sum(o).astype(jnp.float64) for o in outs), outs
+        return sum(jnp.sum(o).astype(jnp.float64) for o in outs[:n]), outs
     return loss_fn
 
 

@@ -84,6 +84,42 @@ def unpack_residuals(tree, res):
     return tuple(res)
 
 
+def as_tree(tree, keys, vals):
+    """A custom rule's values as it takes or returns them: positionally ("flat": a tuple, spread by
+    the caller), one tuple, or one dict keyed by value id."""
+    return dict(zip(keys, vals)) if tree == "dict" else tuple(vals)
+
+
+def from_tree(tree, keys, t):
+    return tuple(t[k] for k in keys) if tree == "dict" else tuple(t)
+
+
+def tree_rules(tree, args, results, nnd, primal, fwd, bwd):
+    """A custom_vjp's positional rules as rules taking their args as one pytree (after nnd
+    nondiff args) and returning results, and bwd's cotangents, as one pytree each."""
+    def primal_t(*a):
+        return as_tree(tree, results, primal(*a[:nnd], *from_tree(tree, args, a[nnd])))
+
+    def fwd_t(*a):
+        outs, res = fwd(*a[:nnd], *from_tree(tree, args, a[nnd]))
+        return as_tree(tree, results, outs), res
+
+    def bwd_t(*a):
+        return (as_tree(tree, args, bwd(*a[:nnd], a[nnd], from_tree(tree, results, a[nnd + 1]))),)
+    return primal_t, fwd_t, bwd_t
+
+
+def tree_jvp(tree, args, results, primal, rule):
+    """A custom_jvp's positional primal and rule as functions of one pytree (primals, tangents)."""
+    def primal_t(vals):
+        return as_tree(tree, results, primal(*from_tree(tree, args, vals)))
+
+    def rule_t(primals, tangents):
+        outs, tans = rule(from_tree(tree, args, primals[0]), from_tree(tree, args, tangents[0]))
+        return as_tree(tree, results, outs), as_tree(tree, results, tans)
+    return primal_t, rule_t
+
+
 def mark_perturbed(res, flags):
     """A residual pytree whose structure says which args fwd saw perturbed (a static fact)."""
     return {"res": res, "perturbed": {f"a{i}": () for i, f in enumerate(flags) if f}}

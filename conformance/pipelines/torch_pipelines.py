@@ -28,7 +28,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config as functorch_config  # noqa: E402
 
-from conformance.interpreter import output_cotangents  # noqa: E402
+from conformance.interpreter import loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir import Program, node_index  # noqa: E402
 from conformance.observation import ErrorInfo, Observation  # noqa: E402
 from conformance.pipelines import torch_table  # noqa: E402
@@ -153,7 +153,7 @@ class TorchBase(Pipeline):
         calls: list = []
         low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls)
 
-        cts = output_cotangents(program)
+        cts, n_loss = output_cotangents(program), loss_outputs(program)   # the rest: auxiliary outputs
 
         def make_loss(low):
             def loss_fn(*d):
@@ -161,7 +161,7 @@ class TorchBase(Pipeline):
                 if cts is not None:   # each output's seeded cotangent
                     return sum(torch.sum(o * torch.tensor(c, dtype=o.dtype, device=o.device)).to(torch.float64)
                                for o, c in zip(outs, cts)), outs
-                return sum(torch.sum(o).to(torch.float64) for o in outs), outs
+                return sum(torch.sum(o).to(torch.float64) for o in outs[:n_loss]), outs
             return loss_fn
         loss_fn = make_loss(low)
 

@@ -20,7 +20,17 @@ _RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoi
              "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
              "NAMES", "REMAT", "F64", "PREFER", "SETTINGS", "all_values", "main", "res", "cts", "ctx",
              "torch_checkpoint", "CheckpointPolicy", "create_selective_checkpoint_contexts", "compiled", "Saved",
-             "identify", "VALUE_REF", "perturbed", "keep", "spelled", "rem"}
+             "identify", "VALUE_REF", "perturbed", "keep", "spelled", "rem", "primal", "fwd", "bwd", "f", "rule"}
+
+
+def _prelude_names() -> set[str]:
+    """The functions the dialects' preludes define (a value id must not shadow them)."""
+    from conformance.pipelines import torch_table
+    return {m.group(1) for src in (jax_table.PRELUDE, torch_table.PRELUDE)
+            for m in re.finditer(r"^def (\w+)\(", src, re.M)}
+
+
+_RESERVED |= _prelude_names()
 
 
 def identifiers(prog: Program) -> dict[str, str]:
@@ -314,6 +324,7 @@ class PseudoEmitter(Emitter):
         opts += [f"spelling={s.spelling!r}"] if s.spelling != "defvjp" else []
         opts += [f"residuals_as={s.residual_tree!r}"] if s.residual_tree != "tuple" else []
         opts += ["bwd_branches_on_perturbed=True"] if s.perturbed_branch else []
+        opts += [f"args_as={s.tree!r}"] if s.tree != "flat" else []
         opts += [f"nondiff=[{', '.join(ndv)}]"] if ndv else []
         out = [f"{ind}with custom_vjp({', '.join(opts)}):   # {path}", f"{ind}    def fwd({', '.join(args)}):"]
         out += self.body(s.fwd, ind + "        ", path + ".fwd", nd)
@@ -326,7 +337,7 @@ class PseudoEmitter(Emitter):
 
     def jvp_block(self, s, path, ind):
         args, results = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
-        out = [f"{ind}with custom_jvp():   # {path}", f"{ind}    def primal({', '.join(args)}):"]
+        out = [f"{ind}with custom_jvp({'args_as=' + repr(s.tree) if s.tree != 'flat' else ''}):   # {path}", f"{ind}    def primal({', '.join(args)}):"]
         out += self.body(s.body, ind + "        ", path + ".body", None)
         out += [f"{ind}        return {self.tuple_(results)}",
                 f"{ind}    def jvp(primals={self.tuple_(args)}, tangents={self.tuple_([self.n[t] for t in s.tangents])}):",
@@ -354,4 +365,7 @@ def pseudo_code(program) -> str:
     lines.append(f"    return {', '.join(e.n[o] for o in prog.outputs)}")
     tail = SECOND_ORDER_TEXT[prog.diff.mode] if prog.diff.order == 2 else (
         "grad of sum(outputs * seeded cotangents)" if prog.diff.cotangents == "seeded" else "grad of sum(outputs)")
+    if prog.diff.aux:
+        tail = tail.replace("outputs", f"outputs[:{len(prog.outputs) - prog.diff.aux}]") + (
+            f"; the last {prog.diff.aux} returned as aux (value_and_grad(has_aux=True))")
     return "\n".join(lines) + f"\n# differentiated: {tail} w.r.t. " + ", ".join(e.n[i.id] for i in prog.diff_inputs())

@@ -70,8 +70,14 @@ class JaxEmitter(Emitter):
         src += [f"    return {self.tuple_(results)}, {self.tuple_([self.n[t] for t in s.jvp_results])}", "", "",
                 f"def {b}(*args):",
                 "    \"\"\"The custom_jvp function, built where it is called (as the harness does).\"\"\"",
-                f"    log({path!r})", f"    f = jax.custom_jvp({b}_primal)", f"    f.defjvp({b}_jvp)",
-                "    return f(*args)", ""]
+                f"    log({path!r})"]
+        if s.tree != "flat":   # the function takes one tuple or dict and returns one
+            t = (repr(s.tree), repr(list(s.args)), repr(list(s.results)))
+            src += [f"    primal, rule = tree_jvp({', '.join(t)}, {b}_primal, {b}_jvp)",
+                    "    f = jax.custom_jvp(primal)", "    f.defjvp(rule)",
+                    f"    return from_tree({t[0]}, {t[2]}, f(as_tree({t[0]}, {t[1]}, args)))", ""]
+        else:
+            src += [f"    f = jax.custom_jvp({b}_primal)", f"    f.defjvp({b}_jvp)", "    return f(*args)", ""]
         self.defs.append("\n".join(src))
         return [f"{ind}{self.tuple_(results)} = {b}({', '.join(args)})"]
 
@@ -116,19 +122,27 @@ class JaxEmitter(Emitter):
                 f"def {b}(*args):",
                 "    \"\"\"The custom rule, built where it is called (as the harness does).\"\"\"",
                 f"    log({path!r})"]
-        if s.spelling in ("custom_gradient", "custom_gradient_remat"):
-            src += ["    def spelled(*args):", f"        outs, res = {b}_fwd(*args)",
-                    f"        rem = lambda *a: ({b}_rule(*a)[0], lambda g: {b}_bwd({b}_fwd(*a)[1], g))",
-                    f"        return outs, (lambda g: {b}_bwd(res, g))" + (" if not REMAT else rem" if s.spelling.endswith("remat") else ""),
-                    "    return jax.custom_gradient(spelled" + (", remat=REMAT)(*args)" if s.spelling.endswith("remat") else ")(*args)"), ""]
-        elif s.spelling == "defremat":
-            src += [f"    f = jax.custom_vjp({b}_primal)",
-                    "    if REMAT:   # fwd saves nothing; rem recomputes the residuals from the args",
-                    f"        f.defremat(lambda *a: ({b}_rule(*a)[0], ()), lambda _, *a: {b}_fwd(*a), {b}_bwd)",
-                    "    else:   # outside jax.remat the same VJP as running rem right after fwd",
-                    f"        f.defvjp({b}_fwd, {b}_bwd)", "    return f(*args)", ""]
+        call = "f(*args)"
+        if s.tree != "flat":   # the rules take the args as one tuple or dict, return one
+            t = (repr(s.tree), repr(list(s.args)), repr(list(s.results)))
+            src.append(f"    primal, fwd, bwd = tree_rules({', '.join(t)}, {len(nd)}, {b}_primal, {b}_fwd, {b}_bwd)")
+            call = f"from_tree({t[0]}, {t[2]}, f(*args[:{len(nd)}], as_tree({t[0]}, {t[1]}, args[{len(nd)}:])))"
         else:
-            src += [f"    f = jax.custom_vjp({b}_primal" + (f", nondiff_argnums={tuple(range(len(nd)))!r})" if nd else ")"),
-                    f"    f.defvjp({b}_fwd, {b}_bwd{kw})", "    return f(*args)", ""]
+            src.append(f"    primal, fwd, bwd = {b}_primal, {b}_fwd, {b}_bwd")
+        if s.spelling in ("custom_gradient", "custom_gradient_remat"):
+            src += ["    def spelled(*args):", "        outs, res = fwd(*args)",
+                    "        rem = lambda *a: (primal(*a), lambda g: bwd(fwd(*a)[1], g))",
+                    "        return outs, (lambda g: bwd(res, g))" + (" if not REMAT else rem" if s.spelling.endswith("remat") else ""),
+                    "    f = jax.custom_gradient(spelled" + (", remat=REMAT)" if s.spelling.endswith("remat") else ")"),
+                    f"    return {call}", ""]
+        elif s.spelling == "defremat":
+            src += ["    f = jax.custom_vjp(primal)",
+                    "    if REMAT:   # fwd saves nothing; rem recomputes the residuals from the args",
+                    "        f.defremat(lambda *a: (fwd(*a)[0], ()), lambda _, *a: fwd(*a), bwd)",
+                    "    else:   # outside jax.remat the same VJP as running rem right after fwd",
+                    "        f.defvjp(fwd, bwd)", f"    return {call}", ""]
+        else:
+            src += ["    f = jax.custom_vjp(primal" + (f", nondiff_argnums={tuple(range(len(nd)))!r})" if nd else ")"),
+                    f"    f.defvjp(fwd, bwd{kw})", f"    return {call}", ""]
         self.defs.append("\n".join(src))
         return [f"{ind}{self.tuple_(results)} = {b}({', '.join(ndv + args)})"]
