@@ -73,6 +73,8 @@ FEATURE_DOC: dict[str, str] = {
     "rev_over_fwd": "second order as grad of a jvp (reverse over forward)",
     "linearize": "second order as jax.linearize of grad, applied to ones",
     "seeded_cotangents": "first order with a non-scalar cotangent per output (a fixed pattern, not ones)",
+    "per_example": "per-example gradients: jax.vmap of value_and_grad over batched inputs, shared ones broadcast "
+                   "(PyTorch: a loop over the examples)",
     "aux_outputs": "outputs returned as aux beside the loss, not differentiated (value_and_grad(has_aux=True))",
     "forward_ad": "a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)",
     "float32": "a float32 value",
@@ -211,6 +213,8 @@ def compute_features(prog: Program) -> set[str]:
         f.add("seeded_cotangents")
     if prog.diff.aux:
         f.add("aux_outputs")
+    if prog.diff.batch:
+        f.add("per_example")
     if prog.diff.order == 2:
         f.add("second_order")
         if prog.diff.mode != "reverse":

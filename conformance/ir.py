@@ -46,6 +46,9 @@ class Input(_M):
     shape: list[StrictInt]
     dtype: Literal["float32", "float64"]
     diff: bool = True
+    # Per-example programs (diff.batch B > 0): a batched input's value holds one example per
+    # leading-axis slice, shape (B, *shape); the program sees one example. Others are shared.
+    batched: bool = False
 
 
 class Op(_M):
@@ -222,6 +225,10 @@ class Diff(_M):
     # The last `aux` outputs are auxiliary: returned beside the loss and not differentiated
     # (jax.value_and_grad(..., has_aux=True), as a training step returns its metrics).
     aux: StrictInt = 0
+    # Per-example gradients: B > 0 differentiates each of B examples on its own (jax.vmap of
+    # jax.grad over the batched inputs, the shared ones broadcast): every gradient, output and
+    # loss has one value per example, stacked on a leading axis.
+    batch: StrictInt = 0
 
 
 class Program(_M):
@@ -266,7 +273,8 @@ class Program(_M):
 _LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False, "tree": "flat"}
 _LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat"}
 _LATER_RULE_DEFAULTS = {"tree": "flat"}   # custom_jvp
-_LATER_DIFF_DEFAULTS = {"cotangents": "ones", "aux": 0}   # the same for the diff part
+_LATER_DIFF_DEFAULTS = {"cotangents": "ones", "aux": 0, "batch": 0}   # the same for the diff part
+_LATER_INPUT_DEFAULTS = {"batched": False}
 # Statement kind -> its later options at their plain values (the reducer sets them so, too).
 LATER_OPTIONS = {"custom_vjp": _LATER_DEFAULTS, "checkpoint": _LATER_REGION_DEFAULTS,
                  "custom_jvp": _LATER_RULE_DEFAULTS, "diff": _LATER_DIFF_DEFAULTS}
@@ -279,6 +287,9 @@ def _drop_later_defaults(x):
         if later:
             x = {k: v for k, v in x.items() if not (k in later and v == later[k])}
         out = {k: _drop_later_defaults(v) for k, v in x.items()}
+        if isinstance(out.get("inputs"), list):
+            out["inputs"] = [{k: v for k, v in i.items() if not (k in _LATER_INPUT_DEFAULTS and v == _LATER_INPUT_DEFAULTS[k])}
+                             if isinstance(i, dict) else i for i in out["inputs"]]
         if isinstance(out.get("diff"), dict):
             out["diff"] = {k: v for k, v in out["diff"].items()
                            if not (k in _LATER_DIFF_DEFAULTS and v == _LATER_DIFF_DEFAULTS[k])}
@@ -318,6 +329,47 @@ def walk(body, depth=0, path="body", ctx=None):
         elif isinstance(s, Cond):
             for k, b in enumerate(s.branches):
                 yield from walk(b, depth, f"{p}.branches[{k}]", ctx)
+
+
+MAX_BATCH = 4
+
+
+def value_shape(prog: "Program", i: Input) -> tuple[int, ...]:
+    """The shape of an input's value: one example's shape, or (batch, *shape) when batched."""
+    return (prog.diff.batch, *i.shape) if i.batched and prog.diff.batch else tuple(i.shape)
+
+
+def example_inputs(prog: "Program", inputs: dict, b: int) -> dict:
+    """Example b's inputs of a per-example program: each batched input's slice b."""
+    batched = {i.id for i in prog.inputs if i.batched}
+    return {k: (v[b] if k in batched else v) for k, v in inputs.items()}
+
+
+def batch_id(i: str, b: int) -> str:
+    """Example b's value of `i` (`v` -> `v@b`, `v@k` -> `v@b@k`): the batch is the outermost loop."""
+    base = base_id(i)
+    return f"{base}{ITER_SEP}{b}{i[len(base):]}"
+
+
+def record_examples(prog: "Program", inputs: dict, record) -> dict:
+    """record(inputs) -> {value id: value} for one example; a per-example program's values of
+    each example, keyed by batch_id."""
+    if not prog.diff.batch:
+        return record(inputs)
+    out = {}
+    for b in range(prog.diff.batch):
+        out.update({batch_id(k, b): v for k, v in record(example_inputs(prog, inputs, b)).items()})
+    return out
+
+
+def value_lengths(prog: "Program") -> dict[str, list[int]]:
+    """Id of every value that has one value per iteration -> the lengths of the loops around
+    it, outermost first: the batch of a per-example program (around every value), then scans."""
+    scans = scan_lengths(prog.body)
+    if not prog.diff.batch:
+        return scans
+    ids = {i.id for i in prog.inputs} | defined_ids(prog.body) | set(scans)
+    return {i: [prog.diff.batch] + scans.get(i, []) for i in ids}
 
 
 def scan_lengths(body) -> dict[str, list[int]]:
@@ -400,10 +452,28 @@ def error_location(loc) -> str:
     return "".join(parts).lstrip(".")
 
 
+MAX_JSON_NESTING = 200   # far beyond any program within Limits.max_depth
+
+
+def _nesting(obj: Any) -> int:
+    """How deep lists and dicts nest in a JSON object (iteratively: no recursion limit)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (list, dict)):
+            deepest = max(deepest, d)
+            if d > MAX_JSON_NESTING:
+                return d
+            stack.extend((v, d + 1) for v in (x.values() if isinstance(x, dict) else x))
+    return deepest
+
+
 def load_program(obj: Any, limits: Limits | None = None) -> Program:
     """Parse and validate a program from a JSON object. Raises ProgramError naming the field."""
     if not isinstance(obj, dict):
         raise ProgramError("<root>", f"a program must be a JSON object, got {type(obj).__name__}")
+    if _nesting(obj) > MAX_JSON_NESTING:   # before pydantic, whose error messages repr what they reject
+        raise ProgramError("<root>", f"nesting too deep (over {MAX_JSON_NESTING} levels)")
     sv = obj.get("schema_version")
     if sv != SCHEMA_VERSION:
         raise ProgramError("schema_version", f"unsupported schema_version {sv!r} (this harness reads {SCHEMA_VERSION})")
@@ -444,7 +514,8 @@ class NodeInfo:
 
 def node_index(prog: Program) -> dict[str, NodeInfo]:
     """Every primal value id -> where it is defined (derivative-rule values excluded); a value
-    inside a scan body also under each of its iteration ids (`v@0`, `v@1`, ...)."""
+    inside a scan body (or of a per-example program) also under each of its iteration ids
+    (`v@0`, `v@1`, ...)."""
     out = {i.id: NodeInfo(i.id, f"inputs[{k}]", "input", None, 0, "main") for k, i in enumerate(prog.inputs)}
     for s, depth, path, ctx in walk(prog.body):
         if isinstance(s, Op) and ctx not in DERIVATIVE_CTX:
@@ -452,7 +523,7 @@ def node_index(prog: Program) -> dict[str, NodeInfo]:
         elif isinstance(s, Scan):
             for k, i in enumerate(s.carry + s.xs):
                 out[i] = NodeInfo(i, f"{path}.{'carry' if k < len(s.carry) else 'xs'}", "input", None, depth, ctx)
-    for i, lengths in scan_lengths(prog.body).items():
+    for i, lengths in value_lengths(prog).items():
         if i in out:
             for x in iteration_ids(i, lengths):
                 out[x] = NodeInfo(x, out[i].path, out[i].op, out[i].name, out[i].region_depth, out[i].ctx)

@@ -60,7 +60,7 @@ def check_finding(f, where: str) -> None:
 def load_program_file(path: str, limits=None):
     """(program, inputs or None, finding or None) from a corpus entry or a bare program file."""
     from conformance.findings import SCHEMA_VERSION, CorpusEntry, decode_inputs
-    from conformance.ir import ProgramError, load_program
+    from conformance.ir import ProgramError, load_program, value_shape
     from pydantic import ValidationError
     try:
         text = read_text(path, 16 * MiB)
@@ -93,9 +93,10 @@ def load_program_file(path: str, limits=None):
         if set(entry.inputs) != set(types):
             raise UsageError(f"{path}: inputs: ids {sorted(entry.inputs)} do not match the program's {sorted(types)}")
         for k, v in entry.inputs.items():
-            if v.dtype != types[k].dtype or v.shape != types[k].shape:
+            shape = list(value_shape(prog, types[k]))
+            if v.dtype != types[k].dtype or v.shape != shape:
                 raise UsageError(f"{path}: inputs.{k}: shape/dtype {v.shape}/{v.dtype} do not match the "
-                                 f"program's {types[k].shape}/{types[k].dtype}")
+                                 f"program's {shape}/{types[k].dtype}")
             flat = _flatten(v.data)
             if flat is None or len(flat) != math.prod(v.shape) or not all(math.isfinite(x) for x in flat):
                 raise UsageError(f"{path}: inputs.{k}.data: must hold {math.prod(v.shape)} finite numbers "

@@ -162,6 +162,10 @@ class KindDecl:
     fields: tuple[str, ...] = ()
     offloads: bool = False
     region_only: bool = False
+    # decides on shapes (a dot's batch dimensions, an input's element count): under jax.vmap
+    # (per-example programs) JAX's policy sees the batched shapes where PyTorch's per-example
+    # loop sees one example's
+    on_shapes: bool = False
 
     @property
     def kind(self) -> str:
@@ -171,8 +175,8 @@ class KindDecl:
 KINDS: dict[str, KindDecl] = {}
 
 
-def _kind(model, decide, fields=(), offloads=False, region_only=False):
-    k = KindDecl(model, decide, fields, offloads, region_only)
+def _kind(model, decide, fields=(), offloads=False, region_only=False, on_shapes=False):
+    k = KindDecl(model, decide, fields, offloads, region_only, on_shapes)
     KINDS[k.kind] = k
 
 
@@ -182,21 +186,21 @@ _kind(SaveOnlyNames, lambda p, op, name, b, n: "save" if name is not None and na
       ("names",))
 _kind(Everything, lambda p, op, name, b, n: "save")
 _kind(Dots, lambda p, op, name, b, n: "save" if _is_dot(op, b) else "recompute")
-_kind(DotsNoBatch, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute")
+_kind(DotsNoBatch, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True)
 _kind(SaveAnyNamesButThese,
       lambda p, op, name, b, n: "save" if name is not None and name not in p.names else "recompute", ("names",))
 _kind(SaveAnythingExceptNames,
       lambda p, op, name, b, n: "recompute" if name is not None and name in p.names else "save", ("names",))
 _kind(Ops, lambda p, op, name, b, n: "save" if _alike(op) & set(p.ops) else "recompute", ("ops",))
 _kind(OffloadDotsNoBatch, lambda p, op, name, b, n: "offload" if _is_dot_no_batch(op, b) else "recompute",
-      offloads=True)
+      offloads=True, on_shapes=True)
 _kind(SaveAndOffloadNames, lambda p, op, name, b, n: (
     "save" if name is not None and name in p.saved else
     "offload" if name is not None and name in p.offloaded else "recompute"), ("saved", "offloaded"), offloads=True)
 _kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.elements else "recompute",
-      ("elements",))
+      ("elements",), on_shapes=True)
 _kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"))
-_kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute")
+_kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True)
 _kind(NoPolicy, lambda p, op, name, b, n: "recompute", region_only=True)
 
 POLICY_KINDS = tuple(KINDS)
@@ -246,6 +250,12 @@ def policy_names(p) -> list[str]:
         elif f not in ("ops", "elements"):
             out += list(v)
     return out
+
+
+def decides_on_shapes(p) -> bool:
+    """Whether a policy (or a part of it) decides on shapes, which jax.vmap changes."""
+    return KINDS[p.kind].on_shapes or any(decides_on_shapes(getattr(p, f)) for f in KINDS[p.kind].fields
+                                          if f in ("a", "b"))
 
 
 def combines(p) -> bool:

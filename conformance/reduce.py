@@ -265,7 +265,13 @@ def _plain_options(obj: dict) -> Iterator[dict]:
     pytree or spelling, a region's static flag, auxiliary outputs, seeded cotangents...)."""
     for key, plain in LATER_OPTIONS["diff"].items():
         if obj["diff"].get(key, plain) != plain:
-            yield {**obj, "diff": {**obj["diff"], key: plain}}
+            o = {**obj, "diff": {**obj["diff"], key: plain}}
+            if key == "batch":   # no longer per example: no input holds examples
+                o["inputs"] = [{**i, "batched": False} for i in obj["inputs"]]
+            yield o
+    batched = [k for k, i in enumerate(obj["inputs"]) if i.get("batched")]
+    for k in batched if len(batched) > 1 else []:   # one input shared instead of per example
+        yield {**obj, "inputs": [{**i, "batched": False} if j == k else i for j, i in enumerate(obj["inputs"])]}
     for path, s in _statements(obj["body"]):
         for key, plain in LATER_OPTIONS.get(s["kind"], {}).items():
             if s.get(key, plain) != plain:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from conformance import ops as O
-from conformance.ir import (ITER_SEP, MAX_BRANCHES, MAX_SCAN_LENGTH, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Limits,
+from conformance.ir import (ITER_SEP, MAX_BATCH, MAX_BRANCHES, MAX_SCAN_LENGTH, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Limits,
                             Op, Program, ProgramError, Scan)
 from conformance.policy import policy_names
 
@@ -252,6 +252,13 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
         raise ProgramError("body", f"{n} statements exceed the limit {limits.max_statements}")
     if not prog.outputs:
         raise ProgramError("outputs", "a program needs at least one output")
+    if not 0 <= prog.diff.batch <= MAX_BATCH:
+        raise ProgramError("diff.batch", f"{prog.diff.batch} examples: need 0 (no batch) to {MAX_BATCH}")
+    for k, i in enumerate(prog.inputs):
+        if i.batched and not prog.diff.batch:
+            raise ProgramError(f"inputs[{k}].batched", "a batched input needs diff.batch > 0 (per-example gradients)")
+    if prog.diff.batch and not any(i.batched for i in prog.inputs):
+        raise ProgramError("diff.batch", "per-example gradients need at least one batched input")
     if not 0 <= prog.diff.aux < len(prog.outputs):
         raise ProgramError("diff.aux", f"{prog.diff.aux} auxiliary outputs: need 0 to {len(prog.outputs) - 1} "
                                        "(at least one output is differentiated)")

@@ -21,7 +21,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from conformance import ops as O
-from conformance.ir import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate
+from conformance.ir import (DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate,
+                           value_shape)
 from conformance.policy import KINDS
 from generators.draws import BOOL, draw_int, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
@@ -157,12 +158,12 @@ class _Gen(Structure):
         return NAME_POOL[draw_int(self.draw, 0, len(NAME_POOL) - 1, "name")]
 
     # -- inputs --------------------------------------------------------------------------
-    def _input(self, shape) -> Val:
+    def _input(self, shape, batched=False) -> Val:
         i = f"x{len(self.inputs)}"
         diff = True
         if self.inputs and self.sw["nondiff_inputs"]:
             diff = not self.draw(BOOL, label="input_nondiff")
-        self.inputs.append(Input(id=i, shape=list(shape), dtype=self.dtype, diff=diff))
+        self.inputs.append(Input(id=i, shape=list(shape), dtype=self.dtype, diff=diff, batched=batched))
         self.types[i] = (tuple(shape), self.dtype)
         return Val(i, tuple(shape), self.dtype, 1.0)
 
@@ -299,13 +300,17 @@ class _Gen(Structure):
     def stream(self):
         draw = self.draw
         top = self.frame = Frame("top", None, 0)
-        x0 = self._input(self._shape())
+        # per-example programs: x0 holds the examples; the first inputs may too, the later ones (a
+        # matmul's weights, a cond's predicate) are shared
+        per_example = self.sw["per_example"]
+        x0 = self._input(self._shape(), batched=per_example)
         self.scope.append(x0)
         if self.sw["extra_inputs"]:
             n = 0
             while n < 2 and len(self.inputs) < self.cfg.max_inputs and draw(BOOL, label="more_inputs"):
                 same = not draw(BOOL, label="input_shape_differs")
-                self.scope.append(self._input(x0.shape if same else self._shape()))
+                batched = per_example and draw(BOOL, label="input_batched")
+                self.scope.append(self._input(x0.shape if same else self._shape(), batched))
                 n += 1
         budget = 2 * max(1, self.cfg.max_stmts)
         used = self._span_item()   # a program has at least one item
@@ -366,6 +371,8 @@ class _Gen(Structure):
             diff.mode = DIFF_MODES[draw_int(self.draw, 0, len(DIFF_MODES) - 1, "diff_mode")]
         if self.sw["seeded_cotangents"] and not self.sw["second_order"]:
             diff.cotangents = "seeded"
+        if self.sw["per_example"]:   # per-example gradients over 2 or 3 examples
+            diff.batch = (2, 3)[draw_int(self.draw, 0, 1, "batch")]
         if self.sw["aux_outputs"] and len(outs) > 1:   # the last outputs returned as aux, not differentiated
             diff.aux = 1 + draw_int(self.draw, 0, min(2, len(outs) - 1) - 1, "aux_outputs")
         return Program(inputs=self.inputs, body=body, outputs=outs, diff=diff)
@@ -470,7 +477,7 @@ def programs(draw, cfg: Config | None = None) -> Program:
 def input_values(prog: Program, seed: int) -> dict[str, np.ndarray]:
     """Deterministic input values in [-1, 1] for a program, from a seed."""
     rng = np.random.default_rng(seed)
-    return {i.id: rng.uniform(-1.0, 1.0, size=i.shape).astype(i.dtype) for i in prog.inputs}
+    return {i.id: rng.uniform(-1.0, 1.0, size=value_shape(prog, i)).astype(i.dtype) for i in prog.inputs}
 
 
 @st.composite

@@ -66,7 +66,7 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("scan", _HALF), ("scan_xs", _HALF), ("scan_unroll", _HALF), ("diff_modes", _HALF),
                ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
                ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
-               ("rule_trees", _HALF))
+               ("rule_trees", _HALF), ("per_example", (1, 4)))
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 

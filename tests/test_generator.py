@@ -114,6 +114,7 @@ SHOWS = {
     "region_options": lambda p: bool({"static_argnums", "region_pytree"} & p.features()),
     "aux_outputs": lambda p: p.diff.aux > 0,
     "rule_trees": lambda p: "rule_pytree" in p.features(),
+    "per_example": lambda p: p.diff.batch > 0,
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},

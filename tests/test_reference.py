@@ -7,32 +7,40 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 
 from conformance import pipelines
 from conformance.interpreter import loss_outputs, output_cotangents
-from conformance.ir import CustomJVP, CustomVJP, walk
+from conformance.ir import CustomJVP, CustomVJP, batch_id, walk
 from conformance.ops import SCALE_OP
 from conformance.pipelines.jax_pipelines import node_values
 from generators.programs import Config, cases, input_values, programs
 from tests.programs import named_chain, seed_program
 
 
-def _loss(prog, inputs):
+def _loss(prog, inputs, b=None):
+    """The loss (per-example programs: example b's loss)."""
     vals = node_values(prog, inputs, cast_f64=True)
     cts = output_cotangents(prog) or [1.0] * loss_outputs(prog)   # seeded cotangents weight them; aux: none
-    return float(sum(np.sum(vals[o] * np.asarray(c)) for o, c in zip(prog.outputs, cts)))
+    key = (lambda o: o) if b is None else (lambda o: batch_id(o, b))
+    return float(sum(np.sum(vals[key(o)] * np.asarray(c)) for o, c in zip(prog.outputs, cts)))
 
 
 def finite_difference(prog, inputs, eps=1e-6):
+    """Central differences of the loss; per-example programs: of each example's loss, w.r.t. its
+    slice of a batched input or the whole of a shared one, stacked."""
     out = {}
     for i in prog.inputs:
         if not i.diff:
             continue
         x = inputs[i.id].astype(np.float64)
-        g = np.zeros_like(x)
-        for k in np.ndindex(x.shape or ()):
-            up, dn = x.copy(), x.copy()
-            up[k] += eps
-            dn[k] -= eps
-            g[k] = (_loss(prog, {**inputs, i.id: up}) - _loss(prog, {**inputs, i.id: dn})) / (2 * eps)
-        out[i.id] = g
+        grads = []
+        for b in ([None] if not prog.diff.batch else range(prog.diff.batch)):
+            g = np.zeros(i.shape)
+            for k in np.ndindex(tuple(i.shape)):
+                at = (b, *k) if (b is not None and i.batched) else k
+                up, dn = x.copy(), x.copy()
+                up[at] += eps
+                dn[at] -= eps
+                g[k] = (_loss(prog, {**inputs, i.id: up}, b) - _loss(prog, {**inputs, i.id: dn}, b)) / (2 * eps)
+            grads.append(g)
+        out[i.id] = grads[0] if not prog.diff.batch else np.stack(grads)
     return out
 
 

@@ -200,7 +200,7 @@ def test_jax_repro_of_a_residual_report_finding_checks_the_report(tmp_path):
     rc, out = run_script(src, tmp_path)
     assert rc == 0, out
     assert "OK: [residual_report] jax:remat3:jit vs vjp" in out and "named 'a'" in out
-    marker = "rows = saved_residuals(lambda *x: loss_fn(*x)[0], *d)"
+    marker = "rows = saved_residuals(lambda *x: objective(*x)[0], *d)"
     assert marker in src
     rc, out = run_script(src.replace(marker, marker + "[:-1]"), tmp_path, name="tampered.py")
     assert rc == 1, out

@@ -432,3 +432,62 @@ def test_reductions_set_each_later_option_to_its_plain_value():
              and [s.kind for s in c.body[0].body] == ["custom_vjp"]}
     assert {(False, "dict", "custom_gradient", "dict"), (True, "flat", "custom_gradient", "dict"),
             (True, "dict", "defvjp", "dict"), (True, "dict", "custom_gradient", "flat")} <= plain
+
+
+def per_example_program(order=1, mode="reverse"):
+    """Per-example gradients over 3 examples of x (a batched input) through shared weights w:
+    x @ w, then sin named 'a' and cos, in a region saving only 'a'."""
+    body = [op("matmul", ["x", "w"], "m"),
+            region(["m"], [op("sin", ["m"], "s"), op("name", ["s"], "a", name="a"), op("cos", ["a"], "c")], ["c"],
+                   {"kind": "save_only_names", "names": ["a"]})]
+    return load_program({"schema_version": 1, "body": body, "outputs": ["c"],
+                         "inputs": [{"id": "x", "shape": [2, 3], "dtype": F32, "diff": True, "batched": True},
+                                    {"id": "w", "shape": [3, 2], "dtype": F32, "diff": True}],
+                         "diff": {"order": order, "mode": mode, "batch": 3}})
+
+
+def test_per_example_gradients_are_one_per_example_everywhere(tmp_path):
+    from tests.test_reference import finite_difference
+    p = per_example_program()
+    assert "per_example" in p.features() and "vmap of value_and_grad" in repro.pseudo_code(p)
+    x = input_values(p, 0)
+    assert x["x"].shape == (3, 2, 3) and x["w"].shape == (3, 2)   # (a shared input keeps its shape)
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3:jit", "torch:none", "torch:eager-sac"]
+    obs = EXECUTOR.run(p, x, names)
+    j = judge(p, obs, PACKAGED)
+    assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+    fd = finite_difference(p, {k: v.astype(np.float64) for k, v in x.items()})
+    X, W = x["x"].astype(np.float64), x["w"].astype(np.float64)
+    want = np.stack([X[b].T @ (-np.sin(np.sin(X[b] @ W)) * np.cos(X[b] @ W)) for b in range(3)])
+    np.testing.assert_allclose(fd["w"], want, rtol=1e-5, atol=1e-7)
+    for name in names:   # one gradient of the shared w per example, and the per-example residuals
+        np.testing.assert_allclose(obs[name].grads["w"], want, rtol=1e-4, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(obs[name].grads["x"], fd["x"], rtol=1e-3, atol=1e-5, err_msg=name)
+    for name in ("jax:remat2", "jax:remat3", "torch:eager-sac"):
+        assert named(obs[name]) == [(f"a@{b}", f"s@{b}") for b in range(3)], (name, obs[name].residuals)
+    # reduced to one example; repros run in both frameworks
+    q = load_program({**p.to_json_obj(), "inputs": [{**i, "batched": False} for i in p.to_json_obj()["inputs"]],
+                      "diff": {"order": 1, "mode": "reverse"}})
+    assert q in list(candidates(p))   # the reduction to one example per batch is a candidate
+    v = Verdict(check="residuals", pipeline="jax:remat3", reference="jax:remat2", status="fail", error_type="missing")
+    for fw in ("jax", "torch"):
+        src = repro.generate(p, x, make_finding(v, p, x, {}, {}, "cpu"), fw)
+        assert "BATCH = 3" in src
+        rc, out = run_script(src, tmp_path, name=f"repro_{fw}.py")
+        assert rc == 0, out
+
+
+@pytest.mark.parametrize("mode", DIFF_MODES[:3])
+def test_per_example_second_order_is_h_times_ones_per_example(mode):
+    p = per_example_program(order=2, mode=mode)
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3:jit", "torch:eager-sac"]
+    obs = EXECUTOR.run(p, input_values(p, 0), names)
+    j = judge(p, obs, PACKAGED)
+    assert not j.failures(), [(v.key(), v.detail) for v in j.failures()]
+    assert np.shape(obs["ref:f64"].grads2["w"]) == (3, 3, 2)
+    one = load_program({**p.to_json_obj(), "inputs": [{**i, "batched": False} for i in p.to_json_obj()["inputs"]],
+                        "diff": {"order": 2, "mode": mode}})
+    x = input_values(p, 0)
+    for b in range(3):   # example b's H @ ones is the program's on example b alone
+        ob = EXECUTOR.run(one, {"x": x["x"][b], "w": x["w"]}, ["ref:f64"])["ref:f64"]
+        np.testing.assert_allclose(obs["ref:f64"].grads2["w"][b], ob.grads2["w"], rtol=1e-9)

@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from conformance.ir import value_shape
+
 PLUGINS_ENV = "REMAT_CONFORMANCE_PLUGINS"
 # Error text that means the pipeline ran out of memory (Python, XLA, torch, C++).
 OOM_MARKERS = ("MemoryError", "RESOURCE_EXHAUSTED", "std::bad_alloc", "Cannot allocate memory",
@@ -52,15 +54,15 @@ def decode_inputs(obj: Any, program) -> dict[str, np.ndarray]:
         raise ValueError(f"inputs: ids {sorted(obj)} do not match the program's {sorted(types)}")
     out = {}
     for k, d in obj.items():
-        t = types[k]
+        shape = list(value_shape(program, types[k]))
         if (not isinstance(d, dict) or d.get("dtype") not in ("float16", "float32", "float64")
-                or d.get("shape") != list(t.shape) or not isinstance(d.get("data"), str)):
-            raise ValueError(f"inputs.{k}: not a float array of the program's shape {t.shape}")
+                or d.get("shape") != shape or not isinstance(d.get("data"), str)):
+            raise ValueError(f"inputs.{k}: not a float array of the program's shape {shape}")
         raw = base64.b64decode(d["data"], validate=True)
         a = np.frombuffer(raw, dtype=d["dtype"])
-        if a.size != int(np.prod(t.shape, dtype=np.int64)):
-            raise ValueError(f"inputs.{k}: {a.size} elements, expected shape {t.shape}")
-        out[k] = a.reshape(t.shape).copy()
+        if a.size != int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"inputs.{k}: {a.size} elements, expected shape {shape}")
+        out[k] = a.reshape(shape).copy()
     return out
 
 

@@ -6,6 +6,7 @@ every dtype in a program is explicit.
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from contextlib import contextmanager
@@ -19,7 +20,8 @@ import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
 from conformance.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
-from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index  # noqa: E402
+from conformance.ir import (Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index,  # noqa: E402
+                            record_examples)
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.pipelines import jax_table, xla_cache  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
@@ -389,7 +391,7 @@ class JaxBase(Pipeline):
         const = {i.id: arrays[i.id] for i in program.inputs if not i.diff}
         low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
 
-        loss_fn = _loss_fn(low, const, diff_ids, program)
+        loss_fn, value_and_grad, hvp_fn = _differentiated(low, const, diff_ids, program)
 
         def fwd(*d):
             loss, vjp_fn, outs = jax.vjp(loss_fn, *d, has_aux=True)
@@ -399,10 +401,6 @@ class JaxBase(Pipeline):
             return vjp_fn(jnp.ones((), jnp.float64))
 
         d = [arrays[i] for i in diff_ids]
-        if program.diff.aux:
-            # Auxiliary outputs: the gradient as a training step spells it, value_and_grad with
-            # has_aux (the vjp above still gives the residuals the pullback holds).
-            value_and_grad = jax.value_and_grad(loss_fn, argnums=tuple(range(len(d))), has_aux=True)
         stage = "lowering"
         try:
             if self.spec.jit:
@@ -410,7 +408,7 @@ class JaxBase(Pipeline):
                 # is used), its outputs also carrying the pullback's residual leaves.
                 def fwd_bwd(*d):
                     loss, outs, vjp_fn = fwd(*d)
-                    if program.diff.aux:
+                    if value_and_grad is not None:
                         (loss, outs), grads = value_and_grad(*d)
                         return loss, outs, vjp_fn, grads
                     return loss, outs, vjp_fn, bwd(vjp_fn)
@@ -426,7 +424,7 @@ class JaxBase(Pipeline):
                     loss, outs, vjp_fn = fwd(*d)
                 stage = "backward"
                 with timed(t, "backward"):
-                    if program.diff.aux:
+                    if value_and_grad is not None:
                         (loss, outs), grads = value_and_grad(*d)
                     else:
                         grads = bwd(vjp_fn)
@@ -446,8 +444,7 @@ class JaxBase(Pipeline):
             if program.diff.order == 2:
                 stage = "second_order"
 
-                mode = program.diff.mode
-                g2 = lambda *d: NAMESPACE["hvp"](mode, lambda *x: loss_fn(*x)[0], *d)   # noqa: E731
+                g2 = hvp_fn
                 if self.spec.jit:
                     g2 = jax.jit(g2)
                 with timed(t, "second_order"):
@@ -461,7 +458,8 @@ class JaxBase(Pipeline):
     def _report(self, program: Program, const, diff_ids, d, obs: Observation):
         """JAX's own residual report of the loss this run differentiates (traced afresh with its
         own lowering, so that the custom-rule logs stay this run's)."""
-        loss_fn = _loss_fn(Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64), const, diff_ids, program)
+        loss_fn = _differentiated(Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64), const, diff_ids,
+                                  program)[0]
         try:
             rows = saved_residuals(lambda *x: loss_fn(*x)[0], *d)
         except Exception as e:   # the diagnostic itself failed: the oracle judges it
@@ -486,6 +484,37 @@ def _loss_fn(low: Lowering, const: dict, diff_ids: list[str], program: Program):
             return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
         return sum(jnp.sum(o).astype(jnp.float64) for o in outs[:n]), outs
     return loss_fn
+
+
+def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Program):
+    """(the loss with all outputs as aux, whose vjp gives the residuals; the value_and_grad that
+    gives the gradients where the program spells them so, else None; H @ ones).
+
+    Auxiliary outputs: value_and_grad(has_aux=True), as a training step spells it. Per-example
+    programs: the loss is the sum of the examples' losses (jax.vmap over the batched inputs),
+    and the gradients are per example, jax.vmap of value_and_grad (shared inputs broadcast)."""
+    ex = lambda c, *d: _loss_fn(low, c, diff_ids, program)(*d)   # noqa: E731
+    argn = tuple(range(1, len(diff_ids) + 1))
+    mode = program.diff.mode
+    if not program.diff.batch:
+        loss_fn = functools.partial(ex, const)
+        vg = jax.value_and_grad(loss_fn, argnums=tuple(range(len(diff_ids))), has_aux=True) if (
+            program.diff.aux) else None
+        return loss_fn, vg, lambda *d: NAMESPACE["hvp"](mode, lambda *x: loss_fn(*x)[0], *d)
+    batched = {i.id for i in program.inputs if i.batched}
+    axes = ({k: 0 if k in batched else None for k in const}, *[0 if i in batched else None for i in diff_ids])
+
+    def loss_fn(*d):   # the batch's loss; outputs per example
+        losses, outs = jax.vmap(ex, in_axes=axes)(const, *d)
+        return jnp.sum(losses), outs
+
+    def per_example(*d):   # jax.vmap of value_and_grad: one gradient per example
+        (losses, outs), grads = jax.vmap(jax.value_and_grad(ex, argnums=argn, has_aux=True), in_axes=axes)(const, *d)
+        return (jnp.sum(losses), outs), grads
+
+    def hvp_fn(*d):   # H @ ones per example
+        return jax.vmap(lambda c, *x: NAMESPACE["hvp"](mode, lambda *y: ex(c, *y)[0], *x), in_axes=axes)(const, *d)
+    return loss_fn, per_example, hvp_fn
 
 
 _NAMED = re.compile(r"^named '(.*)' from ")
@@ -528,12 +557,14 @@ def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool 
 
 
 def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool) -> dict[str, np.ndarray]:
-    env = {}
-    for i in program.inputs:
-        env[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
-    rec = dict(env)
-    Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
-    return {k: np.asarray(v) for k, v in rec.items()}
+    def record(inputs):   # one example's values
+        env = {}
+        for i in program.inputs:
+            env[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
+        rec = dict(env)
+        Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
+        return {k: np.asarray(v) for k, v in rec.items()}
+    return record_examples(program, inputs, record)
 
 
 class JaxReference(JaxBase):

@@ -37,6 +37,7 @@ class SavedRecorder:
 
     def __init__(self):
         self._copy: list[torch.Tensor] = []
+        self._alive: list[torch.Tensor] = []
         self._index: dict = {}
         self.read: set[int] = set()
         self.active = False
@@ -54,6 +55,9 @@ class SavedRecorder:
         if i is None:
             i = self._index[key] = len(self._copy)
             self._copy.append(t.detach().clone())
+            # kept alive while recording, so that its memory is not reused by a later forward
+            # (per-example loops) and mistaken for this residual
+            self._alive.append(t)
         return _Handle(i, t)
 
     def unpack(self, h):

@@ -29,7 +29,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from conformance.interpreter import Interpreter
-from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, record_examples, walk
 from conformance.observation import CustomRuleLog
 from conformance.pipelines import torch_table
 from conformance.pipelines.tables import compile_table
@@ -192,10 +192,12 @@ class Lowering(Interpreter):
 
 def node_values(program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> dict[str, np.ndarray]:
     """Every primal value of the program, evaluated by torch without checkpoint (program dtype)."""
-    env = {i.id: torch.as_tensor(np.asarray(inputs[i.id], dtype=i.dtype), device=device) for i in program.inputs}
-    rec = dict(env)
-    with torch.no_grad():
-        Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
-    return {k: v.detach().cpu().numpy() for k, v in rec.items()}
+    def record(inputs):   # one example's values
+        env = {i.id: torch.as_tensor(np.asarray(inputs[i.id], dtype=i.dtype), device=device) for i in program.inputs}
+        rec = dict(env)
+        with torch.no_grad():
+            Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
+        return {k: v.detach().cpu().numpy() for k, v in rec.items()}
+    return record_examples(program, inputs, record)
 
 

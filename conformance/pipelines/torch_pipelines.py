@@ -29,7 +29,7 @@ import torch._dynamo  # noqa: E402
 import torch._functorch.config as functorch_config  # noqa: E402
 
 from conformance.interpreter import loss_outputs, output_cotangents  # noqa: E402
-from conformance.ir import Program, node_index  # noqa: E402
+from conformance.ir import Program, example_inputs, node_index  # noqa: E402
 from conformance.observation import ErrorInfo, Observation  # noqa: E402
 from conformance.pipelines import torch_table  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
@@ -148,16 +148,16 @@ class TorchBase(Pipeline):
     def _run(self, program: Program, inputs, obs: Observation, device: str):
         t = obs.timings
         diff_ids = [i.id for i in program.inputs if i.diff]
-        const = {i.id: torch.as_tensor(np.asarray(inputs[i.id], dtype=i.dtype), device=device)
-                 for i in program.inputs if not i.diff}
+        const_ids = [i.id for i in program.inputs if not i.diff]
+        dtypes = {i.id: i.dtype for i in program.inputs}
         calls: list = []
         low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls)
 
         cts, n_loss = output_cotangents(program), loss_outputs(program)   # the rest: auxiliary outputs
 
         def make_loss(low):
-            def loss_fn(*d):
-                outs = low.outputs(const, diff_ids, d)
+            def loss_fn(*a):   # the constant inputs, then the differentiated ones
+                outs = low.outputs(dict(zip(const_ids, a[:len(const_ids)])), diff_ids, a[len(const_ids):])
                 if cts is not None:   # each output's seeded cotangent
                     return sum(torch.sum(o * torch.tensor(c, dtype=o.dtype, device=o.device)).to(torch.float64)
                                for o, c in zip(outs, cts)), outs
@@ -165,9 +165,9 @@ class TorchBase(Pipeline):
             return loss_fn
         loss_fn = make_loss(low)
 
-        def leaves():
-            return [torch.as_tensor(np.asarray(inputs[i], dtype=ty), device=device).requires_grad_(True)
-                    for i, ty in ((i.id, i.dtype) for i in program.inputs if i.diff)]
+        def tensors(x, ids, leaf):
+            out = [torch.as_tensor(np.asarray(x[i], dtype=dtypes[i]), device=device) for i in ids]
+            return [v.requires_grad_(True) for v in out] if leaf else out
 
         def grad(loss, d, create_graph=False):
             if not loss.requires_grad:
@@ -175,19 +175,28 @@ class TorchBase(Pipeline):
             return torch.autograd.grad(loss, d, allow_unused=True, materialize_grads=True,
                                        create_graph=create_graph)
 
+        # Per-example programs: each example differentiated on its own, in a Python loop
+        # (torch.func.vmap of torch.func.grad rejects the saved tensor hooks checkpoint uses).
+        examples = [inputs] if not program.diff.batch else [
+            example_inputs(program, inputs, b) for b in range(program.diff.batch)]
+        per_example = (lambda xs: torch.stack(list(xs))) if program.diff.batch else (lambda xs: list(xs)[0])
         fn = self._compiled(loss_fn)
         rec = SavedRecorder()
         stage = "lowering" if self.compile else "forward"
         try:
-            d = leaves()
-            with timed(t, "forward"), rec.recording():
-                loss, outs = fn(*d)
-            stage = "backward"
-            with timed(t, "backward"):
-                grads = grad(loss, d)
-            obs.loss = float(loss.detach().cpu())
-            obs.outputs = [_tolist(o) for o in outs]
-            obs.grads = {i: _tolist(g) for i, g in zip(diff_ids, grads)}
+            runs = []
+            for x in examples:
+                c, d = tensors(x, const_ids, False), tensors(x, diff_ids, True)
+                stage = "lowering" if self.compile else "forward"
+                with timed(t, "forward"), rec.recording():
+                    loss, outs = fn(*c, *d)
+                stage = "backward"
+                with timed(t, "backward"):
+                    grads = grad(loss, d)
+                runs.append((loss, outs, grads))
+            obs.loss = float(sum(r[0].detach().cpu() for r in runs))
+            obs.outputs = [_tolist(per_example(r[1][k] for r in runs)) for k in range(len(program.outputs))]
+            obs.grads = {i: _tolist(per_example(r[2][k] for r in runs)) for k, i in enumerate(diff_ids)}
             with timed(t, "residuals"):
                 saved = self._capture(rec.saved)
                 values = node_values(program, inputs, device)
@@ -205,8 +214,13 @@ class TorchBase(Pipeline):
                 else:
                     with timed(t, "second_order"):
                         low2 = Lowering(program, remat=self.remat, prefer=self.prefer, diff_residuals=True)
-                        g2 = NAMESPACE["second_order"](program.diff.mode, make_loss(low2), leaves(), grad)
-                    obs.grads2 = {i: _tolist(g) for i, g in zip(diff_ids, g2)}
+                        loss2 = make_loss(low2)
+                        g2s = []
+                        for x in examples:
+                            c = tensors(x, const_ids, False)
+                            g2s.append(NAMESPACE["second_order"](program.diff.mode, lambda *d: loss2(*c, *d),
+                                                                 tensors(x, diff_ids, True), grad))
+                    obs.grads2 = {i: _tolist(per_example(g[k] for g in g2s)) for k, i in enumerate(diff_ids)}
         except Exception as e:  # the observation records it; oracles judge
             if stage == "lowering" and not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
                 stage = "forward"

@@ -360,7 +360,8 @@ def pseudo_code(program) -> str:
     """The program as readable pseudo-Python (for reports)."""
     prog = program if isinstance(program, Program) else Program.model_validate(program)
     e = PseudoEmitter(prog)
-    sig = ", ".join(f"{e.n[i.id]}: {i.dtype}{list(i.shape)}" + ("" if i.diff else " (no grad)") for i in prog.inputs)
+    sig = ", ".join(f"{e.n[i.id]}: {i.dtype}{list(i.shape)}" + ("" if i.diff else " (no grad)")
+                    + (" (one example)" if i.batched else "") for i in prog.inputs)
     lines = [f"def f({sig}):"] + e.body(prog.body, "    ", "body", None)
     lines.append(f"    return {', '.join(e.n[o] for o in prog.outputs)}")
     tail = SECOND_ORDER_TEXT[prog.diff.mode] if prog.diff.order == 2 else (
@@ -368,4 +369,7 @@ def pseudo_code(program) -> str:
     if prog.diff.aux:
         tail = tail.replace("outputs", f"outputs[:{len(prog.outputs) - prog.diff.aux}]") + (
             f"; the last {prog.diff.aux} returned as aux (value_and_grad(has_aux=True))")
+    if prog.diff.batch:
+        tail = (f"per example, over {prog.diff.batch} examples (vmap of value_and_grad; batched: "
+                f"{', '.join(e.n[i.id] for i in prog.inputs if i.batched)}; the others shared): {tail}")
     return "\n".join(lines) + f"\n# differentiated: {tail} w.r.t. " + ", ".join(e.n[i.id] for i in prog.diff_inputs())

@@ -73,5 +73,6 @@ def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework
         inputs=[(k, _fmt_array(np.asarray(inputs[k]))) for k in [i.id for i in prog.inputs]],
         diff_ids=[e.n[i.id] for i in prog.diff_inputs()], diff_keys=[i.id for i in prog.diff_inputs()],
         defs=defs, body=body, values_body=e.values(), order2=prog.diff.order == 2, diff_mode=prog.diff.mode,
-        cotangents=repr(output_cotangents(prog)), aux=prog.diff.aux, has_names=bool(names),
+        cotangents=repr(output_cotangents(prog)), aux=prog.diff.aux, batch=prog.diff.batch,
+        batched=repr(sorted(i.id for i in prog.inputs if i.batched)), has_names=bool(names),
         blocks=[p for s, _, p, _ in walk(prog.body) if isinstance(s, CustomVJP)], **_dialect(framework, prog))
