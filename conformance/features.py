@@ -79,6 +79,8 @@ FEATURE_DOC: dict[str, str] = {
     "forward_ad": "a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)",
     "float32": "a float32 value",
     "float64": "a float64 value",
+    "bfloat16": "a bfloat16 value (inputs of that dtype, or a cast to it)",
+    "float16": "a float16 value (inputs of that dtype, or a cast to it)",
 }
 
 

@@ -6,6 +6,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from conformance.dtypes import np_dtype
 from conformance.ir import Program
 
 SCHEMA_VERSION = 1
@@ -27,7 +28,7 @@ def encode_inputs(values: dict[str, np.ndarray]) -> dict[str, InputValue]:
 def decode_inputs(enc: dict[str, InputValue]) -> dict[str, np.ndarray]:
     out = {}
     for k, v in enc.items():
-        a = np.asarray(v.data, dtype=np.float64).astype(v.dtype)
+        a = np.asarray(v.data, dtype=np.float64).astype(np_dtype(v.dtype))
         out[k] = a.reshape(v.shape)
     return out
 

@@ -19,11 +19,13 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from conformance import ops as O
+from conformance.dtypes import DTYPES as FLOAT_DTYPES
 from conformance.policy import POLICY_KINDS, Policy
 
 SCHEMA_VERSION = 1
-DTYPES = ("float32", "float64")
-DTYPE_BYTES = {"float32": 4, "float64": 8}
+DTYPES = tuple(FLOAT_DTYPES)   # (conformance.dtypes declares each)
+DTYPE_BYTES = {k: d.bytes for k, d in FLOAT_DTYPES.items()}
+DType = Literal["float64", "float32", "bfloat16", "float16"]
 
 class Limits(BaseModel):
     """Configurable limits checked before anything runs."""
@@ -44,7 +46,7 @@ class _M(BaseModel):
 class Input(_M):
     id: str
     shape: list[StrictInt]
-    dtype: Literal["float32", "float64"]
+    dtype: DType
     diff: bool = True
     # Per-example programs (diff.batch B > 0): a batched input's value holds one example per
     # leading-axis slice, shape (B, *shape); the program sees one example. Others are shared.
@@ -186,6 +188,7 @@ MAX_BRANCHES = 3
 
 
 Stmt = Annotated[Union[Op, Checkpoint, CustomVJP, CustomJVP, Scan, Jit, Cond], Field(discriminator="kind")]
+assert set(DType.__args__) == set(DTYPES), "conformance.dtypes and ir.DType must list the same dtypes"
 Checkpoint.model_rebuild()
 CustomVJP.model_rebuild()
 CustomJVP.model_rebuild()

@@ -32,7 +32,7 @@ SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement der
 # Op kinds a framework's policy cannot tell apart: they lower to the same primitive (JAX `mul` for
 # x * y, x * c and x * nondiff; `reduce_sum` inside a mean), so an `ops` policy naming one saves
 # the others' outputs too (tests/test_tables.py derives the groups from the lowering tables).
-POLICY_ALIKE = (("mul", "scale", "nondiff_scale"), ("sum", "mean"))
+POLICY_ALIKE = (("mul", "scale", "nondiff_scale"), ("sum", "mean"), ("step", "cast"))
 
 
 class ParamError(ValueError):
@@ -66,6 +66,7 @@ class OpDecl:
     # (elementwise: the vjp rule with the tangent as cotangent),
     # "bilinear" (op(tx, y) + op(x, ty)), "zero" (piecewise constant); None: no jvp rule.
     tangent: str | None = None
+    out_dtype: Callable | None = None   # params -> the output's dtype; None: its first input's
 
     def batched(self, shapes) -> bool:
         return self.batched_feature is not None and len(shapes[0]) == 3
@@ -127,7 +128,8 @@ def bcast_ok(src, dst) -> bool:
 
 # ---- generator helpers -------------------------------------------------------------------------
 # A Chooser (generators/programs.py) draws: int(lo, hi, label), choice(seq, label), perm(n, label),
-# operand(pred) -> value or None, new_input(shape) -> value, checkpoint_name(), nondiff (list).
+# operand(pred) -> value or None, new_input(shape, dtype) -> value, checkpoint_name(), nondiff (list),
+# dtypes (the dtypes values may have).
 def _bounded(c, x):
     return None, [x], {}, 1.0
 
@@ -173,7 +175,7 @@ def _gen_matmul(c, x):
         return "broadcast", [x], {"shape": shape}, x.mag
     k, n = x.shape[-1], c.int(1, 4, "dim")
     want = (k, n) if len(x.shape) == 2 else (x.shape[0], k, n)
-    y = c.operand(lambda v: v.shape == want and v.dtype == x.dtype) or c.new_input(want)
+    y = c.operand(lambda v: v.shape == want and v.dtype == x.dtype) or c.new_input(want, x.dtype)
     return None, [x, y], {}, x.mag * y.mag * k
 
 
@@ -464,7 +466,7 @@ def _gen_conv1d(c, x):
     if len(x.shape) != 3:
         return None
     want = (c.int(1, 4, "dim"), x.shape[1], c.int(1, x.shape[2], "kernel"))
-    w = c.operand(lambda v: v.shape == want and v.dtype == x.dtype) or c.new_input(want)
+    w = c.operand(lambda v: v.shape == want and v.dtype == x.dtype) or c.new_input(want, x.dtype)
     return None, [x, w], {}, x.mag * w.mag * want[1] * want[2]
 
 
@@ -479,6 +481,36 @@ def _infer_conv1d(shapes, p, nd):
 # convolutions, dots_with_no_batch_dims_saveable does not; no IR derivative (not in custom rules).
 define("conv1d", 2, "conv", _infer_conv1d, gen=_gen_conv1d, dot=True,
        features=(feature("conv", "a 1-D convolution"),))
+
+
+# A cast to another floating dtype (mixed precision: bfloat16 compute from float32 values and
+# back). Its cotangent is cast back to the input's dtype. The float64 value reference keeps every
+# value in float64 (a cast there is the identity).
+CAST_OP = "cast"
+FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")   # (conformance.dtypes declares them)
+
+
+def _infer_cast(shapes, p, nd):
+    if p["dtype"] not in FLOAT_DTYPES:
+        raise ParamError("params.dtype", f"not a floating dtype: {p['dtype']!r}; known: {list(FLOAT_DTYPES)}")
+    return shapes[0]
+
+
+def _gen_cast(c, x):
+    to = [d for d in c.dtypes if d != x.dtype]
+    return None if not to else (None, [x], {"dtype": c.choice(to, "dtype")}, x.mag)
+
+
+define(CAST_OP, 1, "cast", _infer_cast, params=("dtype",), gen=_gen_cast, tangent="linear",
+       vjp=_vjp_unary(lambda d, s, g, a: d.emit(CAST_OP, [g], dtype=d.types[a][1])),
+       out_dtype=lambda p: p["dtype"], pseudo="{x}.astype({dtype})",
+       features=(feature("cast", "a cast to another floating dtype (mixed precision)"),))
+
+
+def result_dtype(op: str, params: dict, arg_dtype: str) -> str:
+    """The dtype of an op's output whose first input has `arg_dtype`."""
+    d = OPS[op]
+    return d.out_dtype(params) if d.out_dtype else arg_dtype
 
 
 def _generated(d: OpDecl, in_rule: bool, nondiff: bool) -> bool:

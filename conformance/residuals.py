@@ -18,6 +18,7 @@ import itertools
 
 import numpy as np
 
+from conformance.dtypes import DTYPES, match_tol
 from conformance.ir import ITER_SEP, NodeInfo
 from conformance.observation import Residual
 
@@ -25,7 +26,7 @@ from conformance.observation import Residual
 def _close(a: np.ndarray, b: np.ndarray) -> bool:
     if a.shape != b.shape:
         return False
-    tol = 1e-5 if (a.dtype == np.float32 or b.dtype == np.float32) else 1e-10
+    tol = match_tol(a.dtype, b.dtype)   # a few ulps of the coarser dtype (conformance.dtypes)
     return bool(np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol))
 
 
@@ -64,7 +65,7 @@ def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
 
 
 def _cls(arr: np.ndarray, values: dict) -> list[str]:
-    if not np.issubdtype(arr.dtype, np.floating):   # a bool mask, a cond's int32 branch index: no program
+    if str(arr.dtype) not in DTYPES:   # a bool mask, a cond's int32 branch index: no program
         return []                                   # value (programs compute floats)
     return sorted(i for i, v in values.items() if matches(arr, np.asarray(v)))
 

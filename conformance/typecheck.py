@@ -22,7 +22,7 @@ def _infer(op: Op, arg_types, path, nondiff) -> tuple[tuple[int, ...], str]:
     dtypes = {t[1] for t in arg_types}
     if len(dtypes) > 1:
         raise ProgramError(f"{path}.args", f"mixed dtypes {sorted(dtypes)}")
-    return shape, arg_types[0][1]
+    return shape, O.result_dtype(op.op, op.params, arg_types[0][1])
 
 
 def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[tuple[int, ...], str]]:

@@ -147,25 +147,30 @@ class _Gen(Structure):
             return c[-1]
         return c[-2 - draw_int(self.draw, 0, min(len(c) - 1, MAX_OPERAND_BACK) - 1, "operand")]
 
-    def new_input(self, shape):
+    def new_input(self, shape, dtype=None):
         if len(self.inputs) >= self.cfg.max_inputs:
             raise _NoInput
-        v = self._input(tuple(shape))
+        v = self._input(tuple(shape), dtype=dtype)
         self.scope.append(v)
         return v
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes values may have (a cast's targets)."""
+        return self.cfg.dtypes
 
     def checkpoint_name(self):
         return NAME_POOL[draw_int(self.draw, 0, len(NAME_POOL) - 1, "name")]
 
     # -- inputs --------------------------------------------------------------------------
-    def _input(self, shape, batched=False) -> Val:
-        i = f"x{len(self.inputs)}"
+    def _input(self, shape, batched=False, dtype=None) -> Val:
+        i, dtype = f"x{len(self.inputs)}", dtype or self.dtype
         diff = True
         if self.inputs and self.sw["nondiff_inputs"]:
             diff = not self.draw(BOOL, label="input_nondiff")
-        self.inputs.append(Input(id=i, shape=list(shape), dtype=self.dtype, diff=diff, batched=batched))
-        self.types[i] = (tuple(shape), self.dtype)
-        return Val(i, tuple(shape), self.dtype, 1.0)
+        self.inputs.append(Input(id=i, shape=list(shape), dtype=dtype, diff=diff, batched=batched))
+        self.types[i] = (tuple(shape), dtype)
+        return Val(i, tuple(shape), dtype, 1.0)
 
     def _shape(self):
         r = RANKS[draw_int(self.draw, 0, len(RANKS) - 1, "rank")]
@@ -175,10 +180,11 @@ class _Gen(Structure):
     def _op(self, kind, args: list[Val], mag, params) -> Val:
         o = self.fresh()
         shape = O.infer(kind, [a.shape for a in args], params, self.nondiff)
-        self.types[o] = (tuple(shape), args[0].dtype)
+        dtype = O.result_dtype(kind, params, args[0].dtype)
+        self.types[o] = (tuple(shape), dtype)
         self.frame.items.append(Op(op=kind, args=[a.id for a in args], params=params, out=o))
         self.home[o] = self.frame
-        v = Val(o, tuple(shape), args[0].dtype, mag)
+        v = Val(o, tuple(shape), dtype, mag)
         self.scope.append(v)
         return v
 

@@ -43,8 +43,8 @@ class Structure:
             with_xs, unroll = True, 1
         xs = []
         if with_xs and room:
-            seq = self._input((length,) + tuple(init.shape))
-            w = Val(self.fresh("w"), init.shape, init.dtype, seq.mag)
+            seq = self._input((length,) + tuple(init.shape), dtype=init.dtype)
+            w = Val(self.fresh("w"), init.shape, seq.dtype, seq.mag)
             self.types[w.id] = (w.shape, w.dtype)
             self.scope.append(w)
             xs.append((seq, w))

@@ -23,7 +23,7 @@ class Config:
     here is off in every program, whatever the swarm draws."""
     max_stmts: int = 6        # a program draws at most 2 * max_stmts ops and region/block openings
     max_depth: int = 3        # regions nested at most this deep
-    dtypes: tuple[str, ...] = ("float32", "float64")
+    dtypes: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")   # inputs' dtypes (the first: the plain one), casts' targets
     custom_vjp: bool = True
     custom_jvp: bool = True
     checkpoint: bool = True

@@ -242,7 +242,7 @@ ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64
               "torch:mutant-compiled-perturb-gradient": [("gradient", "jax:remat2", "cross_value")]}
 # Generator settings a mutant's campaign narrows (besides max_stmts=4).
 GENERATOR: dict[str, dict] = {
-    "jax:mutant-drop-iteration-residual": {"require": ("scan", "checkpoint")},
+    "jax:mutant-drop-iteration-residual": {"require": ("scan", "checkpoint", "family:name")},
     "jax:mutant-perturb-hvp": {"require": ("second_order", "diff_modes")},
 }
 # Fields of a finding's detail (dotted paths) and the value each must have.

@@ -47,7 +47,7 @@ def test_seed_program_features():
 @pytest.mark.parametrize("mutate, field, reason", [
     (lambda o: o["body"][0].update(op="frobnicate"), "body[0].op", "unknown op"),
     (lambda o: o["body"][0].update(args=["nope"]), "body[0].args[0]", "not defined"),
-    (lambda o: o["inputs"][0].update(dtype="float16"), "inputs[0].dtype", "float32"),
+    (lambda o: o["inputs"][0].update(dtype="int32"), "inputs[0].dtype", "float32"),
     (lambda o: o["inputs"][0].update(shape=[10000]), "inputs[0].shape", "exceeds the limit"),
     (lambda o: o.update(outputs=["ghost"]), "outputs[0]", "not defined"),
     (lambda o: o["body"][0].update(out="x"), "body[0].out", "defined twice"),

@@ -103,7 +103,9 @@ def test_skip_unless_marks_the_verdict_with_the_first_lacking_observation():
 def test_tolerance_is_the_dtype_table_grown_by_size_and_second_order():
     # documented table: (rtol, atol) per dtype and mode
     assert gradients.TOLERANCES == {("float32", "tight"): (5e-5, 5e-6), ("float64", "tight"): (1e-10, 1e-12),
-                                    ("float32", "loose"): (2e-3, 2e-4), ("float64", "loose"): (1e-8, 1e-10)}
+                                    ("float32", "loose"): (2e-3, 2e-4), ("float64", "loose"): (1e-8, 1e-10),
+                                    ("bfloat16", "tight"): (3e-2, 3e-3), ("bfloat16", "loose"): (6e-2, 6e-3),
+                                    ("float16", "tight"): (4e-3, 4e-4), ("float16", "loose"): (1e-2, 1e-3)}
     # grow = 1 + 0.1 * size (+ 4 at second order)
     assert gradients.tolerance(SIN, "tight") == pytest.approx((1e-10 * 1.1, 1e-12 * 1.1), rel=1e-12)
     assert gradients.tolerance(RELU, "tight") == pytest.approx((1e-10 * 1.3, 1e-12 * 1.3), rel=1e-12)
@@ -115,6 +117,12 @@ def test_tolerance_is_the_dtype_table_grown_by_size_and_second_order():
                  inputs=[{"id": "x", "shape": [3], "dtype": "float64", "diff": True},
                          {"id": "w", "shape": [3], "dtype": "float32", "diff": True}])
     assert gradients.tolerance(mixed, "loose") == pytest.approx((2e-3 * 1.2, 2e-4 * 1.2), rel=1e-12)
+    # so does a cast to bfloat16 anywhere make it a bfloat16 program; a float32 program stays tight
+    cast = prog([op("cast", ["x"], "c", dtype="bfloat16"), op("sin", ["c"], "a")], outputs=["a"],
+                inputs=[{"id": "x", "shape": [3], "dtype": "float32", "diff": True}])
+    assert gradients.tolerance(cast, "tight") == pytest.approx((3e-2 * 1.2, 3e-3 * 1.2), rel=1e-12)
+    assert gradients.tolerance(prog([op("sin", ["x"], "a")], inputs=[{"id": "x", "shape": [3], "dtype": "float32",
+                                                                      "diff": True}]), "tight")[0] < 1e-4
     assert gradients.tolerance(seed_program("float64"), "tight") == pytest.approx((1e-10 * 1.7, 1e-12 * 1.7))
     assert gradients.tolerance(seed_program("float32"), "tight") == pytest.approx((5e-5 * 1.7, 5e-6 * 1.7))
 

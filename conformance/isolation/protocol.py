@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from conformance.dtypes import DTYPES, np_dtype
 from conformance.ir import value_shape
 
 PLUGINS_ENV = "REMAT_CONFORMANCE_PLUGINS"
@@ -55,11 +56,11 @@ def decode_inputs(obj: Any, program) -> dict[str, np.ndarray]:
     out = {}
     for k, d in obj.items():
         shape = list(value_shape(program, types[k]))
-        if (not isinstance(d, dict) or d.get("dtype") not in ("float16", "float32", "float64")
+        if (not isinstance(d, dict) or d.get("dtype") not in DTYPES
                 or d.get("shape") != shape or not isinstance(d.get("data"), str)):
             raise ValueError(f"inputs.{k}: not a float array of the program's shape {shape}")
         raw = base64.b64decode(d["data"], validate=True)
-        a = np.frombuffer(raw, dtype=d["dtype"])
+        a = np.frombuffer(raw, dtype=np_dtype(d["dtype"]))
         if a.size != int(np.prod(shape, dtype=np.int64)):
             raise ValueError(f"inputs.{k}: {a.size} elements, expected shape {shape}")
         out[k] = a.reshape(shape).copy()

@@ -23,6 +23,7 @@ from conformance.interpreter import Interpreter, loss_outputs, output_cotangents
 from conformance.ir import (Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index,  # noqa: E402
                             record_examples)
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
+from conformance.ops import CAST_OP  # noqa: E402
 from conformance.pipelines import jax_table, xla_cache  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.tables import compile_table, unlowered  # noqa: E402
@@ -62,8 +63,11 @@ def jax_flags(flags: dict[str, bool]):
             jax.config.update(k, v)
 
 
+# dt(name): the dtype a template's dtype name stands for (the repro's dt maps every dtype to
+# float64 in its float64 runs; here Lowering.op gives a cast float64 itself in those)
 NAMESPACE: dict = {"jax": jax, "jnp": jnp, "lax": jax.lax, "cp": jax.checkpoint_policies,
-                   "checkpoint_name": checkpoint_name, "checkpoint_name_fwd": checkpoint_name_fwd}
+                   "checkpoint_name": checkpoint_name, "checkpoint_name_fwd": checkpoint_name_fwd,
+                   "dt": lambda name: name}
 exec(jax_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
 OPS = compile_table(jax_table.OPS, NAMESPACE)
 
@@ -88,6 +92,8 @@ class Lowering(Interpreter):
         self.logs: dict[str, CustomRuleLog] = {}
 
     def op(self, s: Op, args: list, nondiff):
+        if self.cast_f64 and s.op == CAST_OP:   # the float64 evaluation keeps every value float64
+            return OPS[s.op](args, {**s.params, "dtype": "float64"}, nondiff)
         return OPS[s.op](args, s.params, nondiff)
 
     def stack(self, xs):
@@ -329,7 +335,7 @@ REMAT_SPELLINGS = {"defremat": "defvjp", "custom_gradient_remat": "custom_gradie
 
 
 def _tolist(x) -> Any:
-    return np.asarray(x).tolist()
+    return np.asarray(x).astype(np.float64).tolist()
 
 
 def _device(device: str):
@@ -562,7 +568,7 @@ def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool
         for i in program.inputs:
             env[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
         rec = dict(env)
-        Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
+        Lowering(program, remat=False, custom=False, record=rec, cast_f64=cast_f64).body(program.body, env)
         return {k: np.asarray(v) for k, v in rec.items()}
     return record_examples(program, inputs, record)
 

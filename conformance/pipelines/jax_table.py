@@ -37,6 +37,7 @@ OPS: dict[str, Lowering] = {
     "slice": L("lax.slice_in_dim({x}, {start}, {stop}, axis={axis})", ("slice",)),
     "pad": L("jnp.pad({x}, [(({before}, {after}) if i == {axis} else (0, 0)) for i in range({x}.ndim)])", ("pad",)),
     "conv1d": L("lax.conv_general_dilated({x}, {y}, (1,), 'VALID')", ("conv_general_dilated",)),
+    "cast": L("{x}.astype(dt({dtype}))", ("convert_element_type",)),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

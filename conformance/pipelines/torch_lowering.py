@@ -29,12 +29,30 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from conformance.interpreter import Interpreter
+from conformance.dtypes import DTYPES as FLOAT_DTYPES, np_dtype
 from conformance.ir import Checkpoint, CustomVJP, Op, Program, record_examples, walk
 from conformance.observation import CustomRuleLog
 from conformance.pipelines import torch_table
 from conformance.pipelines.tables import compile_table
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in FLOAT_DTYPES}   # (conformance.dtypes)
+
+
+def tensor(a, dtype: str, device: str = "cpu") -> torch.Tensor:
+    """A numpy array (or nested lists) as a torch tensor of a declared dtype (torch cannot read
+    ml_dtypes.bfloat16 arrays: through float32, which holds every bfloat16 value exactly)."""
+    a = np.asarray(a, dtype=np_dtype(dtype))
+    if dtype == "bfloat16":
+        return torch.as_tensor(a.astype(np.float32), device=device).to(torch.bfloat16)
+    return torch.as_tensor(a, device=device)
+
+
+def numpy_of(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a numpy array of its dtype (bfloat16: ml_dtypes.bfloat16)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(np_dtype("bfloat16"))
+    return t.numpy()
 
 
 # ---- the checkpoint_name analogue ---------------------------------------------------------
@@ -52,7 +70,10 @@ tag.register_autograd(lambda ctx, g: (g, None), setup_context=lambda ctx, inputs
 TAG = torch.ops.rc.tag.default
 
 A = torch.ops.aten
-NAMESPACE: dict = {"torch": torch, "A": A, "tag": torch.ops.rc.tag, "CheckpointPolicy": CheckpointPolicy}
+# dt(name): the torch dtype a template's dtype name stands for (the repro's dt also maps every
+# dtype to float64 in its float64 run; PyTorch pipelines run in the program's dtypes)
+NAMESPACE: dict = {"torch": torch, "A": A, "tag": torch.ops.rc.tag, "CheckpointPolicy": CheckpointPolicy,
+                   "dt": DTYPES.__getitem__}
 exec(torch_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
 OPS = compile_table(torch_table.OPS, NAMESPACE)
 KINDS_OF: dict = eval(torch_table.kinds_of_source(), NAMESPACE)   # noqa: S307
@@ -193,11 +214,11 @@ class Lowering(Interpreter):
 def node_values(program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> dict[str, np.ndarray]:
     """Every primal value of the program, evaluated by torch without checkpoint (program dtype)."""
     def record(inputs):   # one example's values
-        env = {i.id: torch.as_tensor(np.asarray(inputs[i.id], dtype=i.dtype), device=device) for i in program.inputs}
+        env = {i.id: tensor(inputs[i.id], i.dtype, device) for i in program.inputs}
         rec = dict(env)
         with torch.no_grad():
             Lowering(program, remat=False, custom=False, record=rec).body(program.body, env)
-        return {k: v.detach().cpu().numpy() for k, v in rec.items()}
+        return {k: numpy_of(v) for k, v in rec.items()}
     return record_examples(program, inputs, record)
 
 

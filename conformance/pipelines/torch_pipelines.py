@@ -36,12 +36,12 @@ from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.tables import unlowered  # noqa: E402
 from conformance.pipelines.torch_capture import SavedRecorder, memory_kind  # noqa: E402
 from conformance.pipelines.torch_compile import inductor_partitioner, recording_aot_backend, torch_settings  # noqa: E402
-from conformance.pipelines.torch_lowering import NAMESPACE, Lowering, node_values  # noqa: E402
+from conformance.pipelines.torch_lowering import NAMESPACE, Lowering, node_values, numpy_of, tensor  # noqa: E402
 from conformance.residuals import canonicalise  # noqa: E402
 
 
 def _tolist(x) -> Any:
-    return x.detach().cpu().numpy().tolist()
+    return numpy_of(x).astype(np.float64).tolist()
 
 
 # ---- pipelines --------------------------------------------------------------------------------
@@ -166,7 +166,7 @@ class TorchBase(Pipeline):
         loss_fn = make_loss(low)
 
         def tensors(x, ids, leaf):
-            out = [torch.as_tensor(np.asarray(x[i], dtype=dtypes[i]), device=device) for i in ids]
+            out = [tensor(x[i], dtypes[i], device) for i in ids]
             return [v.requires_grad_(True) for v in out] if leaf else out
 
         def grad(loss, d, create_graph=False):
@@ -201,11 +201,11 @@ class TorchBase(Pipeline):
                 saved = self._capture(rec.saved)
                 values = node_values(program, inputs, device)
                 index = node_index(program)
-                obs.residuals = canonicalise([s.cpu().numpy() for s in saved], values, index,
+                obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
                                              memory=[memory_kind(s, device) for s in saved])
                 if rec.unread:   # saved for backward, never read (eager: no dead-code elimination)
                     obs.flags["saved_unread"] = [
-                        r.describe() for r in canonicalise([s.cpu().numpy() for s in rec.unread], values, index)]
+                        r.describe() for r in canonicalise([numpy_of(s) for s in rec.unread], values, index)]
             if program.diff.order == 2:
                 stage = "second_order"
                 if self.compile:

@@ -40,6 +40,7 @@ OPS: dict[str, Lowering] = {
     "pad": L("torch.nn.functional.pad({x}, [0, 0] * ({x}.dim() - 1 - {axis}) + [{before}, {after}])",
              ("A.constant_pad_nd",)),
     "conv1d": L("torch.nn.functional.conv1d({x}, {y})", ("A.convolution", "A.conv1d")),
+    "cast": L("{x}.to(dt({dtype}))", ("A._to_copy",)),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),

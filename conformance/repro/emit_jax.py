@@ -37,7 +37,7 @@ class JaxEmitter(Emitter):
                 f"{self.tuple_(xs)}, length={s.length}, unroll={s.unroll})"]
 
     def value_input(self, key):
-        return f"jnp.asarray(inputs[{key}])"
+        return f"jnp.asarray(inputs[{key}]).astype(INPUT_DTYPES[{key}])"
 
     def zeros(self, vid: str) -> str:
         shp, dtype = self.types[vid]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from conformance.dtypes import DTYPES
 from conformance.interpreter import output_cotangents
 from conformance import pipelines as registry
 from conformance.ir import CustomVJP, checkpoint_name_of, primal_ops, walk
@@ -30,8 +31,10 @@ def doc_text(text: str) -> str:
 
 
 def _fmt_array(a: np.ndarray) -> str:
+    """An input as numpy source; bfloat16 (not a numpy dtype) as float32, which holds it exactly."""
     data = a.astype(np.float64).tolist()
-    return f"np.array({json.dumps(data)}, dtype=np.{a.dtype})" if a.ndim else f"np.array({float(a)!r}, dtype=np.{a.dtype})"
+    dtype = "float32" if str(a.dtype) == "bfloat16" else str(a.dtype)
+    return f"np.array({json.dumps(data)}, dtype=np.{dtype})" if a.ndim else f"np.array({float(a)!r}, dtype=np.{dtype})"
 
 
 def _dialect(framework: str, prog) -> dict:
@@ -74,5 +77,7 @@ def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework
         diff_ids=[e.n[i.id] for i in prog.diff_inputs()], diff_keys=[i.id for i in prog.diff_inputs()],
         defs=defs, body=body, values_body=e.values(), order2=prog.diff.order == 2, diff_mode=prog.diff.mode,
         cotangents=repr(output_cotangents(prog)), aux=prog.diff.aux, batch=prog.diff.batch,
-        batched=repr(sorted(i.id for i in prog.inputs if i.batched)), has_names=bool(names),
+        batched=repr(sorted(i.id for i in prog.inputs if i.batched)),
+        input_dtypes=repr({i.id: i.dtype for i in prog.inputs}),
+        match_tol=repr({k: d.match_tol for k, d in DTYPES.items()}), has_names=bool(names),
         blocks=[p for s, _, p, _ in walk(prog.body) if isinstance(s, CustomVJP)], **_dialect(framework, prog))
