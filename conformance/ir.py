@@ -195,6 +195,14 @@ CustomJVP.model_rebuild()
 Scan.model_rebuild()
 Jit.model_rebuild()
 Cond.model_rebuild()
+# Statement fields, declared once for the code that rewrites programs as JSON (the reducer, the
+# generator's derived cond branches): lists of ids a statement reads or exports, lists of ids it
+# binds for its body (a custom_vjp's cotangents, a custom_jvp's tangents, a scan's carries and
+# slices), lists of such lists (a cond's per-branch results), and nested statement lists.
+READ_ID_FIELDS = ("args", "results", "residuals", "bwd_results", "jvp_results", "carry_out", "ys")
+BOUND_ID_FIELDS = ("cts", "tangents", "carry", "xs")
+ID_LISTS_FIELDS = ("branch_results",)
+BODY_FIELDS = ("body", "fwd", "bwd", "jvp")
 MAX_SCAN_LENGTH = 4
 # A value inside a scan body has one value per iteration: `<id>@<k>` names iteration k's value
 # (recorded values, residual classes). Program ids never contain the separator.

@@ -11,7 +11,8 @@ from __future__ import annotations
 import copy
 from typing import Iterator
 
-from conformance.ir import LATER_OPTIONS, Op, Program, ProgramError, load_program
+from conformance.ir import (BODY_FIELDS, BOUND_ID_FIELDS, ID_LISTS_FIELDS, LATER_OPTIONS, READ_ID_FIELDS, Op, Program,
+                            ProgramError, load_program)
 from conformance.ops import NAME_OPS, OPS, SCALE_OP, SIMPLEST_OP
 from conformance.policy import KINDS
 from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
@@ -28,12 +29,11 @@ def _refs(stmt: dict) -> set[str]:
         x = stack.pop()
         if isinstance(x, dict):
             for k, v in x.items():
-                if k in ("args", "results", "residuals", "cts", "bwd_results", "tangents", "jvp_results", "carry", "xs",
-                         "carry_out", "ys"):
+                if k in READ_ID_FIELDS + BOUND_ID_FIELDS:
                     out.update(a for a in v if isinstance(a, str))
-                elif k in ("body", "fwd", "bwd", "jvp"):
+                elif k in BODY_FIELDS:
                     stack.extend(v)
-                elif k in ("branches", "branch_results"):   # lists of lists
+                elif k == "branches" or k in ID_LISTS_FIELDS:   # lists of lists
                     for b in v:
                         (stack.extend if k == "branches" else out.update)(b)
     return out
@@ -84,14 +84,14 @@ def _regions(body: list, kinds=("checkpoint",)) -> Iterator[tuple[tuple, dict]]:
     return ((p, s) for p, s in _statements(body) if s["kind"] in kinds)
 
 
-_ID_LISTS = ("args", "results", "residuals", "bwd_results", "jvp_results", "outputs", "carry_out", "ys")
+_ID_LISTS = READ_ID_FIELDS + ("outputs",)   # (a program's outputs read values too)
 
 
 def _substitute(x, old: str, new: str):
     """`x` with every reference to value `old` read as `new`."""
     if isinstance(x, dict):
         return {k: ([new if a == old else a for a in v] if k in _ID_LISTS else
-                    [[new if a == old else a for a in rs] for rs in v] if k == "branch_results" else
+                    [[new if a == old else a for a in rs] for rs in v] if k in ID_LISTS_FIELDS else
                     _substitute(v, old, new))
                 for k, v in x.items()}
     if isinstance(x, list):

@@ -9,7 +9,8 @@ Mixed into the generator (generators.programs._Gen), whose state these methods r
 from __future__ import annotations
 
 from conformance import ops as O
-from conformance.ir import Cond, CustomJVP, CustomVJP, Input, Op, Scan, free_vars, walk
+from conformance.ir import (BOUND_ID_FIELDS, ID_LISTS_FIELDS, READ_ID_FIELDS, Cond, CustomJVP, CustomVJP, Input, Op, Scan, free_vars,
+                            walk)
 from generators.draws import BOOL, draw_int
 from generators.frames import Frame, Val, chain
 from generators.swarm import SCAN_LENGTHS
@@ -145,8 +146,7 @@ class Structure:
 
 
 
-_ID_FIELDS = ("args", "results", "residuals", "cts", "bwd_results", "tangents", "jvp_results", "carry", "xs",
-              "carry_out", "ys")
+_ID_FIELDS = READ_ID_FIELDS + BOUND_ID_FIELDS
 
 
 def _other_branch(first: list, op: str, suffix: str) -> tuple[list, dict]:
@@ -172,7 +172,7 @@ def _other_branch(first: list, op: str, suffix: str) -> tuple[list, dict]:
             if k in _ID_FIELDS or k == "out":
                 out[k] = rename.get(v, v) if isinstance(v, str) else [rename.get(a, a) if isinstance(a, str) else a
                                                                      for a in v]
-            elif k == "branch_results":
+            elif k in ID_LISTS_FIELDS:
                 out[k] = [[rename.get(a, a) for a in rs] for rs in v]
             else:
                 out[k] = visit(v)

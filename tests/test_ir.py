@@ -135,3 +135,20 @@ def test_a_custom_jvp_nests_only_in_a_custom_vjp_fwd_rule():
         op("cos", ["x"], "c3"), op("mul", ["t2", "c3"], "ts2")], "jvp_results": ["ts2"]}]}]}
     with pytest.raises(ProgramError, match="nest only in a custom_vjp fwd"):
         load_program(in_jvp_body)
+
+
+def test_id_field_declarations_cover_every_statement_field():
+    """ir.READ_ID_FIELDS / BOUND_ID_FIELDS / ID_LISTS_FIELDS / BODY_FIELDS, read by the reducer and
+    the generator's branch renaming, name every field of every statement that holds ids or bodies."""
+    from conformance import ir
+    declared = set(ir.READ_ID_FIELDS + ir.BOUND_ID_FIELDS)
+    for model in (ir.Op, ir.Checkpoint, ir.CustomVJP, ir.CustomJVP, ir.Scan, ir.Jit, ir.Cond):
+        for name, f in model.model_fields.items():
+            ann = str(f.annotation)
+            if ann in ("list[str]", "list[str | None]"):
+                assert name in declared, (model.__name__, name)
+            elif ann == "list[list[str]]":
+                assert name in ir.ID_LISTS_FIELDS, (model.__name__, name)
+            elif "Stmt" in ann or "Annotated" in ann and "list" in ann:
+                assert name in ir.BODY_FIELDS or name == "branches", (model.__name__, name, ann)
+    assert not declared & set(ir.ID_LISTS_FIELDS + ir.BODY_FIELDS)
