@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, field
 
 from conformance import pipelines as registry
-from conformance.ir import CustomJVP, Program, walk
+from conformance.ir import Cond, CustomJVP, CustomVJP, Program, Scan, walk
 from conformance.observation import ErrorInfo, Observation
 from conformance.verdict import Verdict, symptom_check
 from oracles import cross_framework, gradients, residual_report, residuals, trace_counts
@@ -71,12 +71,30 @@ def _hit(j: Judgement, e: Entry, fired: bool):
     j.expectation_hits[e.id] = "fired" if fired or prev == "fired" else "idle"
 
 
+def dead_blocks(program: Program) -> frozenset[str]:
+    """Paths of custom_vjp blocks none of whose results anything reads (no statement, scan
+    carry or output, no cond branch result): dead code."""
+    reads = set(program.outputs)
+    for s, _, _, _ in walk(program.body):
+        reads.update(s.args)
+        if isinstance(s, Scan):
+            reads.update(s.carry_out + s.ys)
+        elif isinstance(s, Cond):
+            reads.update(r for rs in s.branch_results for r in rs)
+        elif isinstance(s, CustomVJP):
+            reads.update(s.residuals)
+        elif isinstance(s, CustomJVP):
+            reads.update(s.jvp_results)
+    return frozenset(p for s, _, p, _ in walk(program.body) if isinstance(s, CustomVJP) and not reads & set(s.results))
+
+
 def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset()) -> Verdict:
     """What custom rules saw, per block: whether the rule ran (fwd_ran), the perturbed flags, the
     symbolic-zero cotangents. `jvp_blocks`: paths of custom_jvp blocks, whose rule only computes
     tangents: a rival that never ran one the reference ran did not need those tangents (remat3's
     partial evaluation drops them; a tangent it needed would change values, which the gradient
-    check judges), so only a rule that ran where the reference's never did is judged there."""
+    check judges), so only a rule that ran where the reference's never did is judged there; the
+    same for custom_vjp blocks that are dead code (`dead_blocks`)."""
     v = Verdict(check="custom_rule", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
     if skip_unless(v, "custom_rules", obs, ref):
         return v
@@ -114,7 +132,9 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     # why the value reference's node values (kink and alias checks) do not exist, if it failed
     values_missing = missing(ref, "node_values") if ref is not None and not ref.ok() else None
     names = set(observations)
-    jvp_blocks = frozenset(p for s, _, p, _ in walk(program.body) if isinstance(s, CustomJVP))
+    # custom_jvp blocks (their rules only compute tangents) and custom_vjp blocks whose results
+    # nothing reads (dead code needs no rule): a rival that ran only their primal is not judged
+    jvp_blocks = frozenset(p for s, _, p, _ in walk(program.body) if isinstance(s, CustomJVP)) | dead_blocks(program)
     entries = {n: expectations.matching(n, o.versions, device, dtypes, feats, o.flags) for n, o in observations.items()}
     # Every pipeline's error verdict first: status equivalence reads the references' verdicts.
     errors = {n: _error_verdict(j, o, entries[n], ref, value_ref) for n, o in observations.items()}
@@ -183,7 +203,9 @@ def _error_verdict(j: Judgement, obs: Observation, entries: list[Entry], ref: Ob
     same_as_ref = (err is not None and name != value_ref and ref is not None and ref.error is not None
                    and (ref.error.type, ref.error.stage) == (err.type, err.stage))
     if raises:
-        e = raises[0]
+        # several documented errors may apply (two blocks, each raising its own): whichever the
+        # pipeline meets first is met
+        e = next((x for x in raises if _meets(err, x)), raises[0])
         ok = _meets(err, e)
         if not ok and same_as_ref:
             return Verdict(check="error", pipeline=name, reference=value_ref, status="pass",

@@ -872,6 +872,17 @@ def test_a_raises_entry_met_is_expected():
     assert j.expectation_hits == {"e0": "fired"}
 
 
+def test_of_two_raises_entries_either_is_met():
+    """Two documented errors apply (two blocks, each raising its own): the one raised is met,
+    whichever entry comes first; an error neither declares still fails."""
+    other = {"pipelines": ["jax:remat3*"], "raises": {"type": "TypeError", "regex": "another"}}
+    for entries in ((RAISES, other), (other, RAISES)):
+        v = _err_verdict(judge(named_chain(), _raised(DOC), exps(*entries)))
+        assert v.status == "expected" and v.expectation == ("e0" if entries[0] is RAISES else "e1"), v
+        v = _err_verdict(judge(named_chain(), _raised(err("KeyError", "neither", "forward")), exps(*entries)))
+        assert v.status == "fail", v
+
+
 def test_a_raises_entry_needs_both_the_type_and_the_message():
     for e in (err("TypeError", "a documented limitation", "forward"), err("ValueError", "other", "forward")):
         v = _err_verdict(judge(named_chain(), _raised(e), exps(RAISES)))

@@ -491,3 +491,28 @@ def test_per_example_second_order_is_h_times_ones_per_example(mode):
     for b in range(3):   # example b's H @ ones is the program's on example b alone
         ob = EXECUTOR.run(one, {"x": x["x"][b], "w": x["w"]}, ["ref:f64"])["ref:f64"]
         np.testing.assert_allclose(obs["ref:f64"].grads2["w"][b], ob.grads2["w"], rtol=1e-9)
+
+
+def test_a_dead_custom_vjp_whose_fwd_one_pipeline_skips_is_no_finding():
+    """A campaign (seed 41) blamed remat3 for running only the primal of a custom_vjp whose result
+    nothing reads (in a fori_loop in a region): dead code needs no rule, as a custom_jvp's
+    tangents a rival did not need."""
+    from oracles.judge import dead_blocks
+    cvjp = {"kind": "custom_vjp", "args": ["c1"], "fwd": [op("sum", ["c1"], "v2", axis=None)], "results": ["v2"],
+            "residuals": [], "cts": ["g4"], "bwd": [op("reshape", ["g4"], "b5", shape=[1, 1]),
+                                                    op("broadcast", ["b5"], "b6", shape=[2, 2])], "bwd_results": ["b6"]}
+    loop = {"kind": "scan", "spelling": "fori_loop", "args": ["x0"], "carry": ["c1"], "body": [cvjp],
+            "carry_out": ["c1"], "results": ["s3"], "length": 1}
+    p = prog([region(["x0"], [loop], ["s3"], {"kind": "nothing"})],
+             inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
+    assert dead_blocks(p) == {"body[0].body[0].body[0]"}
+    obs = EXECUTOR.run(p, input_values(p, 0), ["ref:f64", "jax:none", "jax:remat2", "jax:remat3"])
+    rules = {n: o.custom_rules["body[0].body[0].body[0]"] for n, o in obs.items()}
+    j = judge(p, obs, PACKAGED)
+    assert not [v.key() for v in j.failures() if v.check == "custom_rule"], rules
+    # the same block whose result the loop carries is live
+    cvjp2 = {**cvjp, "fwd": [op("sin", ["c1"], "v2")], "bwd": [op("cos", ["c1"], "b5"), op("mul", ["g4", "b5"], "b6")],
+             "residuals": ["c1"]}
+    live = prog([region(["x0"], [{**loop, "body": [cvjp2], "carry_out": ["v2"]}], ["s3"], {"kind": "nothing"})],
+                inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
+    assert dead_blocks(live) == frozenset()
