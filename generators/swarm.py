@@ -57,13 +57,13 @@ _FEATURE_FLAGS = (
     ("checkpoint", (7, 8)), ("nesting", _HALF), ("prevent_cse", _HALF),
     ("custom_vjp", _HALF), ("symbolic_zeros", _HALF), ("optimize_remat", _HALF), ("nondiff_args", _HALF),
     ("nonstandard_rules", _HALF), ("unused_results", _HALF),
-    ("extra_inputs", _HALF), ("nondiff_inputs", _HALF), ("dead_values", _HALF), ("second_order", (1, 8)),
+    ("extra_inputs", _HALF), ("nondiff_inputs", _HALF), ("dead_values", _HALF), ("second_order", (1, 6)),
     ("custom_jvp", _HALF),
 )
 # Dimensions added later are drawn after every other one, so that the earlier dimensions keep
 # their places in the choice sequence (the shrinker's moves depend on them).
 _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed_branch", _HALF),
-               ("scan", _HALF), ("scan_xs", _HALF), ("scan_unroll", _HALF), ("diff_modes", _HALF),
+               ("scan", _HALF), ("scan_xs", _HALF), ("scan_unroll", _HALF), ("diff_modes", (3, 4)),
                ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
                ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
                ("rule_trees", _HALF), ("per_example", (1, 4)))
