@@ -345,44 +345,6 @@ def walk(body, depth=0, path="body", ctx=None):
 MAX_BATCH = 4
 
 
-def value_shape(prog: "Program", i: Input) -> tuple[int, ...]:
-    """The shape of an input's value: one example's shape, or (batch, *shape) when batched."""
-    return (prog.diff.batch, *i.shape) if i.batched and prog.diff.batch else tuple(i.shape)
-
-
-def example_inputs(prog: "Program", inputs: dict, b: int) -> dict:
-    """Example b's inputs of a per-example program: each batched input's slice b."""
-    batched = {i.id for i in prog.inputs if i.batched}
-    return {k: (v[b] if k in batched else v) for k, v in inputs.items()}
-
-
-def batch_id(i: str, b: int) -> str:
-    """Example b's value of `i` (`v` -> `v@b`, `v@k` -> `v@b@k`): the batch is the outermost loop."""
-    base = base_id(i)
-    return f"{base}{ITER_SEP}{b}{i[len(base):]}"
-
-
-def record_examples(prog: "Program", inputs: dict, record) -> dict:
-    """record(inputs) -> {value id: value} for one example; a per-example program's values of
-    each example, keyed by batch_id."""
-    if not prog.diff.batch:
-        return record(inputs)
-    out = {}
-    for b in range(prog.diff.batch):
-        out.update({batch_id(k, b): v for k, v in record(example_inputs(prog, inputs, b)).items()})
-    return out
-
-
-def value_lengths(prog: "Program") -> dict[str, list[int]]:
-    """Id of every value that has one value per iteration -> the lengths of the loops around
-    it, outermost first: the batch of a per-example program (around every value), then scans."""
-    scans = scan_lengths(prog.body)
-    if not prog.diff.batch:
-        return scans
-    ids = {i.id for i in prog.inputs} | defined_ids(prog.body) | set(scans)
-    return {i: [prog.diff.batch] + scans.get(i, []) for i in ids}
-
-
 def scan_lengths(body) -> dict[str, list[int]]:
     """Id of every value defined inside a scan body (carries and slices included) -> the
     lengths of the scans around it, outermost first."""
@@ -534,6 +496,7 @@ def node_index(prog: Program) -> dict[str, NodeInfo]:
         elif isinstance(s, Scan):
             for k, i in enumerate(s.carry + s.xs):
                 out[i] = NodeInfo(i, f"{path}.{'carry' if k < len(s.carry) else 'xs'}", "input", None, depth, ctx)
+    from conformance.batching import value_lengths
     for i, lengths in value_lengths(prog).items():
         if i in out:
             for x in iteration_ids(i, lengths):

@@ -60,7 +60,8 @@ def check_finding(f, where: str) -> None:
 def load_program_file(path: str, limits=None):
     """(program, inputs or None, finding or None) from a corpus entry or a bare program file."""
     from conformance.findings import SCHEMA_VERSION, CorpusEntry, decode_inputs
-    from conformance.ir import ProgramError, load_program, value_shape
+    from conformance.batching import value_shape
+    from conformance.ir import ProgramError, load_program
     from pydantic import ValidationError
     try:
         text = read_text(path, 16 * MiB)

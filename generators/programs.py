@@ -21,8 +21,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from conformance import ops as O
-from conformance.ir import (DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate,
-                           value_shape)
+from conformance.batching import value_shape
+from conformance.ir import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate
 from conformance.policy import KINDS
 from generators.draws import BOOL, draw_int, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy

@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from conformance.dtypes import DTYPES, LOW_PRECISION, coarsest
-from conformance.ir import DERIVATIVE_CTX, Op, Program, iteration_values, unrolled_size, value_lengths, walk
+from conformance.batching import value_lengths
+from conformance.ir import DERIVATIVE_CTX, Op, Program, iteration_values, unrolled_size, walk
 from conformance.ops import OPS
 from conformance.observation import Observation
 from conformance.verdict import Verdict

@@ -92,3 +92,23 @@ def test_low_precision_overflow_is_skipped_not_blamed():
     small = Observation(pipeline="jax:remat2", outputs=[[2.0, 1.0]], grads={"x": [2.0, 1.0]})
     assert gradients.compare(p, small, Observation(pipeline="ref:f64", outputs=[[1.0, 1.0]], grads={"x": [1.0, 1.0]}),
                              "loose", values={"x": [0.0, 0.0], "y": [1.0, 1.0]}).status == "fail"
+
+
+def test_a_cast_rule_casts_its_cotangent_back_and_its_tangent_forward():
+    """The derivative rules a custom_vjp/custom_jvp derives through a cast (generators.irgrad)."""
+    import jax
+    import jax.numpy as jnp
+    from conformance.ir import Op
+    from conformance.pipelines import jax_pipelines as J
+    from generators.irgrad import jvp_ops, vjp_ops
+    s = Op(op="cast", args=["a"], params={"dtype": "float32"}, out="y")
+    types = {"a": ((3,), "float64"), "y": ((3,), "float32"), "g": ((3,), "float32")}
+    k = iter(range(100))
+    bwd, cts, _ = vjp_ops([s], types, ["y"], ["g"], ["a"], lambda: f"b{next(k)}")
+    assert [(o.op, o.params) for o in bwd] == [("cast", {"dtype": "float64"})]
+    x, g = jnp.linspace(-1, 1, 3), jnp.linspace(0.5, 1, 3, dtype=jnp.float32)
+    want = jax.vjp(lambda a: J.OPS["cast"]([a], s.params, []), x)[1](g)[0]
+    got = J.OPS["cast"]([g], bwd[0].params, [])
+    assert got.dtype == jnp.float64 and np.array_equal(np.asarray(got), np.asarray(want))
+    jvp, tan = jvp_ops([s], types, ["a"], ["t"], lambda: f"j{next(k)}")
+    assert [(o.op, o.args, o.params) for o in jvp] == [("cast", ["t"], {"dtype": "float32"})]

@@ -23,6 +23,7 @@ CASES = {
     "mean": ([(2, 3)], {"axis": None}), "transpose": ([(2, 3, 4)], {"perm": [2, 0, 1]}),
     "reshape": ([(2, 3)], {"shape": [3, 2]}), "broadcast": ([(1, 3)], {"shape": [2, 4, 3]}),
     "nondiff_scale": ([(3,)], {"index": 0}), "relu": ([(4,)], {}), "step": ([(4,)], {}),
+    "cast": ([(3,)], {"dtype": "float64"}),   # (a cast to a coarser dtype: tests/test_dtypes.py)
     "slice": ([(2, 5)], {"axis": 1, "start": 1, "stop": 4}), "pad": ([(2, 3)], {"axis": 0, "before": 1, "after": 2}),
 }
 

@@ -7,7 +7,8 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 
 from conformance import pipelines
 from conformance.interpreter import loss_outputs, output_cotangents
-from conformance.ir import CustomJVP, CustomVJP, batch_id, walk
+from conformance.batching import batch_id
+from conformance.ir import CustomJVP, CustomVJP, walk
 from conformance.ops import SCALE_OP
 from conformance.pipelines.jax_pipelines import node_values
 from generators.programs import Config, cases, input_values, programs

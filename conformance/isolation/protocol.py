@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from conformance.dtypes import DTYPES, np_dtype
-from conformance.ir import value_shape
+from conformance.batching import value_shape
 
 PLUGINS_ENV = "REMAT_CONFORMANCE_PLUGINS"
 # Error text that means the pipeline ran out of memory (Python, XLA, torch, C++).

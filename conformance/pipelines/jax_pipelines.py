@@ -20,8 +20,8 @@ import numpy as np  # noqa: E402
 from jax.ad_checkpoint import checkpoint_name, checkpoint_name_fwd  # noqa: E402
 
 from conformance.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
-from conformance.ir import (Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index,  # noqa: E402
-                            record_examples)
+from conformance.batching import record_examples  # noqa: E402
+from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, node_index  # noqa: E402
 from conformance.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
 from conformance.ops import CAST_OP  # noqa: E402
 from conformance.pipelines import jax_table, xla_cache  # noqa: E402

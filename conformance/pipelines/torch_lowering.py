@@ -30,7 +30,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from conformance.interpreter import Interpreter
 from conformance.dtypes import DTYPES as FLOAT_DTYPES, np_dtype
-from conformance.ir import Checkpoint, CustomVJP, Op, Program, record_examples, walk
+from conformance.batching import record_examples
+from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
 from conformance.observation import CustomRuleLog
 from conformance.pipelines import torch_table
 from conformance.pipelines.tables import compile_table

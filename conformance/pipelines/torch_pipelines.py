@@ -29,7 +29,8 @@ import torch._dynamo  # noqa: E402
 import torch._functorch.config as functorch_config  # noqa: E402
 
 from conformance.interpreter import loss_outputs, output_cotangents  # noqa: E402
-from conformance.ir import Program, example_inputs, node_index  # noqa: E402
+from conformance.batching import example_inputs  # noqa: E402
+from conformance.ir import Program, node_index  # noqa: E402
 from conformance.observation import ErrorInfo, Observation  # noqa: E402
 from conformance.pipelines import torch_table  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
