@@ -213,8 +213,9 @@ class _Gen(Structure):
     def _item(self, _):
         f, draw = self.frame, self.draw
         k = (_ITEM_OF if f.depth == 0 else _ITEM_OF_NESTED)[draw_int(draw, 0, len(_ITEM_OF) - 1, "item")]
+        # (a region inside a jitted sub-function outside every region is no nested region)
         if k == _ITEM_REGION and not (self.sw["checkpoint"] and not f.in_cvjp and f.depth < self.cfg.max_depth
-                                      and (f.depth == 0 or self.sw["nesting"])):
+                                      and (self.sw["nesting"] or not any(g.kind == "checkpoint" for g in chain(f)))):
             k = _ITEM_OP
         if k == _ITEM_SCAN and not (self.sw["scan"] and not f.in_cvjp and not f.in_scan):
             k = _ITEM_OP

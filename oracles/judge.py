@@ -42,10 +42,11 @@ of a pipeline:
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from conformance import pipelines as registry
-from conformance.ir import Cond, CustomJVP, CustomVJP, Program, Scan, walk
+from conformance.ir import DERIVATIVE_CTX, Cond, CustomJVP, CustomVJP, Program, Scan, walk
 from conformance.observation import ErrorInfo, Observation
 from conformance.verdict import Verdict, symptom_check
 from oracles import cross_framework, gradients, residual_report, residuals, trace_counts
@@ -74,18 +75,19 @@ def _hit(j: Judgement, e: Entry, fired: bool):
 def dead_blocks(program: Program) -> frozenset[str]:
     """Paths of custom_vjp blocks none of whose results anything reads (no statement, scan
     carry or output, no cond branch result): dead code."""
-    reads = set(program.outputs)
-    for s, _, _, _ in walk(program.body):
+    reads = Counter(program.outputs)
+    for s, _, _, ctx in walk(program.body):
+        if ctx in DERIVATIVE_CTX:   # a rule's bwd reads residuals, counted below for the blocks around
+            continue
         reads.update(s.args)
         if isinstance(s, Scan):
             reads.update(s.carry_out + s.ys)
         elif isinstance(s, Cond):
             reads.update(r for rs in s.branch_results for r in rs)
-        elif isinstance(s, CustomVJP):
+        elif isinstance(s, CustomVJP):   # an enclosing block's bwd reads its residuals (not the block's own)
             reads.update(s.residuals)
-        elif isinstance(s, CustomJVP):
-            reads.update(s.jvp_results)
-    return frozenset(p for s, _, p, _ in walk(program.body) if isinstance(s, CustomVJP) and not reads & set(s.results))
+    return frozenset(p for s, _, p, _ in walk(program.body) if isinstance(s, CustomVJP)
+                     and not +(reads - Counter(s.residuals)) & Counter(s.results))
 
 
 def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset()) -> Verdict:

@@ -506,6 +506,14 @@ def test_a_dead_custom_vjp_whose_fwd_one_pipeline_skips_is_no_finding():
     p = prog([region(["x0"], [loop], ["s3"], {"kind": "nothing"})],
              inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
     assert dead_blocks(p) == {"body[0].body[0].body[0]"}
+    # also when its result is its own residual (make run, seed 0: exp, whose bwd reads its result)
+    own = {**cvjp, "fwd": [op("exp", ["c1"], "v2")], "residuals": ["v2"], "bwd": [op("mul", ["g4", "v2"], "b6")]}
+    q = prog([region(["x0"], [{**loop, "body": [own]}], ["s3"], {"kind": "nothing"})],
+             inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
+    assert dead_blocks(q) == {"body[0].body[0].body[0]"}
+    assert not [v.key() for v in judge(q, EXECUTOR.run(q, input_values(q, 0), ["ref:f64", "jax:none", "jax:remat2",
+                                                                               "jax:remat3"]), PACKAGED).failures()
+                if v.check == "custom_rule"]
     obs = EXECUTOR.run(p, input_values(p, 0), ["ref:f64", "jax:none", "jax:remat2", "jax:remat3"])
     rules = {n: o.custom_rules["body[0].body[0].body[0]"] for n, o in obs.items()}
     j = judge(p, obs, PACKAGED)
