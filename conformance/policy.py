@@ -258,6 +258,13 @@ def decides_on_shapes(p) -> bool:
                                           if f in ("a", "b"))
 
 
+def judged_by_meaning(policies, per_example: bool) -> bool:
+    """Whether a value under these enclosing policies is judged by their documented meaning: not
+    in a per-example program under a policy that decides on shapes (jax.vmap changes the shapes
+    JAX's policy sees, PyTorch's loop sees one example's)."""
+    return not (per_example and any(map(decides_on_shapes, policies)))
+
+
 def combines(p) -> bool:
     """A policy made of two sub-policies (save_from_both_policies)."""
     return "a" in KINDS[p.kind].fields

@@ -27,7 +27,7 @@ from conformance.ir import (DERIVATIVE_CTX, Checkpoint, Cond, CustomVJP, Jit, Op
                             input_elements, is_name, region_context, walk)
 from conformance.ops import OPS
 from conformance.observation import Observation
-from conformance.policy import decide, decides_on_shapes, saves_unnamed
+from conformance.policy import decide, judged_by_meaning, saves_unnamed
 from oracles import gradients, residuals
 from conformance.verdict import Verdict
 
@@ -50,12 +50,11 @@ def policy_named(program: Program) -> set[str]:
     innermost and the outer levels count)."""
     out: set[str] = set()
     types = program.types()
-    vmapped = bool(program.diff.batch)   # (JAX's policy then sees vmapped shapes: not compared)
 
     def visit(body, stack):
         for s in body:
             if isinstance(s, Op):
-                if is_name(s) and stack and not (vmapped and any(map(decides_on_shapes, stack))) and any(
+                if is_name(s) and stack and judged_by_meaning(stack, bool(program.diff.batch)) and any(
                         decide(p, s.op, checkpoint_name_of(s), False, input_elements(s, types)) != "recompute"
                         for p in stack):
                     out.add(s.out)

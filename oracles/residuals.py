@@ -13,7 +13,7 @@ from conformance.ir import (DERIVATIVE_CTX, Op, Program, base_id, checkpoint_nam
                             region_context, walk)
 from conformance.ops import OPS
 from conformance.observation import Observation, Residual
-from conformance.policy import decide, decides_on_shapes
+from conformance.policy import decide, judged_by_meaning
 from conformance.verdict import Verdict
 from oracles.missing import missing, skip_unless
 
@@ -102,16 +102,14 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     types = program.types()
     ops = primal_ops(program)
     conds = bool({"cond", "switch"} & program.features())
-    # per-example programs: a policy deciding on shapes sees JAX's vmapped shapes, not one example's
-    vmapped = bool(program.diff.batch)
     bad = []
     for r in obs.residuals:
         if not r.cls:
             continue
         ok_to_save = False
         for i in map(base_id, r.cls):   # an iteration's value is judged as the value
-            if i in exempt or i not in policies or not policies[i] or (
-                    vmapped and any(map(decides_on_shapes, policies[i]))):
+            if i in exempt or i not in policies or not policies[i] or not judged_by_meaning(
+                    policies[i], bool(program.diff.batch)):
                 ok_to_save = True
                 break
             s = ops[i]

@@ -479,13 +479,14 @@ class JaxBase(Pipeline):
                             memory=[_memory_kind(x) for x in leaves])
 
 
-def _loss_fn(low: Lowering, const: dict, diff_ids: list[str], program: Program):
-    """The scalar loss a run differentiates (float64 sum of every output but the auxiliary ones,
-    each times its seeded cotangent where the program says so), with all outputs as aux."""
+def _loss_fn(low: Lowering, diff_ids: list[str], program: Program):
+    """The scalar loss a run differentiates, of the constant inputs `c` and the differentiated
+    ones (float64 sum of every output but the auxiliary ones, each times its seeded cotangent
+    where the program says so), with all outputs as aux."""
     cts, n = output_cotangents(program), loss_outputs(program)
 
-    def loss_fn(*d):
-        outs = low.outputs(const, diff_ids, d)
+    def loss_fn(c, *d):
+        outs = low.outputs(c, diff_ids, d)
         if cts is not None:
             return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
         return sum(jnp.sum(o).astype(jnp.float64) for o in outs[:n]), outs
@@ -499,7 +500,7 @@ def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Pr
     Auxiliary outputs: value_and_grad(has_aux=True), as a training step spells it. Per-example
     programs: the loss is the sum of the examples' losses (jax.vmap over the batched inputs),
     and the gradients are per example, jax.vmap of value_and_grad (shared inputs broadcast)."""
-    ex = lambda c, *d: _loss_fn(low, c, diff_ids, program)(*d)   # noqa: E731
+    ex = _loss_fn(low, diff_ids, program)
     argn = tuple(range(1, len(diff_ids) + 1))
     mode = program.diff.mode
     if not program.diff.batch:

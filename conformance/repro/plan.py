@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from conformance import pipelines as registry
 from conformance.ir import Program, checkpoint_name_of, input_elements, primal_ops, region_context
 from conformance.ops import OPS
-from conformance.policy import decide, decides_on_shapes
+from conformance.policy import decide, judged_by_meaning
 from conformance.verdict import NON_PIPELINE_REFERENCES as VERDICT_REFS
 
 
@@ -109,8 +109,8 @@ def must_not_save(prog: Program) -> list[str]:
     types = prog.types()
     out = []
     for vid, s in primal_ops(prog).items():
-        if vid in exempt or not policies.get(vid) or (prog.diff.batch and any(map(decides_on_shapes, policies[vid]))):
-            continue   # (per-example programs: a policy deciding on shapes sees JAX's vmapped shapes)
+        if vid in exempt or not policies.get(vid) or not judged_by_meaning(policies[vid], bool(prog.diff.batch)):
+            continue
         batched = OPS[s.op].batched([types[a][0] for a in s.args])
         n = input_elements(s, types)
         if all(decide(p, s.op, checkpoint_name_of(s), batched, n) == "recompute" for p in policies[vid]):
