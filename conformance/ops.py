@@ -9,7 +9,8 @@ and how pseudo-code prints it. Each framework adds one table `op -> source templ
 (conformance/pipelines/*_table.py); the pipelines compile those templates and the repro
 emitters paste them, so a lowering and its repro cannot drift apart.
 
-This module is part of the program layer: it imports numpy and nothing of the project.
+This module is part of the program layer: it imports numpy and the dtype declarations
+(conformance.dtypes) only.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+
+from conformance.dtypes import DTYPES
 
 NAME_OP = "name"   # checkpoint_name(x, name): the op whose params carry a checkpoint name
 NAME_FWD_OP = "name_fwd"   # checkpoint_name_fwd(x, name): a name for custom_vjp fwd rules
@@ -487,7 +490,7 @@ define("conv1d", 2, "conv", _infer_conv1d, gen=_gen_conv1d, dot=True,
 # back). Its cotangent is cast back to the input's dtype. The float64 value reference keeps every
 # value in float64 (a cast there is the identity).
 CAST_OP = "cast"
-FLOAT_DTYPES = ("float64", "float32", "bfloat16", "float16")   # (conformance.dtypes declares them)
+FLOAT_DTYPES = tuple(DTYPES)   # (conformance.dtypes declares them)
 
 
 def _infer_cast(shapes, p, nd):
