@@ -524,3 +524,21 @@ def test_a_dead_custom_vjp_whose_fwd_one_pipeline_skips_is_no_finding():
     live = prog([region(["x0"], [{**loop, "body": [cvjp2], "carry_out": ["v2"]}], ["s3"], {"kind": "nothing"})],
                 inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
     assert dead_blocks(live) == frozenset()
+
+
+def test_per_example_programs_do_not_judge_policies_that_decide_on_shapes():
+    """Under dots_no_batch JAX's policy sees vmapped shapes: the repro's policy check (and the
+    policy oracle, through the same helper) leaves per-example programs under it unjudged, and
+    only those."""
+    from conformance.policy import judged_by_meaning
+    from conformance.repro.plan import must_not_save
+    obj = per_example_program().to_json_obj()
+    obj["body"][1]["policy"] = {"kind": "dots_no_batch"}
+    p = load_program(obj)
+    one = load_program({**obj, "inputs": [{**i, "batched": False} for i in obj["inputs"]],
+                        "diff": {"order": 1, "mode": "reverse"}})
+    assert must_not_save(one) and must_not_save(p) == []
+    assert must_not_save(per_example_program()) == ["s"] == must_not_save(load_program(
+        {**per_example_program().to_json_obj(), "inputs": [{**i, "batched": False} for i in obj["inputs"]],
+         "diff": {"order": 1, "mode": "reverse"}}))   # a names policy is judged per example as well
+    assert not judged_by_meaning([p.body[1].policy], True) and judged_by_meaning([p.body[1].policy], False)
