@@ -13,7 +13,7 @@ from conformance.ir import (DERIVATIVE_CTX, Op, Program, base_id, checkpoint_nam
                             region_context, walk)
 from conformance.ops import OPS
 from conformance.observation import Observation, Residual
-from conformance.policy import decide, judged_by_meaning
+from conformance.policy import decide, judged_by_meaning, saves_unnamed
 from conformance.verdict import Verdict
 from oracles.missing import missing, skip_unless
 
@@ -57,21 +57,30 @@ def compare(obs: Observation, ref: Observation, named_only: bool = False) -> Ver
     return v
 
 
+def _saves_factors(policies: list) -> bool:
+    """Whether an op under these enclosing policies may have its own derivative factor saved:
+    outside every region, or under a policy that saves ops other than names and dots (JAX's
+    cos(x) rule emits a sin primitive, which a policy saving sin keeps)."""
+    return not policies or any(map(saves_unnamed, policies))
+
+
 def _outside_factors(program: Program, policies: dict, values: dict) -> list[np.ndarray]:
-    """Values that ops outside every region may save for their own backward (cos(x) for
-    sin(x), ...), which can equal a program value inside a region by coincidence."""
+    """Values that ops may save for their own backward (cos(x) for sin(x), ...) where their
+    policies allow it (_saves_factors), which can equal a program value inside a region by
+    coincidence (sin(0) = 0 = x - x)."""
     out = []
     for s, _, _, ctx in walk(program.body):
         factors = OPS[s.op].outside_factors if isinstance(s, Op) else None
-        if (factors and ctx not in DERIVATIVE_CTX and not policies.get(s.out) and s.args[0] in values and s.out in values):
+        if (factors and ctx not in DERIVATIVE_CTX and _saves_factors(policies.get(s.out) or [])
+                and s.args[0] in values and s.out in values):
             a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], np.float64)
             out += factors(a, y)
     return out
 
 
 def _has_outside_factors(program: Program, policies: dict) -> bool:
-    return any(isinstance(s, Op) and OPS[s.op].outside_factors and ctx not in DERIVATIVE_CTX and not policies.get(s.out)
-               for s, _, _, ctx in walk(program.body))
+    return any(isinstance(s, Op) and OPS[s.op].outside_factors and ctx not in DERIVATIVE_CTX
+               and _saves_factors(policies.get(s.out) or []) for s, _, _, ctx in walk(program.body))
 
 
 def _aliases(value, factors) -> bool:
@@ -83,7 +92,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     """No value that every enclosing policy says to recompute may be saved.
 
     With the value reference's observation (its recorded node values), a saved value that
-    equals what an op outside every region saves for its own backward is not blamed; when
+    equals what an op saves for its own backward where its policies allow that (outside every
+    region, or under a policy saving other ops than names and dots) is not blamed; when
     the value reference failed (no node values), a violation on a program with such ops is
     skipped rather than blamed.
 

@@ -420,6 +420,26 @@ def test_a_region_value_equal_to_an_outside_ops_residual_is_not_blamed():
     assert residuals.check_policy(ALIAS, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=reshaped)).status == "fail"
 
 
+# A region op whose policy saves ops other than names (ops: sin) may have its own derivative factor
+# saved: cos(d) saves sin(d), which equals d = x - x = 0 (found by the gate: remat2 "saved against
+# the policy" in float16, seed 699547).
+ZERO = prog([op("sub", ["x", "x"], "d"), region(["d"], [op("add", ["d", "d"], "e"), op("cos", ["e"], "y")], ["y"],
+                                                {"kind": "ops", "ops": ["sin"]})])
+ZERO_VALUES = {"x": XV.tolist(), "d": [0.0] * 3, "e": [0.0] * 3, "y": [1.0] * 3}
+
+
+def test_a_region_value_equal_to_a_saved_derivative_factor_of_a_region_op_is_not_blamed():
+    ref = ob("ref:f64", G, values=ZERO_VALUES)
+    assert residuals.check_policy(ZERO, ob("p", res=[R(["e"])]), ref).status == "pass"
+    # a policy that saves no op kind keeps no factor: e is blamed
+    names = prog([op("sub", ["x", "x"], "d"), region(["d"], [op("add", ["d", "d"], "e"), op("cos", ["e"], "y")], ["y"],
+                                                     {"kind": "save_only_names", "names": ["a"]})])
+    assert residuals.check_policy(names, ob("p", res=[R(["e"])]), ref).status == "fail"
+    # a value that equals no factor is blamed under the saving policy too
+    apart = {**ZERO_VALUES, "e": [0.5] * 3, "y": np.cos([0.5] * 3).tolist()}
+    assert residuals.check_policy(ZERO, ob("p", res=[R(["e"])]), ob("ref:f64", G, values=apart)).status == "fail"
+
+
 def test_saved_masks_and_indices_are_no_program_value():
     # a relu's bool mask, a cond's int32 branch index: equal in elements to a 0/1 program value (a
     # step), never that value (found by scan and cond campaigns: "saved against the policy")
@@ -475,10 +495,15 @@ def test_outside_factors_read_the_ops_output_and_add_up_over_ops():
 
 
 def test_an_op_inside_a_region_or_a_bwd_rule_is_no_outside_factor():
-    inside = prog([region(["x"], [op("sin", ["x"], "s0")], ["s0"], {"kind": "everything"}),
-                   region(["x"], [op("cos", ["x"], "c"), op("mul", ["c", "c"], "y")], ["y"], {"kind": "nothing"}),
-                   op("add", ["s0", "y"], "z")])
+    def inside_of(policy):
+        return prog([region(["x"], [op("sin", ["x"], "s0")], ["s0"], policy),
+                     region(["x"], [op("cos", ["x"], "c"), op("mul", ["c", "c"], "y")], ["y"], {"kind": "nothing"}),
+                     op("add", ["s0", "y"], "z")])
+    inside = inside_of({"kind": "nothing"})
     assert residuals.check_policy(inside, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=ALIAS_VALUES)).status == "fail"
+    # unless its region's policy saves op kinds: then sin's factor cos(x) may be saved there
+    saving = inside_of({"kind": "everything"})
+    assert residuals.check_policy(saving, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=ALIAS_VALUES)).status == "pass"
     # ref failed: without node values, a violation is skipped only where an outside op could alias it
     failed = ob("ref:f64", error=err(stage="forward"))
     assert residuals.check_policy(inside, ob("p", res=[R(["c"])]), failed).status == "fail"
