@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 
+from conformance.dtypes import match_tol
 from conformance.ir import (DERIVATIVE_CTX, Op, Program, base_id, checkpoint_name_of, input_elements, primal_ops,
                             region_context, walk)
 from conformance.ops import OPS
@@ -83,9 +84,12 @@ def _has_outside_factors(program: Program, policies: dict) -> bool:
                and _saves_factors(policies.get(s.out) or []) for s, _, _, ctx in walk(program.body))
 
 
-def _aliases(value, factors) -> bool:
+def _aliases(value, factors, dtype: str) -> bool:
+    """Whether a saved array classed as `value` may be one of the factors: they are equal within
+    twice the residual matching tolerance of its dtype (sin(x) is x within bfloat16's for small x)."""
     v = np.asarray(value, np.float64)
-    return any(f.shape == v.shape and np.allclose(f, v, rtol=1e-6, atol=1e-9) for f in factors)
+    tol = 2 * match_tol(dtype)
+    return any(f.shape == v.shape and np.allclose(f, v, rtol=max(tol, 1e-6), atol=max(tol, 1e-9)) for f in factors)
 
 
 def check_policy(program: Program, obs: Observation, ref: Observation | None = None) -> Verdict:
@@ -128,7 +132,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
             if any(decide(p, s.op, checkpoint_name_of(s), batched, n) != "recompute" for p in policies[i]):
                 ok_to_save = True
                 break
-        if not ok_to_save and factors and r.cls[0] in values and _aliases(values[r.cls[0]], factors):
+        if not ok_to_save and factors and r.cls[0] in values and _aliases(values[r.cls[0]], factors, r.dtype):
             ok_to_save = True   # indistinguishable from a residual of an op outside the regions
         if not ok_to_save and conds and r.cls[0] in values and not np.any(np.asarray(values[r.cls[0]])):
             ok_to_save = True   # indistinguishable from the zeros a cond saves for the branch it did not take

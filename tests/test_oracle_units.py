@@ -438,6 +438,12 @@ def test_a_region_value_equal_to_a_saved_derivative_factor_of_a_region_op_is_not
     # a value that equals no factor is blamed under the saving policy too
     apart = {**ZERO_VALUES, "e": [0.5] * 3, "y": np.cos([0.5] * 3).tolist()}
     assert residuals.check_policy(ZERO, ob("p", res=[R(["e"])]), ob("ref:f64", G, values=apart)).status == "fail"
+    # equal within the residual's dtype: sin(0.19) is 0.19 within float16's matching tolerance, not
+    # within float64's (the gate's second shrink of the same behaviour, a sum's result)
+    small = {**ZERO_VALUES, "e": [0.19] * 3, "y": np.cos([0.19] * 3).tolist()}
+    assert residuals.check_policy(ZERO, ob("p", res=[R(["e"], dtype="float16")]),
+                                  ob("ref:f64", G, values=small)).status == "pass"
+    assert residuals.check_policy(ZERO, ob("p", res=[R(["e"])]), ob("ref:f64", G, values=small)).status == "fail"
 
 
 def test_saved_masks_and_indices_are_no_program_value():
