@@ -30,7 +30,7 @@ import hashlib
 import statistics
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
@@ -41,7 +41,8 @@ from conformance.findings import Finding, make_finding
 from conformance.ir import Program
 from conformance.reduce import candidates
 from conformance.verdict import CHECK_RANK, Verdict
-from generators.programs import cases, input_values
+from generators.programs import Config, cases, input_values
+from generators.swarm import focus_features
 from oracles.judge import judge
 
 RESULTS_SCHEMA = 1
@@ -156,6 +157,51 @@ def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
     return f, True
 
 
+class Coverage:
+    """Coverage-directed rounds: round r focuses on the features (generators.swarm.FOCUS, and the
+    dtypes) that rounds 0..r-1 did not generate, so that rare constructs occur in every campaign
+    of a few rounds. What a round generates is found by generating it alone (no pipelines: ~5 ms a
+    program), which is what its checked run generates: the same seed, the same examples. So round
+    r's programs depend only on (seed, r, config), whoever runs it, whatever was found before, in
+    any shard and on resume."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self._generated: dict[int, set[str]] = {}
+
+    @property
+    def features(self) -> list[str]:
+        return focus_features(self.opts.generator)
+
+    def config(self, r: int) -> Config:
+        """The generator's config of round r."""
+        return replace(self.opts.generator, focus=self.focus(r))
+
+    def focus(self, r: int) -> tuple[str, ...]:
+        if r == 0 or not self.features:
+            return ()
+        seen = set().union(*(self.generated(q) for q in range(r)))
+        return tuple(f for f in self.features if f not in seen)
+
+    def generated(self, r: int) -> set[str]:
+        """The features of the programs round r generates."""
+        if r not in self._generated:
+            feats: set[str] = set()
+            s = round_settings(self.opts, r, phases=(Phase.generate,))
+            hseed(round_seed(self.opts.seed, r))(s(given(cases(self.config(r)))(lambda c: feats.update(c[0].features()))))()
+            self._generated[r] = feats
+        return self._generated[r]
+
+
+def round_settings(opts, r: int, phases=(Phase.generate, Phase.shrink)) -> settings:
+    """Hypothesis settings of round r: its slots (the campaign's last round may be cut short by its
+    slot limit)."""
+    n = min(opts.round_size, opts.max_examples - r * opts.round_size)
+    return settings(max_examples=max(1, n), deadline=None, database=None, phases=phases,
+                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck), print_blob=False,
+                    verbosity=Verbosity.quiet)
+
+
 class Shares:
     """Time shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at
     most `share` of the searcher's elapsed time on its pipelines. Within its share it runs on a
@@ -227,6 +273,7 @@ class Searcher:
         self.should_stop = should_stop
         self.versions = versions or {}
         self.shares = Shares(opts.pipelines, getattr(opts, "shares", None))
+        self.coverage = Coverage(opts)
         self.target: Target | None = None
         self.halted = False
         self.slot = 0
@@ -259,12 +306,8 @@ class Searcher:
         self.round = r
         while True:
             self.target, self.halted, self.slot = None, False, 0
-            # the campaign's last round may be cut short by its slot limit
-            n = min(self.opts.round_size, self.opts.max_examples - r * self.opts.round_size)
-            s = settings(max_examples=max(1, n), deadline=None, database=None,
-                         phases=(Phase.generate, Phase.shrink), report_multiple_bugs=False,
-                         suppress_health_check=list(HealthCheck), print_blob=False, verbosity=Verbosity.quiet)
-            test = hseed(round_seed(self.opts.seed, r))(s(given(cases(self.opts.generator))(self._body)))
+            test = hseed(round_seed(self.opts.seed, r))(round_settings(self.opts, r)(
+                given(cases(self.coverage.config(r)))(self._body)))
             try:
                 test()
             except KeyboardInterrupt:

@@ -24,12 +24,13 @@ from conformance import ops as O
 from conformance.batching import value_shape
 from conformance.ir import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate
 from conformance.policy import KINDS
-from generators.draws import BOOL, draw_int, perms, span
+from generators.draws import BOOL, draw_int, flag, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
 from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
 from generators.frames import Frame, Val, chain
 from generators.structure import Structure
-from generators.swarm import Config, Swarm, draw_swarm, op_families, swarm_dimensions, swarms  # noqa: F401
+from generators.swarm import (FOCUS_TRIES, Config, Swarm, draw_swarm, focused, op_families, swarm_dimensions,  # noqa: F401
+                              swarms)
 
 # Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
 # that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
@@ -489,7 +490,18 @@ def input_values(prog: Program, seed: int) -> dict[str, np.ndarray]:
 
 @st.composite
 def cases(draw, cfg: Config | None = None):
-    """(program, input seed)."""
-    prog = draw(programs(cfg))
+    """(program, input seed). With a focus (Config.focus), half of the programs aim at one of its
+    features: drawn with its dimensions on until one has it (at most FOCUS_TRIES draws; the
+    simplest choice, shrinking's target, is no focus)."""
+    cfg = cfg or Config()
+    if cfg.focus and flag(draw, (1, 2), "focus"):
+        feature = cfg.focus[draw_int(draw, 0, len(cfg.focus) - 1, "focus_feature")]
+        aimed = focused(cfg, feature)
+        for _ in range(FOCUS_TRIES):
+            prog = draw(programs(aimed))
+            if feature in prog.features():
+                break
+    else:
+        prog = draw(programs(cfg))
     seed = draw(st.integers(0, 2 ** 16), label="input_seed")
     return prog, seed

@@ -5,7 +5,7 @@ features off; the Config's switches win over the swarm.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
@@ -36,6 +36,7 @@ class Config:
     cond: bool = True         # lax.cond / lax.switch on a non-differentiated input (PyTorch: a Python if)   # jax.jit-ted sub-functions (PyTorch: inline), inside and around regions
     swarm: bool = True        # False: every feature the config allows is available to every program
     require: tuple[str, ...] = ()   # swarm dimensions on in every program (where the config allows them)
+    focus: tuple[str, ...] = ()     # features (FOCUS) that half of the programs aim at, one each
 
 
 # custom_vjp spellings (the first is the plain one); the swarm's rule_spellings turns the others on
@@ -148,3 +149,41 @@ def draw_swarm(draw, cfg: Config) -> Swarm:
 def swarms(cfg: Config | None = None) -> st.SearchStrategy:
     """Strategy for one program's swarm choices (for tests and docs)."""
     return st.composite(lambda draw: draw_swarm(draw, cfg or Config()))()
+
+
+# ---- focus: constructs a campaign aims to generate in every run ----------------------------------
+# feature (conformance.features) -> the swarm dimensions a program needs on to have it. A campaign
+# round focuses on the features earlier rounds did not generate (conformance.search.Coverage): half
+# of its programs each aim at one of them, with these dimensions on, drawing until one has it
+# (at most FOCUS_TRIES). Policy kinds and dtypes are added from their declarations.
+_LOOPS = ("scan", "loop_spellings")
+FOCUS: dict[str, tuple[str, ...]] = {
+    "scan": ("scan",), "fori_loop": _LOOPS, "while_loop": _LOOPS, "vmap": _LOOPS, "scan_xs": ("scan", "scan_xs"),
+    "scan_unroll": ("scan", "scan_unroll"), "checkpoint_in_scan": ("scan", "checkpoint"),
+    "scan_in_checkpoint": ("scan", "checkpoint"), "names_in_scan": ("scan", "family:name"),
+    "cond": ("cond",), "switch": ("cond", "cond_switch"), "checkpoint_in_cond": ("cond", "checkpoint"),
+    "cond_in_checkpoint": ("cond", "checkpoint"), "names_in_cond": ("cond", "family:name"),
+    "nested_jit": ("nested_jit",), "jit_in_checkpoint": ("nested_jit",), "checkpoint_in_jit": ("nested_jit",),
+    "static_argnums": ("region_options",), "region_pytree": ("region_options",),
+    "rule_pytree": ("rule_trees",), "residual_pytree": ("custom_vjp", "residual_trees"),
+    "second_order": ("second_order",), "fwd_over_rev": ("second_order", "diff_modes"),
+    "rev_over_fwd": ("second_order", "diff_modes"), "linearize": ("second_order", "diff_modes"),
+    "seeded_cotangents": ("seeded_cotangents",), "per_example": ("per_example",), "aux_outputs": ("aux_outputs",),
+    "nested_checkpoint": ("nesting",), "custom_vjp_in_checkpoint": ("custom_vjp", "checkpoint"),
+    "custom_jvp_in_checkpoint": ("custom_jvp", "checkpoint"),
+    **{f"policy:{k}": ("checkpoint",) + ((f"policy:{k}",) if i else ()) for i, k in enumerate(KINDS)},
+}
+FOCUS_TRIES = 40
+
+
+def focus_features(cfg: Config) -> list[str]:
+    """The FOCUS features (and dtypes) this config can generate, declaration order."""
+    allowed = _allowed(cfg)
+    return [f for f, dims in FOCUS.items() if all(allowed[d] for d in dims)] + list(cfg.dtypes)
+
+
+def focused(cfg: Config, feature: str) -> Config:
+    """The config of a program that aims at `feature`: its dimensions on (a dtype: the only one)."""
+    if feature in cfg.dtypes:
+        return replace(cfg, dtypes=(feature,), focus=())
+    return replace(cfg, require=tuple(dict.fromkeys(cfg.require + FOCUS[feature])), focus=())

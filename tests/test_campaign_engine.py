@@ -154,3 +154,25 @@ def test_two_findings_of_one_program_keep_two_corpus_entries(tmp_path):
     assert files == ["gradient-p_a-abababab.json", "gradient-p_b-abababab.json"]
     pipes = {json.loads((tmp_path / "out" / "corpus" / n).read_text())["finding"]["pipeline"] for n in files}
     assert pipes == {"p:a", "p:b"}
+
+
+def test_a_campaign_checks_what_its_coverage_rounds_generate(tmp_path):
+    """Round r of a campaign checks the programs Coverage generates for it alone (the same seed, the
+    same focus), so the focus of a round depends on nothing the campaign found."""
+    from conformance.search import Coverage
+    opts = Options(pipelines=list(registry.REFERENCES), budget=600, max_examples=12, round_size=4, seed=5,
+                   shrink_steps=5, generator=Config(max_stmts=2))
+    store = Store(tmp_path / "out")
+    camp = Campaign(opts, store, InProcessExecutor(), Expectations.load())
+    camp.run()
+    results = [r for r in store.results()[0] if r.get("type") == "result"]
+    cov = Coverage(opts)
+    by_round: dict[int, set] = {}
+    for r in results:
+        by_round.setdefault(r["round"], set()).update(r["features"])
+    assert set(by_round) == {0, 1, 2}
+    focused = set()
+    for r, feats in by_round.items():
+        assert feats <= cov.generated(r), (r, feats - cov.generated(r))
+        focused |= feats & set(cov.focus(r))
+    assert cov.focus(1) and focused, "no focused round checked a feature it aimed at"
