@@ -32,8 +32,8 @@ class Config:
     max_inputs: int = 6
     scan: bool = True         # lax.scan (PyTorch: a Python loop), its bodies holding regions and names
     loop_spellings: tuple[str, ...] = LOOP_SPELLINGS   # scan spellings allowed (the first is the plain one)
-    nested_jit: bool = True
-    cond: bool = True         # lax.cond / lax.switch on a non-differentiated input (PyTorch: a Python if)   # jax.jit-ted sub-functions (PyTorch: inline), inside and around regions
+    nested_jit: bool = True   # jax.jit-ted sub-functions (PyTorch: inline), inside and around regions
+    cond: bool = True         # lax.cond / lax.switch on a non-differentiated input (PyTorch: a Python if)
     swarm: bool = True        # False: every feature the config allows is available to every program
     require: tuple[str, ...] = ()   # swarm dimensions on in every program (where the config allows them)
     focus: tuple[str, ...] = ()     # features (FOCUS) that half of the programs aim at, one each

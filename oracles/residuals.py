@@ -65,7 +65,7 @@ def _saves_factors(policies: list) -> bool:
     return not policies or any(map(saves_unnamed, policies))
 
 
-def _outside_factors(program: Program, policies: dict, values: dict) -> list[np.ndarray]:
+def _derivative_factors(program: Program, policies: dict, values: dict) -> list[np.ndarray]:
     """Values that ops may save for their own backward (cos(x) for sin(x), ...) where their
     policies allow it (_saves_factors), which can equal a program value inside a region by
     coincidence (sin(0) = 0 = x - x)."""
@@ -79,7 +79,7 @@ def _outside_factors(program: Program, policies: dict, values: dict) -> list[np.
     return out
 
 
-def _has_outside_factors(program: Program, policies: dict) -> bool:
+def _has_derivative_factors(program: Program, policies: dict) -> bool:
     return any(isinstance(s, Op) and OPS[s.op].outside_factors and ctx not in DERIVATIVE_CTX
                and _saves_factors(policies.get(s.out) or []) for s, _, _, ctx in walk(program.body))
 
@@ -112,7 +112,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         return v
     policies, exempt = region_context(program)
     values = (ref.values or {}) if ref is not None else {}
-    factors = _outside_factors(program, policies, values) if values else []
+    factors = _derivative_factors(program, policies, values) if values else []
     types = program.types()
     ops = primal_ops(program)
     conds = bool({"cond", "switch"} & program.features())
@@ -133,14 +133,14 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
                 ok_to_save = True
                 break
         if not ok_to_save and factors and r.cls[0] in values and _aliases(values[r.cls[0]], factors, r.dtype):
-            ok_to_save = True   # indistinguishable from a residual of an op outside the regions
+            ok_to_save = True   # indistinguishable from a derivative factor an op may save
         if not ok_to_save and conds and r.cls[0] in values and not np.any(np.asarray(values[r.cls[0]])):
             ok_to_save = True   # indistinguishable from the zeros a cond saves for the branch it did not take
         if not ok_to_save:
             bad.append(r)
-    if bad and ref is not None and not ref.ok() and _has_outside_factors(program, policies):
-        # The value reference failed: without its node values a residual of an op outside
-        # the regions cannot be told apart from an equal-valued region value.
+    if bad and ref is not None and not ref.ok() and _has_derivative_factors(program, policies):
+        # The value reference failed: without its node values a derivative factor an op may
+        # save cannot be told apart from an equal-valued region value.
         v.status = "skipped"
         v.detail = {"reason": f"{missing(ref, 'node_values')}: cannot tell an outside op's residual "
                               f"from an equal region value"}
