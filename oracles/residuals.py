@@ -9,9 +9,10 @@ from collections import Counter
 
 import numpy as np
 
-from conformance.dtypes import match_tol
+from conformance.dtypes import LOW_PRECISION, match_tol
 from conformance.ir import (DERIVATIVE_CTX, Op, Program, base_id, checkpoint_name_of, input_elements, primal_ops,
                             region_context, walk)
+from conformance.interpreter import output_cotangents
 from conformance.ops import OPS
 from conformance.observation import Observation, Residual
 from conformance.policy import decide, judged_by_meaning, saves_unnamed
@@ -84,11 +85,20 @@ def _has_derivative_factors(program: Program, policies: dict) -> bool:
                and _saves_factors(policies.get(s.out) or []) for s, _, _, ctx in walk(program.body))
 
 
-def _aliases(value, factors, dtype: str) -> bool:
+def _loss_constants(program: Program) -> list[np.ndarray]:
+    """Constants of the loss that a pipeline saves for its backward: the seeded cotangents (the
+    loss is sum(output * pattern)), which can equal a program value by coincidence."""
+    if program.diff.cotangents != "seeded":
+        return []
+    return [np.asarray(c, np.float64) for c in output_cotangents(program) or []]
+
+
+def _aliases(value, factors, *dtypes: str) -> bool:
     """Whether a saved array classed as `value` may be one of the factors: they are equal within
-    twice the residual matching tolerance of its dtype (sin(x) is x within bfloat16's for small x)."""
+    twice the residual matching tolerance of the saved array's and the value's dtypes (sin(x) is
+    x within bfloat16's for small x)."""
     v = np.asarray(value, np.float64)
-    tol = 2 * match_tol(dtype)
+    tol = 2 * match_tol(*dtypes)
     return any(f.shape == v.shape and np.allclose(f, v, rtol=max(tol, 1e-6), atol=max(tol, 1e-9)) for f in factors)
 
 
@@ -102,7 +112,10 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     skipped rather than blamed.
 
     Under a cond, a saved class of zeros is not blamed either: lax.cond saves zeros in place of
-    the residuals of the branch it did not take.
+    the residuals of the branch it did not take. Nor is an unnamed class of a 16-bit dtype (the
+    saved array's or the value's): matched within a few bfloat16/float16 ulps, it equals too many
+    values a pipeline may legitimately save (derivative factors, the loss's constants, a
+    primitive's intermediates); named classes are judged in every dtype.
 
     A saved class is a violation when each of its values lies inside checkpoint regions,
     is none of the values a region or block boundary may legitimately keep, and every
@@ -112,14 +125,14 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         return v
     policies, exempt = region_context(program)
     values = (ref.values or {}) if ref is not None else {}
-    factors = _derivative_factors(program, policies, values) if values else []
+    factors = (_derivative_factors(program, policies, values) if values else []) + _loss_constants(program)
     types = program.types()
     ops = primal_ops(program)
     conds = bool({"cond", "switch"} & program.features())
     bad = []
     for r in obs.residuals:
-        if not r.cls:
-            continue
+        if not r.cls or (not r.names and {r.dtype, types.get(base_id(r.cls[0]), (None, None))[1]} & set(LOW_PRECISION)):
+            continue   # unnamed and matched within a 16-bit tolerance: too many values coincide there
         ok_to_save = False
         for i in map(base_id, r.cls):   # an iteration's value is judged as the value
             if i in exempt or i not in policies or not policies[i] or not judged_by_meaning(
@@ -132,7 +145,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
             if any(decide(p, s.op, checkpoint_name_of(s), batched, n) != "recompute" for p in policies[i]):
                 ok_to_save = True
                 break
-        if not ok_to_save and factors and r.cls[0] in values and _aliases(values[r.cls[0]], factors, r.dtype):
+        if not ok_to_save and factors and r.cls[0] in values and _aliases(
+                values[r.cls[0]], factors, r.dtype, types.get(base_id(r.cls[0]), (None, None))[1]):
             ok_to_save = True   # indistinguishable from a derivative factor an op may save
         if not ok_to_save and conds and r.cls[0] in values and not np.any(np.asarray(values[r.cls[0]])):
             ok_to_save = True   # indistinguishable from the zeros a cond saves for the branch it did not take
