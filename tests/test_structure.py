@@ -524,6 +524,21 @@ def test_a_dead_custom_vjp_whose_fwd_one_pipeline_skips_is_no_finding():
     live = prog([region(["x0"], [{**loop, "body": [cvjp2], "carry_out": ["v2"]}], ["s3"], {"kind": "nothing"})],
                 inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
     assert dead_blocks(live) == frozenset()
+    # dead through a dead reader: its result read only by a sum nothing reads (the CI gate, seed 3535:
+    # remat3 skipped the fwd of such a block in a scan in a region, remat2 ran it)
+    neg = {**cvjp, "fwd": [op("neg", ["c1"], "v2")], "bwd": [op("neg", ["g4"], "b6")]}
+    chained = prog([region(["x0"], [{**loop, "body": [neg, op("sum", ["v2"], "v9", axis=None)]}], ["s3"],
+                           {"kind": "nothing"})],
+                   inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
+    assert dead_blocks(chained) == {"body[0].body[0].body[0]"}
+    # and live when that reader's result is carried
+    carried = prog([region(["x0"], [{**loop, "body": [neg, op("sum", ["v2"], "v9", axis=None),
+                                                      op("reshape", ["v9"], "v11", shape=[1, 1]),
+                                                      op("broadcast", ["v11"], "v12", shape=[2, 2]),
+                                                      op("add", ["c1", "v12"], "v10")], "carry_out": ["v10"]}],
+                           ["s3"], {"kind": "nothing"})],
+                   inputs=[{"id": "x0", "shape": [2, 2], "dtype": F32, "diff": True}], outputs=["s3"])
+    assert dead_blocks(carried) == frozenset()
 
 
 def test_per_example_programs_do_not_judge_policies_that_decide_on_shapes():
