@@ -120,11 +120,14 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set)
         if list(key) in f.reproduces and f.key() in failing and f.core_features() <= feats:
             return f
     if key[0] == "trace_count" and "+" in key[3]:
-        # several counters grew (fwd_traces+primal_traces): known when each one alone is
-        parts = [(*key[:3], c) for c in key[3].split("+")]
-        known = [known_finding(findings, p, feats, set(failing) | set(parts)) for p in parts]
-        if all(known):
-            return known[0]
+        # several counters grew (bwd_calls+fwd_traces+primal_traces): known when known findings
+        # of some of those counters each (bwd_calls+fwd_traces, primal_traces) cover them all
+        counters = set(key[3].split("+"))
+        covering = [f for f in findings if f.key()[:3] == tuple(key[:3]) and set(f.key()[3].split("+")) <= counters
+                    and set(f.key()[3].split("+")) != counters and f.core_features() <= feats]
+        if covering and set().union(*(f.key()[3].split("+") for f in covering)) == counters:
+            first = key[3].split("+")[0]   # the finding of the first counter stands for it
+            return next(f for f in covering if first in f.key()[3].split("+"))
     return None
 
 

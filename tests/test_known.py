@@ -96,3 +96,9 @@ def test_a_trace_count_of_several_counters_is_known_when_each_counter_is():
     # one counter alone known is not enough, nor both without the program having their core features
     assert known_finding([primal], both, feats, {both}) is None
     assert known_finding([primal, fwd], both, {"custom_vjp"}, {both}) is None
+    # known findings of several counters each cover it too (the CI gate, seed 4343: bwd_calls+fwd_traces
+    # and primal_traces tracked, a program growing all three)
+    calls = _finding((*tc, "bwd_calls+fwd_traces"), features=("custom_vjp",))
+    three = (*tc, "bwd_calls+fwd_traces+primal_traces")
+    assert known_finding([primal, calls], three, feats, {three}) is calls
+    assert known_finding([calls], three, feats, {three}) is None
