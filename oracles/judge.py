@@ -42,7 +42,6 @@ of a pipeline:
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 
 from conformance import pipelines as registry

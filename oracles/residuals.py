@@ -66,23 +66,22 @@ def _saves_factors(policies: list) -> bool:
     return not policies or any(map(saves_unnamed, policies))
 
 
+def _factor_ops(program: Program, policies: dict):
+    """The ops that may have their own derivative factor saved (_saves_factors) and declare it."""
+    return (s for s, _, _, ctx in walk(program.body) if isinstance(s, Op) and OPS[s.op].outside_factors
+            and ctx not in DERIVATIVE_CTX and _saves_factors(policies.get(s.out) or []))
+
+
 def _derivative_factors(program: Program, policies: dict, values: dict) -> list[np.ndarray]:
     """Values that ops may save for their own backward (cos(x) for sin(x), ...) where their
     policies allow it (_saves_factors), which can equal a program value inside a region by
     coincidence (sin(0) = 0 = x - x)."""
     out = []
-    for s, _, _, ctx in walk(program.body):
-        factors = OPS[s.op].outside_factors if isinstance(s, Op) else None
-        if (factors and ctx not in DERIVATIVE_CTX and _saves_factors(policies.get(s.out) or [])
-                and s.args[0] in values and s.out in values):
+    for s in _factor_ops(program, policies):
+        if s.args[0] in values and s.out in values:
             a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], np.float64)
-            out += factors(a, y)
+            out += OPS[s.op].outside_factors(a, y)
     return out
-
-
-def _has_derivative_factors(program: Program, policies: dict) -> bool:
-    return any(isinstance(s, Op) and OPS[s.op].outside_factors and ctx not in DERIVATIVE_CTX
-               and _saves_factors(policies.get(s.out) or []) for s, _, _, ctx in walk(program.body))
 
 
 def _loss_constants(program: Program) -> list[np.ndarray]:
@@ -131,7 +130,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     conds = bool({"cond", "switch"} & program.features())
     bad = []
     for r in obs.residuals:
-        if not r.cls or (not r.names and {r.dtype, types.get(base_id(r.cls[0]), (None, None))[1]} & set(LOW_PRECISION)):
+        value_dtype = types[base_id(r.cls[0])][1] if r.cls and base_id(r.cls[0]) in types else None
+        if not r.cls or (not r.names and {r.dtype, value_dtype} & set(LOW_PRECISION)):
             continue   # unnamed and matched within a 16-bit tolerance: too many values coincide there
         ok_to_save = False
         for i in map(base_id, r.cls):   # an iteration's value is judged as the value
@@ -145,14 +145,14 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
             if any(decide(p, s.op, checkpoint_name_of(s), batched, n) != "recompute" for p in policies[i]):
                 ok_to_save = True
                 break
-        if not ok_to_save and factors and r.cls[0] in values and _aliases(
-                values[r.cls[0]], factors, r.dtype, types.get(base_id(r.cls[0]), (None, None))[1]):
+        if (not ok_to_save and factors and r.cls[0] in values
+                and _aliases(values[r.cls[0]], factors, r.dtype, value_dtype)):
             ok_to_save = True   # indistinguishable from a derivative factor an op may save
         if not ok_to_save and conds and r.cls[0] in values and not np.any(np.asarray(values[r.cls[0]])):
             ok_to_save = True   # indistinguishable from the zeros a cond saves for the branch it did not take
         if not ok_to_save:
             bad.append(r)
-    if bad and ref is not None and not ref.ok() and _has_derivative_factors(program, policies):
+    if bad and ref is not None and not ref.ok() and any(_factor_ops(program, policies)):
         # The value reference failed: without its node values a derivative factor an op may
         # save cannot be told apart from an equal-valued region value.
         v.status = "skipped"
