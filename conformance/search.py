@@ -96,8 +96,10 @@ def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
 
 
 def replay_pipelines(key: tuple) -> list[str]:
-    """The pipelines a corpus entry's replay runs: the references and what its verdict needs."""
-    return list(dict.fromkeys(list(registry.REFERENCES) + needed_pipelines(key, registry.run_set([key[1]]))))
+    """The pipelines a corpus entry's replay runs: the references and what its verdict needs,
+    its own reference included (jax:remat2:jit, say, which a :jit rival's run set lacks)."""
+    rivals = [key[1]] + ([key[2]] if key[2] in registry.known_names() and not registry.is_reference(key[2]) else [])
+    return list(dict.fromkeys(list(registry.REFERENCES) + needed_pipelines(key, registry.run_set(rivals))))
 
 
 def sibling_keys(j, key: tuple) -> list[list[str]]:

@@ -176,3 +176,13 @@ def test_a_campaign_checks_what_its_coverage_rounds_generate(tmp_path):
         assert feats <= cov.generated(r), (r, feats - cov.generated(r))
         focused |= feats & set(cov.focus(r))
     assert cov.focus(1) and focused, "no focused round checked a feature it aimed at"
+
+
+def test_a_replay_runs_the_findings_own_reference():
+    """A :jit rival's run set brings jax:remat2 (eager) only; its trace-count finding against
+    jax:remat2:jit is judged against that reference on replay (else it is skipped, 'fixed': the
+    CI gate, seed 4343)."""
+    from conformance.search import replay_pipelines
+    names = replay_pipelines(("trace_count", "jax:remat3+cvjp3:jit", "jax:remat2:jit", "primal_traces"))
+    assert "jax:remat2:jit" in names and names[-1] == "jax:remat3+cvjp3:jit"
+    assert "jax:remat2:jit" not in replay_pipelines(("gradient", "jax:remat3", "jax:remat2", ""))
