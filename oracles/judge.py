@@ -48,7 +48,7 @@ from conformance import pipelines as registry
 from conformance.ir import DERIVATIVE_CTX, Cond, CustomJVP, CustomVJP, Op, Program, Scan, walk
 from conformance.observation import ErrorInfo, Observation
 from conformance.verdict import Verdict, symptom_check
-from oracles import cross_framework, gradients, residual_report, residuals, trace_counts
+from oracles import cross_framework, gradients, memory_budget, residual_report, residuals, trace_counts
 from oracles.expectations import Entry, Expectations
 from oracles.missing import missing, skip_unless
 
@@ -183,6 +183,11 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             if mode == "same":
                 checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref, jvp_blocks),
                           trace_counts.compare(obs, rref, registry.same_mode(name, rname))]
+            elif mode == "values":
+                checks = [cross_framework.compare_grads(program, obs, rref, values=values,
+                                                        values_missing=values_missing)]
+            elif mode == "budget":
+                checks = [memory_budget.compare(obs, rref)]
             else:
                 checks = [cross_framework.compare_grads(program, obs, rref, values=values,
                                                         values_missing=values_missing),

@@ -245,3 +245,31 @@ def test_custom_gradient_spelling_runs_everywhere_and_agrees():
     assert all(o.error is None for o in obs.values()), {n: o.error for n, o in obs.items()}
     assert obs["jax:remat2"].custom_rules["body[0].body[0]"].bwd_calls >= 1
     assert not j.failures(), [v.key() for v in j.failures()]
+
+
+def _reentrant_region(tree="flat", nonsmooth=False):
+    from tests.programs import region
+    body = [op("step", ["x"], "s")] if nonsmooth else [op("sin", ["x"], "s")]
+    r = region(["x"], body, ["s"], {"kind": "nothing"})
+    r["tree"] = tree
+    return prog([r])
+
+
+REENTRANT = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:eager-reentrant"]
+
+
+@pytest.mark.parametrize("tree", ["tuple", "dict"])
+def test_reentrant_checkpoint_ignores_nested_tensors(tree):
+    obs = verify("torch-reentrant-nested-structures", _reentrant_region(tree), REENTRANT, "torch:eager-reentrant",
+                 "gradient")
+    assert not any(obs["torch:eager-reentrant"].grads["x"]) and any(obs["torch:eager-sac"].grads["x"])
+    # flat args: the reentrant version's gradients are SAC's
+    flat = _reentrant_region("flat")
+    j = judge(flat, EXECUTOR.run(flat, input_values(flat, 0), REENTRANT), PACKAGED)
+    assert not j.failures() and "torch-reentrant-nested-structures" not in j.expectation_hits
+
+
+def test_reentrant_checkpoint_needs_outputs_with_grad():
+    obs = verify("torch-reentrant-outputs-without-grad", _reentrant_region(nonsmooth=True), REENTRANT,
+                 "torch:eager-reentrant", "error")
+    assert obs["torch:eager-reentrant"].error.stage == "backward" and obs["torch:eager-sac"].ok()

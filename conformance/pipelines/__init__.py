@@ -38,13 +38,17 @@ JAX_VARIANT_FLAGS: dict[str, dict[str, bool]] = {
 # Variants whose pipelines are in the default set (remat3+cjvp3 changes custom_jvp blocks only:
 # a campaign over custom_jvp names it).
 DEFAULT_VARIANTS = ("remat2", "remat3", "remat3+cvjp3")
+# activation_memory_budget values below 1 that torch pipelines run (each its own pipeline).
+MEMORY_BUDGETS = (0.5, 0.0)
 
 
 @dataclass(frozen=True)
 class Compare:
     """Compare a rival with the first of `refs` that ran. mode 'same': same framework and
     semantics (all residuals, custom rules); 'eager': compiled against eager PyTorch; 'cross':
-    PyTorch against JAX (values, and the named residuals the policy decides)."""
+    PyTorch against JAX (values, and the named residuals the policy decides); 'values': values
+    only (a checkpoint that honours no policy, against one that does); 'budget': the rival runs
+    a lower activation_memory_budget than the reference, and must not save more bytes."""
     refs: tuple[str, ...]
     mode: str
 
@@ -62,6 +66,10 @@ class Spec:
     compile: str | None = None       # torch: the torch.compile backend
     partitioner: str = "min_cut"     # torch aot_eager: min_cut or default
     prefer: bool = False             # torch: PREFER_* instead of MUST_*
+    reentrant: bool = False          # torch: use_reentrant=True (no policy: whole regions recomputed)
+    checks_off: bool = False         # torch: determinism_check="none" (and debug=True without a policy)
+    memory_budget: float = 1.0       # torch min-cut partitioner: functorch's activation_memory_budget
+    compile_inside: bool = False     # torch: eager checkpoint of region functions compiled with `compile`
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
@@ -104,6 +112,24 @@ def _torch_rivals():
                                      ("inductor", "min_cut", "inductor")):
             out.append(Spec(f"torch:compile-{label}{sfx}", "torch", "TorchSAC", compile=backend, partitioner=part,
                             prefer=prefer, compare=(eager, cross)))
+    # Checkpoint options and compile knobs (MUST_* policies), each against eager SAC: the
+    # reentrant implementation (values only: it takes no policy), the determinism check off
+    # (changes nothing: all residuals and rules alike), the min-cut partitioner under
+    # lower activation memory budgets (each also against the next higher budget: saved bytes
+    # must not grow as the budget falls), and checkpoint of region functions compiled one by one.
+    eager = Compare(("torch:eager-sac",), "eager")
+    out.append(Spec("torch:eager-reentrant", "torch", "TorchSAC", reentrant=True,
+                    compare=(Compare(("torch:eager-sac",), "values"),)))
+    out.append(Spec("torch:eager-sac:checks-off", "torch", "TorchSAC", checks_off=True,
+                    compare=(Compare(("torch:eager-sac",), "same"),)))
+    higher = "torch:compile-aot_eager"
+    for budget in MEMORY_BUDGETS:
+        name = f"torch:compile-aot_eager:budget-{budget:g}"
+        out.append(Spec(name, "torch", "TorchSAC", compile="aot_eager", memory_budget=budget,
+                        compare=(eager, Compare((higher,), "budget"))))
+        higher = name
+    out.append(Spec("torch:checkpoint-of-compiled", "torch", "TorchSAC", compile="aot_eager", compile_inside=True,
+                    compare=(eager,)))
     return out
 
 

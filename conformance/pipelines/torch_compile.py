@@ -12,9 +12,11 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 def _saved_desc(fw, n_user) -> list:
     outs = fw.graph.find_nodes(op="output")[0].args[0][n_user:]
     out = []
-    for o in outs:
+    for o in outs:   # [node name, shape, bytes] (a symbolic int: no shape, no bytes)
         v = o.meta.get("val") if hasattr(o, "meta") else None
-        out.append([getattr(o, "name", str(o)), list(v.shape) if hasattr(v, "shape") else None])
+        shaped = hasattr(v, "shape") and hasattr(v, "element_size")
+        out.append([getattr(o, "name", str(o)), list(v.shape) if shaped else None,
+                    int(v.numel() * v.element_size()) if shaped else None])
     return out
 
 

@@ -81,6 +81,13 @@ KINDS_OF: dict = eval(torch_table.kinds_of_source(), NAMESPACE)   # noqa: S307
 TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 
 
+# How regions are checkpointed, beyond the policy (the pipeline registry's torch settings):
+# use_reentrant=True (takes no policy: every region is recomputed whole); determinism_check="none",
+# with debug=True where checkpoint accepts it (a region without a policy: debug=True raises
+# ValueError beside a custom context_fn); a torch.compile backend for each region's function (None: eager).
+CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None}
+
+
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None):
     """The SAC policy_fn of a region with policy p, for a program with these checkpoint names."""
     return NAMESPACE["sac_policy"](torch_table.region_decisions(p, names), KINDS_OF, TAG_PACKET, prefer, calls)
@@ -96,8 +103,12 @@ class Lowering(Interpreter):
     """
 
     def __init__(self, prog: Program, remat: bool, custom: bool = True, prefer: bool = False,
-                 record: dict | None = None, policy_calls: list | None = None, diff_residuals: bool = False):
+                 record: dict | None = None, policy_calls: list | None = None, diff_residuals: bool = False,
+                 options: dict | None = None):
         self.prog, self.remat, self.custom, self.prefer, self.record = prog, remat, custom, prefer, record
+        # checkpoint options (CHECKPOINT_OPTIONS' keys): reentrant, checks_off, compile_inside
+        self.options = {**CHECKPOINT_OPTIONS, **(options or {})}
+        self._compiled_regions: dict[str, Any] = {}
         self.diff_residuals = diff_residuals
         self.policy_calls = policy_calls
         self.logs: dict[str, CustomRuleLog] = {}
@@ -145,11 +156,20 @@ class Lowering(Interpreter):
             return fn
         ctx_fn = self._ctx_fns[path]
         spelled, call, read = self.spelled_region(s, fn)   # a static flag is a plain Python argument
+        opts = self.options
+        if opts["compile_inside"]:   # one compiled function per region, built on its first run
+            spelled = self._compiled_regions.setdefault(
+                path, torch.compile(spelled, backend=opts["compile_inside"], dynamic=False))
+        if opts["reentrant"]:   # the reentrant implementation takes no policy
+            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=True), args))
+        kw = {"determinism_check": "none"} if opts["checks_off"] else {}
         if s.policy.kind == "no_policy":   # no policy: checkpoint's own (non-selective) path
-            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=False), args))
+            kw.update({"debug": True} if opts["checks_off"] else {})   # (debug rejects a custom context_fn)
+            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=False, **kw), args))
 
         def ck(*a):
-            return checkpoint(spelled, *a, use_reentrant=False, context_fn=ctx_fn, respect_saved_tensors_hooks=True)
+            return checkpoint(spelled, *a, use_reentrant=False, context_fn=ctx_fn, respect_saved_tensors_hooks=True,
+                              **kw)
         return lambda *args: read(call(ck, args))
 
     def function(self, s: CustomVJP, path: str):

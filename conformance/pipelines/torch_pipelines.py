@@ -52,6 +52,9 @@ NO_CUSTOM_JVP = ("PyTorch has no custom_jvp: an autograd.Function's jvp rule ser
 # (entry torch-no-linearize)
 NO_LINEARIZE = ("jax.linearize has no PyTorch counterpart that runs under checkpoint: torch.func.linearize, like "
                 "every torch.func transform, rejects the saved tensor hooks torch.utils.checkpoint uses")
+# (entry torch-reentrant-first-order)
+NO_REENTRANT_GRAD = ("use_reentrant=True checkpoint is incompatible with torch.autograd.grad and with double backward "
+                     "(torch.utils.checkpoint's documentation): second-order programs are out of its scope")
 # (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
 NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
                  "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
@@ -88,10 +91,14 @@ class TorchBase(Pipeline):
 
     def flags(self) -> dict[str, Any]:
         f: dict[str, Any] = {"remat": self.remat, "prefer": self.prefer, "compile": self.compile}
+        sp = self.spec
+        f.update({k: getattr(sp, k) for k in ("reentrant", "checks_off", "compile_inside") if getattr(sp, k)})
         if self.compile:
             f.update(partitioner="min_cut" if self.compile == "inductor" else self.partitioner,
                      fail_on_recompile_limit_hit=True, enable_autograd_cache=False,
                      inductor_cache_dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+            if sp.memory_budget != 1.0:
+                f["activation_memory_budget"] = sp.memory_budget
         return f
 
     def run(self, program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> Observation:
@@ -113,9 +120,13 @@ class TorchBase(Pipeline):
         if "forward_ad" in feats and ("names" in feats or "custom_vjp" in feats):
             obs.unsupported = NO_FORWARD_AD
             return obs
+        if self.spec.reentrant and program.diff.order == 2:
+            obs.unsupported = NO_REENTRANT_GRAD
+            return obs
         torch.manual_seed(0)
         settings = [(torch._dynamo.config, "fail_on_recompile_limit_hit", True),
-                    (functorch_config, "enable_autograd_cache", False)]
+                    (functorch_config, "enable_autograd_cache", False),
+                    (functorch_config, "activation_memory_budget", self.spec.memory_budget)]
         if self.compile == "inductor":
             import torch._inductor.config as ic
             self._rec: dict = {}
@@ -132,15 +143,16 @@ class TorchBase(Pipeline):
                     torch._dynamo.reset()
         return obs
 
-    def _compiled(self, fn):
-        if self.compile is None:
-            return fn
+    def _backend(self):
         if self.compile == "aot_eager":
             self._rec = {}
-            backend = recording_aot_backend(self.partitioner, self._rec)
-        else:
-            backend = "inductor"
-        return torch.compile(fn, backend=backend, dynamic=False)
+            return recording_aot_backend(self.partitioner, self._rec)
+        return "inductor"
+
+    def _compiled(self, fn):
+        if self.compile is None or self.spec.compile_inside:
+            return fn
+        return torch.compile(fn, backend=self._backend(), dynamic=False)
 
     def _capture(self, saved: list[torch.Tensor]) -> list[torch.Tensor]:
         """Hook for test-only mutants."""
@@ -152,7 +164,10 @@ class TorchBase(Pipeline):
         const_ids = [i.id for i in program.inputs if not i.diff]
         dtypes = {i.id: i.dtype for i in program.inputs}
         calls: list = []
-        low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls)
+        sp = self.spec
+        options = {"reentrant": sp.reentrant, "checks_off": sp.checks_off,
+                   "compile_inside": self._backend() if sp.compile_inside else None}
+        low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=options)
 
         cts, n_loss = output_cotangents(program), loss_outputs(program)   # the rest: auxiliary outputs
 
@@ -173,6 +188,9 @@ class TorchBase(Pipeline):
         def grad(loss, d, create_graph=False):
             if not loss.requires_grad:
                 return [torch.zeros_like(x) for x in d]
+            if sp.reentrant:   # reentrant checkpoint rejects torch.autograd.grad: .backward(), then .grad
+                loss.backward()
+                return [torch.zeros_like(x) if x.grad is None else x.grad for x in d]
             return torch.autograd.grad(loss, d, allow_unused=True, materialize_grads=True,
                                        create_graph=create_graph)
 

@@ -18,7 +18,7 @@ _GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|c
 _RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoint", "log", "dt", "program",
              "loss_fn", "run", "tag", "TAG_PACKET", "KINDS_OF", "CONST", "INPUTS", "DIFF", "sys", "re", "os", "env",
              "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
-             "NAMES", "REMAT", "F64", "PREFER", "SETTINGS", "all_values", "main", "res", "cts", "ctx",
+             "NAMES", "REMAT", "F64", "PREFER", "OPTS", "COMPILED", "backend_fn", "SETTINGS", "all_values", "main", "res", "cts", "ctx",
              "torch_checkpoint", "CheckpointPolicy", "create_selective_checkpoint_contexts", "compiled", "Saved",
              "identify", "VALUE_REF", "perturbed", "keep", "spelled", "rem", "primal", "fwd", "bwd", "f", "rule"}
 

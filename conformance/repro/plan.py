@@ -100,7 +100,9 @@ def settings(p: str, fw: str, finding) -> dict:
         if finding is not None and finding.pipeline == p and finding.flags:
             flags = {k: v for k, v in finding.flags.items() if k.startswith("jax_")}
         return {"remat": s.remat, "f64": s.f64, "jit": s.jit, "flags": flags}
-    return {"remat": s.remat, "f64": s.f64, "prefer": s.prefer, "backend": s.compile, "partitioner": s.partitioner}
+    return {"remat": s.remat, "f64": s.f64, "prefer": s.prefer, "backend": s.compile, "partitioner": s.partitioner,
+            "memory_budget": s.memory_budget, "reentrant": s.reentrant, "checks_off": s.checks_off,
+            "compile_inside": s.compile_inside}
 
 
 def must_not_save(prog: Program) -> list[str]:
