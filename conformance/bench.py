@@ -48,10 +48,11 @@ def sample_programs(n: int, seed: int):
 
 
 def _names(torch: bool) -> list[str]:
-    names = list(reg.REFERENCES) + [p for p in reg.DEFAULT_PIPELINES if p not in reg.REFERENCES]
+    names = list(reg.REFERENCES) + [p for p in reg.DEFAULT_PIPELINES
+                                     if p not in reg.REFERENCES and reg.framework_of(p) == "jax"]
     if torch:
         names += ["torch:none", "torch:eager-sac", "torch:compile-aot_eager"]
-    return names
+    return list(dict.fromkeys(names))
 
 
 # -- the floor: bare framework calls --------------------------------------------------------

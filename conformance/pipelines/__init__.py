@@ -106,12 +106,13 @@ def _torch_rivals():
         sfx = ":prefer" if prefer else ""
         eager = Compare(("torch:eager-sac" + sfx,), "eager")
         out.append(Spec("torch:eager-sac" + sfx, "torch", "TorchSAC", prefer=prefer, compare=(cross,),
-                        added_with=frozenset() if prefer else frozenset({"torch"}), repro_default=not prefer))
+                        added_with=frozenset() if prefer else frozenset({"torch"}), repro_default=not prefer,
+                        default=not prefer))
         for backend, part, label in (("aot_eager", "min_cut", "aot_eager"),
                                      ("aot_eager", "default", "aot_eager+default-partitioner"),
                                      ("inductor", "min_cut", "inductor")):
             out.append(Spec(f"torch:compile-{label}{sfx}", "torch", "TorchSAC", compile=backend, partitioner=part,
-                            prefer=prefer, compare=(eager, cross)))
+                            prefer=prefer, compare=(eager, cross), default=label == "aot_eager" and not prefer))
     # Checkpoint options and compile knobs (MUST_* policies), each against eager SAC: the
     # reentrant implementation (values only: it takes no policy), the determinism check off
     # (changes nothing: all residuals and rules alike), the min-cut partitioner under
