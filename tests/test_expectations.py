@@ -273,3 +273,23 @@ def test_reentrant_checkpoint_needs_outputs_with_grad():
     obs = verify("torch-reentrant-outputs-without-grad", _reentrant_region(nonsmooth=True), REENTRANT,
                  "torch:eager-reentrant", "error")
     assert obs["torch:eager-reentrant"].error.stage == "backward" and obs["torch:eager-sac"].ok()
+
+
+def test_eager_sac_backward_twice_raises_compiled_runs():
+    p = prog([{"kind": "checkpoint", "args": ["x"], "results": ["c"], "prevent_cse": True,
+               "policy": {"kind": "save_only_names", "names": ["s"]},
+               "body": [op("sin", ["x"], "s0"), op("name", ["s0"], "s1", name="s"), op("cos", ["s1"], "c")]}])
+    names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:eager-sac:backward-twice",
+             "torch:compile-aot_eager:backward-twice"]
+    obs = verify("torch-eager-sac-one-backward", p, names, "torch:eager-sac:backward-twice", "error")
+    assert obs["torch:eager-sac:backward-twice"].error.stage == "backward"
+    # compiled SAC runs the second backward, and its gradients are eager SAC's
+    j = judge(p, obs, PACKAGED)
+    mine = [v for v in j.verdicts if v.pipeline == "torch:compile-aot_eager:backward-twice"]
+    assert obs["torch:compile-aot_eager:backward-twice"].ok() and not [v for v in mine if v.status == "fail"]
+    assert ("gradient", "torch:eager-sac", "pass") in {(v.check, v.reference, v.status) for v in mine}
+    # without a policy (plain non-reentrant checkpoint) eager runs it too
+    p2 = prog([{"kind": "checkpoint", "args": ["x"], "results": ["c"], "policy": {"kind": "no_policy"},
+                "body": [op("sin", ["x"], "s0"), op("cos", ["s0"], "c")]}])
+    o2 = EXECUTOR.run(p2, input_values(p2, 0), names)
+    assert not judge(p2, o2, PACKAGED).failures() and o2["torch:eager-sac:backward-twice"].ok()

@@ -378,7 +378,8 @@ def test_min_elements_policy_decides_by_input_size_in_sac(name):
 
 # ---- checkpoint options and compile knobs -----------------------------------------------------------
 OPTIONS = ["torch:eager-reentrant", "torch:eager-sac:checks-off", "torch:compile-aot_eager:budget-0.5",
-           "torch:compile-aot_eager:budget-0", "torch:checkpoint-of-compiled"]
+           "torch:compile-aot_eager:budget-0", "torch:checkpoint-of-compiled", "torch:compile-aot_eager:backward-twice",
+           "torch:compile-aot_eager:dynamic", "torch:compile-aot_eager:graph-break"]
 
 
 def chain_program() -> Program:

@@ -70,6 +70,9 @@ class Spec:
     checks_off: bool = False         # torch: determinism_check="none" (and debug=True without a policy)
     memory_budget: float = 1.0       # torch min-cut partitioner: functorch's activation_memory_budget
     compile_inside: bool = False     # torch: eager checkpoint of region functions compiled with `compile`
+    backward_twice: bool = False     # torch: backward twice (retain_graph=True the first time); the second's gradients
+    dynamic: bool = False            # torch.compile: every input dim of size >= 2 maybe_mark_dynamic (dynamic shapes)
+    graph_break: bool = False        # torch.compile: a graph break at the start of every checkpoint region's function
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
@@ -130,6 +133,17 @@ def _torch_rivals():
                         compare=(eager, Compare((higher,), "budget"))))
         higher = name
     out.append(Spec("torch:checkpoint-of-compiled", "torch", "TorchSAC", compile="aot_eager", compile_inside=True,
+                    compare=(eager,)))
+    # Backward twice (retain_graph=True, then again): the second gradients against eager SAC's one
+    # backward (values only for eager: its custom rules run twice).
+    out.append(Spec("torch:eager-sac:backward-twice", "torch", "TorchSAC", backward_twice=True,
+                    compare=(Compare(("torch:eager-sac",), "values"),)))
+    out.append(Spec("torch:compile-aot_eager:backward-twice", "torch", "TorchSAC", compile="aot_eager",
+                    backward_twice=True, compare=(eager,)))
+    # Dynamic shapes, and a graph break inside every region, under aot_eager.
+    out.append(Spec("torch:compile-aot_eager:dynamic", "torch", "TorchSAC", compile="aot_eager", dynamic=True,
+                    compare=(eager,)))
+    out.append(Spec("torch:compile-aot_eager:graph-break", "torch", "TorchSAC", compile="aot_eager", graph_break=True,
                     compare=(eager,)))
     return out
 

@@ -2,6 +2,7 @@
 the default partitioner, and inductor's min-cut partitioner, plus scoped settings."""
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Any
 
@@ -9,14 +10,24 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 
 # ---- compile-time recording partitioners -----------------------------------------------------
+def _concrete(d) -> int | None:
+    """A dim as an int: its value, or a symbolic dim's hint (dynamic shapes); None without one."""
+    if isinstance(d, int):
+        return d
+    hint = getattr(getattr(d, "node", None), "hint", None)
+    return int(hint) if hint is not None else None
+
+
 def _saved_desc(fw, n_user) -> list:
     outs = fw.graph.find_nodes(op="output")[0].args[0][n_user:]
     out = []
-    for o in outs:   # [node name, shape, bytes] (a symbolic int: no shape, no bytes)
+    for o in outs:   # [node name, shape, bytes] (a symbolic int: no shape, no bytes); plain ints only
         v = o.meta.get("val") if hasattr(o, "meta") else None
         shaped = hasattr(v, "shape") and hasattr(v, "element_size")
-        out.append([getattr(o, "name", str(o)), list(v.shape) if shaped else None,
-                    int(v.numel() * v.element_size()) if shaped else None])
+        shape = [_concrete(d) for d in v.shape] if shaped else None
+        known = shape is not None and None not in shape
+        out.append([getattr(o, "name", str(o)), shape,
+                    int(math.prod(shape)) * int(v.element_size()) if known else None])
     return out
 
 

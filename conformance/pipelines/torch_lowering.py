@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401  (graph_break)
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from conformance.interpreter import Interpreter
@@ -84,8 +85,9 @@ TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 # How regions are checkpointed, beyond the policy (the pipeline registry's torch settings):
 # use_reentrant=True (takes no policy: every region is recomputed whole); determinism_check="none",
 # with debug=True where checkpoint accepts it (a region without a policy: debug=True raises
-# ValueError beside a custom context_fn); a torch.compile backend for each region's function (None: eager).
-CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None}
+# ValueError beside a custom context_fn); a torch.compile backend for each region's function (None: eager);
+# a graph break at the start of each region's function (under torch.compile).
+CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False}
 
 
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None):
@@ -157,6 +159,12 @@ class Lowering(Interpreter):
         ctx_fn = self._ctx_fns[path]
         spelled, call, read = self.spelled_region(s, fn)   # a static flag is a plain Python argument
         opts = self.options
+        if opts["graph_break"]:
+            body_fn = spelled
+
+            def spelled(*a):
+                torch._dynamo.graph_break()
+                return body_fn(*a)
         if opts["compile_inside"]:   # one compiled function per region, built on its first run
             spelled = self._compiled_regions.setdefault(
                 path, torch.compile(spelled, backend=opts["compile_inside"], dynamic=False))

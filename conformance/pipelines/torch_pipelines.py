@@ -92,7 +92,9 @@ class TorchBase(Pipeline):
     def flags(self) -> dict[str, Any]:
         f: dict[str, Any] = {"remat": self.remat, "prefer": self.prefer, "compile": self.compile}
         sp = self.spec
-        f.update({k: getattr(sp, k) for k in ("reentrant", "checks_off", "compile_inside") if getattr(sp, k)})
+        f.update({k: getattr(sp, k) for k in ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic",
+                                                  "graph_break")
+                  if getattr(sp, k)})
         if self.compile:
             f.update(partitioner="min_cut" if self.compile == "inductor" else self.partitioner,
                      fail_on_recompile_limit_hit=True, enable_autograd_cache=False,
@@ -152,7 +154,8 @@ class TorchBase(Pipeline):
     def _compiled(self, fn):
         if self.compile is None or self.spec.compile_inside:
             return fn
-        return torch.compile(fn, backend=self._backend(), dynamic=False)
+        # dynamic: None honours the inputs' maybe_mark_dynamic marks (False would ignore them)
+        return torch.compile(fn, backend=self._backend(), dynamic=None if self.spec.dynamic else False)
 
     def _capture(self, saved: list[torch.Tensor]) -> list[torch.Tensor]:
         """Hook for test-only mutants."""
@@ -165,7 +168,7 @@ class TorchBase(Pipeline):
         dtypes = {i.id: i.dtype for i in program.inputs}
         calls: list = []
         sp = self.spec
-        options = {"reentrant": sp.reentrant, "checks_off": sp.checks_off,
+        options = {"reentrant": sp.reentrant, "checks_off": sp.checks_off, "graph_break": sp.graph_break,
                    "compile_inside": self._backend() if sp.compile_inside else None}
         low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=options)
 
@@ -183,6 +186,11 @@ class TorchBase(Pipeline):
 
         def tensors(x, ids, leaf):
             out = [tensor(x[i], dtypes[i], device) for i in ids]
+            if sp.dynamic:   # dynamic shapes: each dim of size >= 2 (size 1 always specialises)
+                for v in out:
+                    for k, n in enumerate(v.shape):
+                        if n >= 2:
+                            torch._dynamo.maybe_mark_dynamic(v, k)
             return [v.requires_grad_(True) for v in out] if leaf else out
 
         def grad(loss, d, create_graph=False):
@@ -191,6 +199,8 @@ class TorchBase(Pipeline):
             if sp.reentrant:   # reentrant checkpoint rejects torch.autograd.grad: .backward(), then .grad
                 loss.backward()
                 return [torch.zeros_like(x) if x.grad is None else x.grad for x in d]
+            if sp.backward_twice and not create_graph:   # the first backward keeps the graph for the second
+                torch.autograd.grad(loss, d, allow_unused=True, materialize_grads=True, retain_graph=True)
             return torch.autograd.grad(loss, d, allow_unused=True, materialize_grads=True,
                                        create_graph=create_graph)
 
