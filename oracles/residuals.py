@@ -9,6 +9,7 @@ from collections import Counter
 
 import numpy as np
 
+from conformance import pipelines as registry
 from conformance.dtypes import LOW_PRECISION, match_tol
 from conformance.ir import (DERIVATIVE_CTX, Op, Program, base_id, checkpoint_name_of, input_elements, primal_ops,
                             region_context, walk)
@@ -66,22 +67,35 @@ def _saves_factors(policies: list) -> bool:
     return not policies or any(map(saves_unnamed, policies))
 
 
-def _factor_ops(program: Program, policies: dict):
-    """The ops that may have their own derivative factor saved (_saves_factors) and declare it."""
+def _factor_ops(program: Program, policies: dict, anywhere: bool = False):
+    """The ops that may have their own derivative factor saved (_saves_factors, or `anywhere`:
+    a partitioner that may move any backward op into the forward) and declare it."""
     return (s for s, _, _, ctx in walk(program.body) if isinstance(s, Op) and OPS[s.op].outside_factors
-            and ctx not in DERIVATIVE_CTX and _saves_factors(policies.get(s.out) or []))
+            and ctx not in DERIVATIVE_CTX and (anywhere or _saves_factors(policies.get(s.out) or [])))
 
 
-def _derivative_factors(program: Program, policies: dict, values: dict) -> list[np.ndarray]:
+def _derivative_factors(program: Program, policies: dict, values: dict, anywhere: bool = False) -> list[np.ndarray]:
     """Values that ops may save for their own backward (cos(x) for sin(x), ...) where their
     policies allow it (_saves_factors), which can equal a program value inside a region by
     coincidence (sin(0) = 0 = x - x)."""
     out = []
-    for s in _factor_ops(program, policies):
-        if s.args[0] in values and s.out in values:
-            a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], np.float64)
-            out += OPS[s.op].outside_factors(a, y)
+    iterations: dict[str, list[str]] = {}   # a value's id -> its keys (`v@i`: one per scan iteration)
+    for k in values:
+        iterations.setdefault(base_id(k), []).append(k)
+    for s in _factor_ops(program, policies, anywhere):
+        for k in iterations.get(s.args[0], []):
+            y = s.out + k[len(s.args[0]):]   # the same iteration's output
+            if y in values:
+                out += OPS[s.op].outside_factors(np.asarray(values[k], np.float64), np.asarray(values[y], np.float64))
     return out
+
+
+def _partitioned(pipeline: str) -> bool:
+    """Whether a partitioner (torch.compile) chooses what the pipeline saves."""
+    try:
+        return registry.spec(pipeline).compile is not None
+    except registry.UnknownPipeline:
+        return False
 
 
 def _loss_constants(program: Program) -> list[np.ndarray]:
@@ -92,13 +106,15 @@ def _loss_constants(program: Program) -> list[np.ndarray]:
     return [np.asarray(c, np.float64) for c in output_cotangents(program) or []]
 
 
-def _aliases(value, factors, *dtypes: str) -> bool:
-    """Whether a saved array classed as `value` may be one of the factors: they are equal within
-    twice the residual matching tolerance of the saved array's and the value's dtypes (sin(x) is
-    x within bfloat16's for small x)."""
-    v = np.asarray(value, np.float64)
+def _aliases(value, shape, factors, *dtypes: str) -> bool:
+    """Whether a saved array of `shape` classed as `value` may be one of the factors: a factor of
+    the saved array's shape equal to the value within twice the residual matching tolerance of
+    the saved array's and the value's dtypes (sin(x) is x within bfloat16's for small x). (A value
+    of one element classes saved arrays of any shape of one element.)"""
+    v = np.asarray(value, np.float64).ravel()
     tol = 2 * match_tol(*dtypes)
-    return any(f.shape == v.shape and np.allclose(f, v, rtol=max(tol, 1e-6), atol=max(tol, 1e-9)) for f in factors)
+    return any(f.shape == tuple(shape) and f.size == v.size
+               and np.allclose(f.ravel(), v, rtol=max(tol, 1e-6), atol=max(tol, 1e-9)) for f in factors)
 
 
 def check_policy(program: Program, obs: Observation, ref: Observation | None = None) -> Verdict:
@@ -124,7 +140,11 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         return v
     policies, exempt = region_context(program)
     values = (ref.values or {}) if ref is not None else {}
-    factors = (_derivative_factors(program, policies, values) if values else []) + _loss_constants(program)
+    # torch.compile's partitioner may compute a backward op (cos(x) for sin(x)) in the forward and
+    # save it: no policy decides on ops autograd creates (the CI gate's torch campaign: cos(0) = 1 =
+    # exp(0), a dead value in a scan, blamed on torch:compile-aot_eager)
+    partitioned = _partitioned(obs.pipeline)
+    factors = (_derivative_factors(program, policies, values, partitioned) if values else []) + _loss_constants(program)
     types = program.types()
     ops = primal_ops(program)
     conds = bool({"cond", "switch"} & program.features())
@@ -146,13 +166,13 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
                 ok_to_save = True
                 break
         if (not ok_to_save and factors and r.cls[0] in values
-                and _aliases(values[r.cls[0]], factors, r.dtype, value_dtype)):
+                and _aliases(values[r.cls[0]], r.shape, factors, r.dtype, value_dtype)):
             ok_to_save = True   # indistinguishable from a derivative factor an op may save
         if not ok_to_save and conds and r.cls[0] in values and not np.any(np.asarray(values[r.cls[0]])):
             ok_to_save = True   # indistinguishable from the zeros a cond saves for the branch it did not take
         if not ok_to_save:
             bad.append(r)
-    if bad and ref is not None and not ref.ok() and any(_factor_ops(program, policies)):
+    if bad and ref is not None and not ref.ok() and any(_factor_ops(program, policies, partitioned)):
         # The value reference failed: without its node values a derivative factor an op may
         # save cannot be told apart from an equal-valued region value.
         v.status = "skipped"
