@@ -35,7 +35,7 @@ SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement der
 # Op kinds a framework's policy cannot tell apart: they lower to the same primitive (JAX `mul` for
 # x * y, x * c and x * nondiff; `reduce_sum` inside a mean), so an `ops` policy naming one saves
 # the others' outputs too (tests/test_tables.py derives the groups from the lowering tables).
-POLICY_ALIKE = (("mul", "scale", "nondiff_scale"), ("sum", "mean"), ("step", "cast"))
+POLICY_ALIKE = (("mul", "scale", "nondiff_scale", "dropout"), ("sum", "mean"), ("step", "cast"))
 
 
 class ParamError(ValueError):
@@ -508,6 +508,33 @@ define(CAST_OP, 1, "cast", _infer_cast, params=("dtype",), gen=_gen_cast, tangen
        vjp=_vjp_unary(lambda d, s, g, a: d.emit(CAST_OP, [g], dtype=d.types[a][1])),
        out_dtype=lambda p: p["dtype"], pseudo="{x}.astype({dtype})",
        features=(feature("cast", "a cast to another floating dtype (mixed precision)"),))
+
+
+# Dropout (training mode): zeroes each element with probability p and scales the rest by 1/(1-p).
+# PyTorch draws the mask from its global generator (seeded per run), so a checkpoint's
+# recompute must restore the RNG state to draw it again; JAX draws functionally, here from
+# the statement's `seed` (jax_table's dropout_mask: JAX pipelines agree among themselves). The two
+# frameworks' masks differ: values of programs with randomness are compared within a
+# framework only. No IR derivative (not in custom rules).
+DROPOUT_PS = (0.5, 0.25)
+
+
+def _infer_dropout(shapes, p, nd):
+    _number(p, "p")
+    if not 0 < p["p"] < 1:
+        raise ParamError("params.p", f"drop probability {p['p']!r} not in (0, 1)")
+    if not _int(p["seed"]) or not 0 <= p["seed"] < 2 ** 31:
+        raise ParamError("params.seed", f"not a seed in [0, 2**31): {p['seed']!r}")
+    return shapes[0]
+
+
+def _gen_dropout(c, x):
+    p = c.choice(list(DROPOUT_PS), "p")
+    return None, [x], {"p": p, "seed": c.int(0, 255, "seed")}, x.mag / (1 - p)
+
+
+define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dropout,
+       pseudo="dropout({x}, p={p})", features=(feature("random", "dropout: a random op inside or outside regions"),))
 
 
 def result_dtype(op: str, params: dict, arg_dtype: str) -> str:

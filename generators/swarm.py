@@ -170,7 +170,7 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "rev_over_fwd": ("second_order", "diff_modes"), "linearize": ("second_order", "diff_modes"),
     "seeded_cotangents": ("seeded_cotangents",), "per_example": ("per_example",), "aux_outputs": ("aux_outputs",),
     "nested_checkpoint": ("nesting",), "custom_vjp_in_checkpoint": ("custom_vjp", "checkpoint"),
-    "custom_jvp_in_checkpoint": ("custom_jvp", "checkpoint"),
+    "custom_jvp_in_checkpoint": ("custom_jvp", "checkpoint"), "random": ("family:random",),
     **{f"policy:{k}": ("checkpoint",) + ((f"policy:{k}",) if i else ()) for i, k in enumerate(KINDS)},
 }
 FOCUS_TRIES = 40

@@ -94,7 +94,9 @@ def test_a_custom_vjp_rule_over_a_custom_jvp_matches_finite_differences():
     body as the primal), exporting the body values the bwd reads as the custom_jvp's results."""
     s = settings(max_examples=5000, database=None, deadline=None, suppress_health_check=list(HealthCheck),
                  phases=(Phase.generate,))
-    p = find(programs(), _true_rules_with_a_custom_jvp_residual, settings=s, random=random.Random(0))
+    # (programs with both kinds of block, first order, float64: the condition is rare in the default mix)
+    cfg = Config(require=("custom_vjp", "custom_jvp"), second_order=False, dtypes=("float64",))
+    p = find(programs(cfg), _true_rules_with_a_custom_jvp_residual, settings=s, random=random.Random(0))
     inputs = input_values(p, 1)
     obs = pipelines.get("ref:f64").run(p, inputs)
     assert obs.error is None, obs.error

@@ -73,6 +73,7 @@ class Spec:
     backward_twice: bool = False     # torch: backward twice (retain_graph=True the first time); the second's gradients
     dynamic: bool = False            # torch.compile: every input dim of size >= 2 maybe_mark_dynamic (dynamic shapes)
     graph_break: bool = False        # torch.compile: a graph break at the start of every checkpoint region's function
+    preserve_rng_state: bool = True  # torch checkpoint's preserve_rng_state (False: test-only mutants)
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals

@@ -38,6 +38,7 @@ OPS: dict[str, Lowering] = {
     "pad": L("jnp.pad({x}, [(({before}, {after}) if i == {axis} else (0, 0)) for i in range({x}.ndim)])", ("pad",)),
     "conv1d": L("lax.conv_general_dilated({x}, {y}, (1,), 'VALID')", ("conv_general_dilated",)),
     "cast": L("{x}.astype(dt({dtype}))", ("convert_element_type",)),
+    "dropout": L("{x} * jnp.asarray(dropout_mask({x}.shape, {p}, {seed}), {x}.dtype)", ("mul",)),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,
@@ -62,6 +63,14 @@ POLICIES: dict[str, str] = {
 }
 
 PRELUDE = '''
+def dropout_mask(shape, p, seed):
+    """Dropout's keep-mask scaled by 1/(1-p), drawn (numpy) from the statement's seed: JAX draws
+    functionally, so every JAX pipeline multiplies by the same constant."""
+    import numpy
+    keep = numpy.random.default_rng(seed).random(tuple(shape)) >= p
+    return keep.astype(numpy.float64) / (1 - p)
+
+
 def save_prims(prims):
     """A custom policy: save the outputs of these JAX primitives."""
     return lambda prim, *_, **__: prim.name in prims

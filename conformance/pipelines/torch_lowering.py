@@ -86,8 +86,10 @@ TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 # use_reentrant=True (takes no policy: every region is recomputed whole); determinism_check="none",
 # with debug=True where checkpoint accepts it (a region without a policy: debug=True raises
 # ValueError beside a custom context_fn); a torch.compile backend for each region's function (None: eager);
-# a graph break at the start of each region's function (under torch.compile).
-CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False}
+# a graph break at the start of each region's function (under torch.compile); preserve_rng_state
+# (False: a recompute draws new random numbers; test-only mutants).
+CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False,
+                      "preserve_rng_state": True}
 
 
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None):
@@ -168,9 +170,10 @@ class Lowering(Interpreter):
         if opts["compile_inside"]:   # one compiled function per region, built on its first run
             spelled = self._compiled_regions.setdefault(
                 path, torch.compile(spelled, backend=opts["compile_inside"], dynamic=False))
+        rng = {} if opts["preserve_rng_state"] else {"preserve_rng_state": False}
         if opts["reentrant"]:   # the reentrant implementation takes no policy
-            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=True), args))
-        kw = {"determinism_check": "none"} if opts["checks_off"] else {}
+            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=True, **rng), args))
+        kw = {"determinism_check": "none", **rng} if opts["checks_off"] else dict(rng)
         if s.policy.kind == "no_policy":   # no policy: checkpoint's own (non-selective) path
             kw.update({"debug": True} if opts["checks_off"] else {})   # (debug rejects a custom context_fn)
             return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=False, **kw), args))
@@ -242,6 +245,8 @@ class Lowering(Interpreter):
 
 def node_values(program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> dict[str, np.ndarray]:
     """Every primal value of the program, evaluated by torch without checkpoint (program dtype)."""
+    torch.manual_seed(0)   # random ops draw what the pipelines' runs draw (each seeds 0 first)
+
     def record(inputs):   # one example's values
         env = {i.id: tensor(inputs[i.id], i.dtype, device) for i in program.inputs}
         rec = dict(env)

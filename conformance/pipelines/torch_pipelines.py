@@ -95,6 +95,8 @@ class TorchBase(Pipeline):
         f.update({k: getattr(sp, k) for k in ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic",
                                                   "graph_break")
                   if getattr(sp, k)})
+        if not sp.preserve_rng_state:
+            f["preserve_rng_state"] = False
         if self.compile:
             f.update(partitioner="min_cut" if self.compile == "inductor" else self.partitioner,
                      fail_on_recompile_limit_hit=True, enable_autograd_cache=False,
@@ -133,6 +135,8 @@ class TorchBase(Pipeline):
             import torch._inductor.config as ic
             self._rec: dict = {}
             settings.append((ic, "custom_partitioner_fn", inductor_partitioner(self._rec)))
+            # random ops draw from eager's generator (inductor's own RNG draws other numbers)
+            settings.append((ic, "fallback_random", True))
         with torch_settings(settings):
             if self.compile:
                 from torch._dynamo.utils import counters
@@ -169,6 +173,7 @@ class TorchBase(Pipeline):
         calls: list = []
         sp = self.spec
         options = {"reentrant": sp.reentrant, "checks_off": sp.checks_off, "graph_break": sp.graph_break,
+                   "preserve_rng_state": sp.preserve_rng_state,
                    "compile_inside": self._backend() if sp.compile_inside else None}
         low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=options)
 

@@ -41,6 +41,9 @@ OPS: dict[str, Lowering] = {
              ("A.constant_pad_nd",)),
     "conv1d": L("torch.nn.functional.conv1d({x}, {y})", ("A.convolution", "A.conv1d")),
     "cast": L("{x}.to(dt({dtype}))", ("A._to_copy",)),
+    # (from the global generator; on CPU dropout runs as empty_like, bernoulli_, div_ and mul)
+    "dropout": L("torch.nn.functional.dropout({x}, {p}, training=True)",
+                 ("A.native_dropout", "A.dropout", "A.bernoulli_", "A.bernoulli", "A.empty_like", "A.div_", "A.mul")),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),
