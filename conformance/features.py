@@ -6,7 +6,8 @@ Program layer: imports the IR and the op table only.
 from __future__ import annotations
 
 from conformance import ops as O
-from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, infer_types, is_name, walk
+from conformance.ir import (Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, infer_types, is_name,
+                            live_values, walk)
 from conformance.policy import POLICY_KINDS, combines, offloads
 
 # Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
@@ -24,6 +25,7 @@ FEATURE_DOC: dict[str, str] = {
     "names": "checkpoint_name used",
     "dup_names": "the same name on several values",
     "unread_name": "a named value that nothing reads",
+    "dead_random": "a random op whose value the outputs do not depend on (dead code a compiler may drop)",
     "names_in_fwd": "checkpoint_name inside a custom_vjp fwd",
     "custom_vjp": "a custom_vjp block",
     "custom_vjp_in_checkpoint": "a custom_vjp block inside a checkpoint region",
@@ -207,6 +209,9 @@ def compute_features(prog: Program) -> set[str]:
             f.add("unread_name")
         if isinstance(s, (CustomVJP, CustomJVP)) and any(reads.get(r, 0) == 0 for r in s.results):
             f.add("unused_result")
+    if "random" in f and any(isinstance(s, Op) and "random" in O.OPS[s.op].features and s.out not in live_values(prog)
+                             for s, _, _, _ in walk(prog.body)):
+        f.add("dead_random")
     if any(c > 1 for c in name_counts.values()):
         f.add("dup_names")
     if any(not i.diff for i in prog.inputs):

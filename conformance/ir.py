@@ -508,6 +508,30 @@ def primal_ops(prog: Program) -> dict[str, Op]:
     return {s.out: s for s, _, _, ctx in walk(prog.body) if isinstance(s, Op) and ctx not in DERIVATIVE_CTX}
 
 
+def live_values(prog: "Program") -> set[str]:
+    """Ids the program's outputs depend on (through statements, scan carries and ys, cond branch
+    results, custom_vjp residuals), to a fixpoint; the rest is dead code a pipeline may drop."""
+    stmts = [st for st, _, _, ctx in walk(prog.body) if ctx not in DERIVATIVE_CTX]
+    live = set(prog.outputs)
+    changed = True
+    while changed:   # a statement is live when one of its results is; then what it reads is
+        changed = False
+        for st in stmts:
+            if not live & set([st.out] if isinstance(st, Op) else st.results):
+                continue
+            reads = set(st.args)
+            if isinstance(st, Scan):
+                reads.update(st.carry_out + st.ys)
+            elif isinstance(st, Cond):
+                reads.update(r for rs in st.branch_results for r in rs)
+            elif isinstance(st, CustomVJP):   # its bwd reads its residuals
+                reads.update(st.residuals)
+            if not reads <= live:
+                live |= reads
+                changed = True
+    return live
+
+
 def region_context(prog: Program) -> tuple[dict[str, list], set[str]]:
     """value id -> enclosing region policies (outermost first); and the ids a policy does not
     govern (inputs, region args/results, custom_vjp args/results, top-level values)."""

@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, field
 
 from conformance import pipelines as registry
-from conformance.ir import DERIVATIVE_CTX, Cond, CustomJVP, CustomVJP, Op, Program, Scan, walk
+from conformance.ir import DERIVATIVE_CTX, CustomJVP, CustomVJP, Program, live_values, walk
 from conformance.observation import ErrorInfo, Observation
 from conformance.verdict import Verdict, symptom_check
 from oracles import cross_framework, gradients, memory_budget, residual_report, residuals, trace_counts
@@ -75,29 +75,9 @@ def dead_blocks(program: Program) -> frozenset[str]:
     """Paths of custom_vjp blocks none of whose results the program's outputs depend on (through
     statements, scan carries and ys, cond branch results, enclosing blocks' residuals): dead code,
     which a rival may drop."""
-    stmts = [(st, p) for st, _, p, ctx in walk(program.body) if ctx not in DERIVATIVE_CTX]
-    live = set(program.outputs)
-    changed = True
-    while changed:   # a statement is live when one of its results is; then what it reads is
-        changed = False
-        for st, _ in stmts:
-            if not live & set(_produces(st)):
-                continue
-            reads = set(st.args)
-            if isinstance(st, Scan):
-                reads.update(st.carry_out + st.ys)
-            elif isinstance(st, Cond):
-                reads.update(r for rs in st.branch_results for r in rs)
-            elif isinstance(st, CustomVJP):   # its bwd reads its residuals
-                reads.update(st.residuals)
-            if not reads <= live:
-                live |= reads
-                changed = True
-    return frozenset(p for st, p in stmts if isinstance(st, CustomVJP) and not live & set(st.results))
-
-
-def _produces(st) -> list[str]:
-    return [st.out] if isinstance(st, Op) else list(st.results)
+    live = live_values(program)
+    return frozenset(p for st, _, p, ctx in walk(program.body)
+                     if ctx not in DERIVATIVE_CTX and isinstance(st, CustomVJP) and not live & set(st.results))
 
 
 def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset()) -> Verdict:

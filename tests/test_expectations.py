@@ -293,3 +293,21 @@ def test_eager_sac_backward_twice_raises_compiled_runs():
                 "body": [op("sin", ["x"], "s0"), op("cos", ["s0"], "c")]}])
     o2 = EXECUTOR.run(p2, input_values(p2, 0), names)
     assert not judge(p2, o2, PACKAGED).failures() and o2["torch:eager-sac:backward-twice"].ok()
+
+
+def test_compiled_pytorch_drops_dead_random_ops():
+    """A dead dropout before a live one (the CI gate's torch campaign, seed 11): torch.compile
+    drops the dead one, so the live one draws the numbers eager's dead one drew."""
+    def dropouts(dead):
+        body = [op("dropout", ["x"], "d0", p=0.5, seed=0)] if dead else []
+        return prog(body + [op("dropout", ["x"], "d1", p=0.25, seed=0), op("sin", ["d1"], "y")],
+                    inputs=[{"id": "x", "shape": [16], "dtype": "float32", "diff": True}])
+    names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:compile-aot_eager"]
+    p = dropouts(True)
+    assert "dead_random" in p.features()
+    obs = verify("torch-compile-drops-dead-random-ops", p, names, "torch:compile-aot_eager", "gradient")
+    assert obs["torch:compile-aot_eager"].ok() and obs["torch:eager-sac"].ok()
+    # without the dead op, compiled draws what eager draws
+    p2 = dropouts(False)
+    assert "dead_random" not in p2.features() and "random" in p2.features()
+    assert not judge(p2, EXECUTOR.run(p2, input_values(p2, 0), names), PACKAGED).failures()
