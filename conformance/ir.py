@@ -510,7 +510,9 @@ def primal_ops(prog: Program) -> dict[str, Op]:
 
 def live_values(prog: "Program") -> set[str]:
     """Ids the program's outputs depend on (through statements, scan carries and ys, cond branch
-    results, custom_vjp residuals), to a fixpoint; the rest is dead code a pipeline may drop."""
+    results, custom_vjp residuals), to a fixpoint; the rest is dead code a pipeline may drop. A
+    region's or sub-function's args are re-bound to the same ids inside: its body's statements
+    say which it reads (an arg nothing inside reads is not live through it)."""
     stmts = [st for st, _, _, ctx in walk(prog.body) if ctx not in DERIVATIVE_CTX]
     live = set(prog.outputs)
     changed = True
@@ -519,7 +521,7 @@ def live_values(prog: "Program") -> set[str]:
         for st in stmts:
             if not live & set([st.out] if isinstance(st, Op) else st.results):
                 continue
-            reads = set(st.args)
+            reads = set() if isinstance(st, (Checkpoint, Jit)) else set(st.args)
             if isinstance(st, Scan):
                 reads.update(st.carry_out + st.ys)
             elif isinstance(st, Cond):

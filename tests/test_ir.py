@@ -152,3 +152,19 @@ def test_id_field_declarations_cover_every_statement_field():
             elif "Stmt" in ann or "Annotated" in ann and "list" in ann:
                 assert name in ir.BODY_FIELDS or name == "branches", (model.__name__, name, ann)
     assert not declared & set(ir.ID_LISTS_FIELDS + ir.BODY_FIELDS)
+
+
+def test_live_values_follow_reads_into_regions():
+    """A value passed into a region that nothing inside reads is dead (the CI gate's torch campaign,
+    seed 12: a dropout whose value only a region's args listed, dropped by torch.compile)."""
+    from conformance.ir import live_values
+    from tests.programs import op, prog, region
+    p = prog([op("sin", ["x"], "a"), op("cos", ["x"], "b"),
+              region(["a", "b"], [op("tanh", ["b"], "t")], ["t"], {"kind": "nothing"}), op("exp", ["x"], "e")],
+             outputs=["t"])
+    assert live_values(p) == {"t", "b", "x"}
+    # through a scan, every arg counts (carries and sequences are re-bound to other ids)
+    q = prog([op("sin", ["x"], "a"), {"kind": "scan", "args": ["x", "a"], "carry": ["c"], "xs": [], "length": 2,
+                                      "body": [op("sin", ["c"], "y")], "carry_out": ["y"], "ys": ["y"],
+                                      "results": ["cf", "ys"]}], outputs=["cf"])
+    assert {"a", "x", "y"} <= live_values(q)
