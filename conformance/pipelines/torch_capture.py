@@ -16,15 +16,6 @@ def memory_kind(t: torch.Tensor, device: str) -> str:
 
 
 # ---- residual capture -----------------------------------------------------------------------
-class _Handle:
-    """What a pack hook stores: the saved tensor itself (a view keeps its own layout) and
-    the index of its memory-deduplicated record."""
-    __slots__ = ("i", "t")
-
-    def __init__(self, i: int, t: torch.Tensor):
-        self.i, self.t = i, t
-
-
 class SavedRecorder:
     """saved_tensors_hooks recording every tensor saved for backward while `active` and
     which of them the backward pass reads back. Deduplicated by memory (storage, offset,
@@ -33,7 +24,13 @@ class SavedRecorder:
     Eager autograd has no dead-code elimination: a computation that does not reach the loss
     still saves its inputs. Residuals are therefore the tensors saved during the forward
     *and read by the backward* (what JAX's vjp closure and a compiled partition hold);
-    saved-but-never-read tensors are reported separately (`unread`)."""
+    saved-but-never-read tensors are reported separately (`unread`).
+
+    The hooks hand back the tensor itself (reads are matched by memory, as saves are): a pack
+    hook that returns another object changes what selective activation checkpointing does
+    (respect_saved_tensors_hooks=True routes its cached tensors through the hooks; with a
+    non-tensor handle it skipped its check that a cached tensor was not mutated in place, so
+    eager SAC's RuntimeError on dropout under a saving policy went unseen)."""
 
     def __init__(self):
         self._copy: list[torch.Tensor] = []
@@ -43,14 +40,18 @@ class SavedRecorder:
         self.active = False
         self.packs = 0
 
+    @staticmethod
+    def _key(t):
+        try:
+            return (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype, t.device)
+        except Exception:
+            return ("id", id(t))
+
     def pack(self, t):
         if not self.active:
             return t
         self.packs += 1
-        try:
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel(), t.dtype, t.device)
-        except Exception:
-            key = ("id", id(t))
+        key = self._key(t)
         i = self._index.get(key)
         if i is None:
             i = self._index[key] = len(self._copy)
@@ -58,13 +59,13 @@ class SavedRecorder:
             # kept alive while recording, so that its memory is not reused by a later forward
             # (per-example loops) and mistaken for this residual
             self._alive.append(t)
-        return _Handle(i, t)
+        return t
 
-    def unpack(self, h):
-        if isinstance(h, _Handle):
-            self.read.add(h.i)
-            return h.t
-        return h
+    def unpack(self, t):
+        i = self._index.get(self._key(t)) if isinstance(t, torch.Tensor) else None
+        if i is not None:
+            self.read.add(i)
+        return t
 
     @property
     def saved(self) -> list[torch.Tensor]:
