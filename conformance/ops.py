@@ -510,14 +510,12 @@ define(CAST_OP, 1, "cast", _infer_cast, params=("dtype",), gen=_gen_cast, tangen
        features=(feature("cast", "a cast to another floating dtype (mixed precision)"),))
 
 
-# Dropout (training mode): zeroes each element with probability p and scales the rest by 1/(1-p).
-# PyTorch draws the mask from its global generator (seeded per run), so a checkpoint's
-# recompute must restore the RNG state to draw it again; JAX draws functionally, here from
-# the statement's `seed` (jax_table's dropout_mask: JAX pipelines agree among themselves). The two
-# frameworks' masks differ: values of programs with randomness are compared within a
-# framework only. No IR derivative (not in custom rules).
+# Dropout (training mode): p of the elements zeroed, the rest scaled by 1/(1-p). PyTorch draws
+# from its generator (seeded per run: a recompute must restore the RNG state); JAX from the
+# statement's `seed` (dropout_mask, pasted into jax_table's prelude). The masks differ: values
+# are compared within a framework only. No IR derivative (not in custom rules).
 DROPOUT_PS = (0.5, 0.25)
-DROPOUT_SEEDS = 4   # the generator's JAX mask seeds
+DROPOUT_SEEDS = 4   # the generator's JAX mask seeds (a wide range cost shrinks hundreds of steps)
 
 
 def _infer_dropout(shapes, p, nd):
@@ -529,9 +527,16 @@ def _infer_dropout(shapes, p, nd):
     return shapes[0]
 
 
+def dropout_mask(shape, p, seed):
+    """Dropout's keep-mask scaled by 1/(1-p), drawn (numpy) from the statement's seed: JAX draws
+    functionally, so every JAX pipeline multiplies by the same constant."""
+    import numpy
+    keep = numpy.random.default_rng(seed).random(tuple(shape)) >= p
+    return keep.astype(numpy.float64) / (1 - p)
+
+
 def _gen_dropout(c, x):
     p = c.choice(list(DROPOUT_PS), "p")
-    # a few seeds: the shrinker tries each (a wide int range cost a mutant test 400 shrink steps)
     return None, [x], {"p": p, "seed": c.choice(list(range(DROPOUT_SEEDS)), "seed")}, x.mag / (1 - p)
 
 

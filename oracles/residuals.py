@@ -14,7 +14,7 @@ from conformance.dtypes import LOW_PRECISION, match_tol
 from conformance.ir import (DERIVATIVE_CTX, Op, Program, base_id, checkpoint_name_of, input_elements, primal_ops,
                             region_context, walk)
 from conformance.interpreter import output_cotangents
-from conformance.ops import OPS
+from conformance.ops import OPS, dropout_mask
 from conformance.observation import Observation, Residual
 from conformance.policy import decide, judged_by_meaning, saves_unnamed
 from conformance.verdict import Verdict
@@ -98,12 +98,19 @@ def _partitioned(pipeline: str) -> bool:
         return False
 
 
-def _loss_constants(program: Program) -> list[np.ndarray]:
-    """Constants of the loss that a pipeline saves for its backward: the seeded cotangents (the
-    loss is sum(output * pattern)), which can equal a program value by coincidence."""
-    if program.diff.cotangents != "seeded":
-        return []
-    return [np.asarray(c, np.float64) for c in output_cotangents(program) or []]
+def _loss_constants(program: Program, pipeline: str = "") -> list[np.ndarray]:
+    """Constants that a pipeline saves for its backward: the seeded cotangents (the loss is
+    sum(output * pattern)) and, in JAX, dropout's masks (the lowering multiplies by a constant;
+    the make run of this stop: a mask of zeros equal to the dropout's output), which can equal
+    a program value by coincidence."""
+    out = []
+    if program.diff.cotangents == "seeded":
+        out += [np.asarray(c, np.float64) for c in output_cotangents(program) or []]
+    if registry.framework_of(pipeline) == "jax":
+        types = program.types()
+        out += [dropout_mask(types[s.args[0]][0], s.params["p"], s.params["seed"])
+                for s, _, _, _ in walk(program.body) if isinstance(s, Op) and s.op == "dropout"]
+    return out
 
 
 def _aliases(value, shape, factors, *dtypes: str) -> bool:
@@ -144,7 +151,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     # save it: no policy decides on ops autograd creates (the CI gate's torch campaign: cos(0) = 1 =
     # exp(0), a dead value in a scan, blamed on torch:compile-aot_eager)
     partitioned = _partitioned(obs.pipeline)
-    factors = (_derivative_factors(program, policies, values, partitioned) if values else []) + _loss_constants(program)
+    factors = ((_derivative_factors(program, policies, values, partitioned) if values else [])
+               + _loss_constants(program, obs.pipeline))
     types = program.types()
     ops = primal_ops(program)
     conds = bool({"cond", "switch"} & program.features())

@@ -1509,3 +1509,18 @@ def test_a_partitioners_saved_factor_of_a_region_op_is_not_blamed():
     other = {**SCAN_VALUES, "e@0": [2.0] * 3, "e@1": [2.0] * 3}
     assert residuals.check_policy(SCAN_FACTOR, ob("torch:compile-aot_eager", res=saved),
                                   ob("ref:f64", G, values=other)).status == "fail"
+
+
+def test_a_saved_dropout_mask_equal_to_a_region_value_is_not_blamed_on_jax():
+    """make run: JAX's dropout multiplies by a constant mask its vjp keeps; seed 2 on two elements
+    draws a mask of zeros, equal to the dropout's output, which the policy recomputes."""
+    from conformance.ops import dropout_mask
+    p = prog([region(["x"], [op("dropout", ["x"], "d", p=0.5, seed=2), op("cos", ["d"], "y")], ["y"],
+                     {"kind": "nothing"})], inputs=[{"id": "x", "shape": [2], "dtype": "float32", "diff": True}])
+    assert not dropout_mask([2], 0.5, 2).any()
+    ref = ob("ref:f64", G, values={"x": [0.3, -0.5], "d": [0.0, 0.0], "y": [1.0, 1.0]})
+    saved = [R(["d"], shape=(2,), dtype="float32", nbytes=8)]
+    assert residuals.check_policy(p, ob("jax:remat2", res=saved), ref).status == "pass"
+    # a mask the program's draws do not give is still blamed
+    other = ob("ref:f64", G, values={"x": [0.3, -0.5], "d": [0.6, 0.0], "y": [1.0, 1.0]})
+    assert residuals.check_policy(p, ob("jax:remat2", res=saved), other).status == "fail"

@@ -7,6 +7,9 @@ and PRELUDE's helpers.
 """
 from __future__ import annotations
 
+import inspect
+
+from conformance.ops import dropout_mask
 from conformance.pipelines.tables import Lowering, op_source
 from conformance.policy import KINDS
 
@@ -62,14 +65,7 @@ POLICIES: dict[str, str] = {
     "no_policy": "None",
 }
 
-PRELUDE = '''
-def dropout_mask(shape, p, seed):
-    """Dropout's keep-mask scaled by 1/(1-p), drawn (numpy) from the statement's seed: JAX draws
-    functionally, so every JAX pipeline multiplies by the same constant."""
-    import numpy
-    keep = numpy.random.default_rng(seed).random(tuple(shape)) >= p
-    return keep.astype(numpy.float64) / (1 - p)
-
+PRELUDE = inspect.getsource(dropout_mask) + '''
 
 def save_prims(prims):
     """A custom policy: save the outputs of these JAX primitives."""
