@@ -209,9 +209,11 @@ def compute_features(prog: Program) -> set[str]:
             f.add("unread_name")
         if isinstance(s, (CustomVJP, CustomJVP)) and any(reads.get(r, 0) == 0 for r in s.results):
             f.add("unused_result")
-    if "random" in f and any(isinstance(s, Op) and "random" in O.OPS[s.op].features and s.out not in live_values(prog)
-                             for s, _, _, _ in walk(prog.body)):
-        f.add("dead_random")
+    if "random" in f:
+        live = live_values(prog)
+        if any(isinstance(s, Op) and "random" in O.OPS[s.op].features and s.out not in live
+               for s, _, _, _ in walk(prog.body)):
+            f.add("dead_random")
     if any(c > 1 for c in name_counts.values()):
         f.add("dup_names")
     if any(not i.diff for i in prog.inputs):

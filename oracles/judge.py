@@ -152,7 +152,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         if base is not None:
             add(gradients.compare(program, obs, base, "tight", values, values_missing))
         if ref is not None:
-            add(_draws_differ(program, obs, ref) or gradients.compare(program, obs, ref, "loose", values, values_missing))
+            add(_draws_differ(feats, obs, ref) or gradients.compare(program, obs, ref, "loose", values, values_missing))
 
         # -- residuals and custom rules ---------------------------------------------------
         add(residuals.check_policy(program, obs, ref))
@@ -169,7 +169,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             elif mode == "budget":
                 checks = [memory_budget.compare(obs, rref)]
             else:
-                checks = [_draws_differ(program, obs, rref)
+                checks = [_draws_differ(feats, obs, rref)
                           or cross_framework.compare_grads(program, obs, rref, values=values, values_missing=values_missing),
                           cross_framework.compare_residuals(obs, rref, program, across=mode == "cross")]
             for v in checks:
@@ -177,11 +177,11 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     return j
 
 
-def _draws_differ(program: Program, obs: Observation, ref: Observation) -> Verdict | None:
+def _draws_differ(feats: set, obs: Observation, ref: Observation) -> Verdict | None:
     """A skipped value verdict when the program draws random numbers and the two pipelines run
     different frameworks (JAX draws from the statement's seed, PyTorch from its generator: the
     masks differ); None when their values are comparable."""
-    if "random" not in program.features() or registry.framework_of(obs.pipeline) == registry.framework_of(ref.pipeline):
+    if "random" not in feats or registry.framework_of(obs.pipeline) == registry.framework_of(ref.pipeline):
         return None
     return Verdict(check="gradient", pipeline=obs.pipeline, reference=ref.pipeline, status="skipped",
                    detail={"reason": f"random draws differ between {registry.framework_of(obs.pipeline)} and "

@@ -98,7 +98,7 @@ def _partitioned(pipeline: str) -> bool:
         return False
 
 
-def _loss_constants(program: Program, pipeline: str = "") -> list[np.ndarray]:
+def _saved_constants(program: Program, pipeline: str = "") -> list[np.ndarray]:
     """Constants that a pipeline saves for its backward: the seeded cotangents (the loss is
     sum(output * pattern)) and, in JAX, dropout's masks (the lowering multiplies by a constant;
     the make run of this stop: a mask of zeros equal to the dropout's output), which can equal
@@ -152,7 +152,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     # exp(0), a dead value in a scan, blamed on torch:compile-aot_eager)
     partitioned = _partitioned(obs.pipeline)
     factors = ((_derivative_factors(program, policies, values, partitioned) if values else [])
-               + _loss_constants(program, obs.pipeline))
+               + _saved_constants(program, obs.pipeline))
     types = program.types()
     ops = primal_ops(program)
     conds = bool({"cond", "switch"} & program.features())

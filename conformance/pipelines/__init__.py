@@ -40,6 +40,9 @@ JAX_VARIANT_FLAGS: dict[str, dict[str, bool]] = {
 DEFAULT_VARIANTS = ("remat2", "remat3", "remat3+cvjp3")
 # activation_memory_budget values below 1 that torch pipelines run (each its own pipeline).
 MEMORY_BUDGETS = (0.5, 0.0)
+# Spec's PyTorch checkpoint and compile options (on/off): recorded in a run's flags when on,
+# carried by repro scripts.
+TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break")
 
 
 @dataclass(frozen=True)

@@ -168,8 +168,9 @@ class Lowering(Interpreter):
                 torch._dynamo.graph_break()
                 return body_fn(*a)
         if opts["compile_inside"]:   # one compiled function per region, built on its first run
-            spelled = self._compiled_regions.setdefault(
-                path, torch.compile(spelled, backend=opts["compile_inside"], dynamic=False))
+            if path not in self._compiled_regions:
+                self._compiled_regions[path] = torch.compile(spelled, backend=opts["compile_inside"], dynamic=False)
+            spelled = self._compiled_regions[path]
         rng = {} if opts["preserve_rng_state"] else {"preserve_rng_state": False}
         if opts["reentrant"]:   # the reentrant implementation takes no policy
             return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=True, **rng), args))

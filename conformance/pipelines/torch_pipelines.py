@@ -32,7 +32,7 @@ from conformance.interpreter import loss_outputs, output_cotangents  # noqa: E40
 from conformance.batching import example_inputs  # noqa: E402
 from conformance.ir import Program, node_index  # noqa: E402
 from conformance.observation import ErrorInfo, Observation  # noqa: E402
-from conformance.pipelines import torch_table  # noqa: E402
+from conformance.pipelines import TORCH_OPTIONS, torch_table  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.tables import unlowered  # noqa: E402
 from conformance.pipelines.torch_capture import SavedRecorder, memory_kind  # noqa: E402
@@ -92,9 +92,7 @@ class TorchBase(Pipeline):
     def flags(self) -> dict[str, Any]:
         f: dict[str, Any] = {"remat": self.remat, "prefer": self.prefer, "compile": self.compile}
         sp = self.spec
-        f.update({k: getattr(sp, k) for k in ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic",
-                                                  "graph_break")
-                  if getattr(sp, k)})
+        f.update({k: getattr(sp, k) for k in TORCH_OPTIONS if getattr(sp, k)})
         if not sp.preserve_rng_state:
             f["preserve_rng_state"] = False
         if self.compile:

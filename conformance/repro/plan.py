@@ -101,9 +101,7 @@ def settings(p: str, fw: str, finding) -> dict:
             flags = {k: v for k, v in finding.flags.items() if k.startswith("jax_")}
         return {"remat": s.remat, "f64": s.f64, "jit": s.jit, "flags": flags}
     return {"remat": s.remat, "f64": s.f64, "prefer": s.prefer, "backend": s.compile, "partitioner": s.partitioner,
-            "memory_budget": s.memory_budget, "reentrant": s.reentrant, "checks_off": s.checks_off,
-            "compile_inside": s.compile_inside, "backward_twice": s.backward_twice,
-            "dynamic": s.dynamic, "graph_break": s.graph_break}
+            "memory_budget": s.memory_budget, **{k: getattr(s, k) for k in registry.TORCH_OPTIONS}}
 
 
 def must_not_save(prog: Program) -> list[str]:
