@@ -18,7 +18,8 @@ class ErrorInfo(BaseModel):
 
 class Residual(BaseModel):
     """One saved value. `cls` is the sorted list of program value ids whose values it equals
-    (modulo layout), empty when it matches none. `names` are checkpoint names in the class."""
+    (modulo layout), empty when it matches none; `exact`, those it equals in its own shape, element
+    for element (no axis permutation, no reshape). `names` are checkpoint names in the class."""
     model_config = ConfigDict(extra="forbid")
     cls: list[str]
     names: list[str] = Field(default_factory=list)
@@ -27,6 +28,7 @@ class Residual(BaseModel):
     bytes: int
     memory: str | None = None   # memory kind where known (device, pinned_host)
     copies: int = 1             # how many saved arrays held this value
+    exact: list[str] = Field(default_factory=list)
 
     def describe(self) -> str:
         """One line: value class, checkpoint names, dtype and shape (v1/v2['a']:float32[3, 4])."""

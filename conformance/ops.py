@@ -35,7 +35,8 @@ SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement der
 # Op kinds a framework's policy cannot tell apart: they lower to the same primitive (JAX `mul` for
 # x * y, x * c and x * nondiff; `reduce_sum` inside a mean), so an `ops` policy naming one saves
 # the others' outputs too (tests/test_tables.py derives the groups from the lowering tables).
-POLICY_ALIKE = (("mul", "scale", "nondiff_scale", "dropout"), ("sum", "mean"), ("step", "cast"))
+POLICY_ALIKE = (("mul", "scale", "nondiff_scale", "dropout", "mul_"), ("sum", "mean"), ("step", "cast"),
+                ("add", "add_"), ("relu", "relu_"), ("transpose", "matrix_t"), ("slice", "select"))
 
 
 class ParamError(ValueError):
@@ -70,6 +71,9 @@ class OpDecl:
     # "bilinear" (op(tx, y) + op(x, ty)), "zero" (piecewise constant); None: no jvp rule.
     tangent: str | None = None
     out_dtype: Callable | None = None   # params -> the output's dtype; None: its first input's
+    view: bool = False               # PyTorch returns a view of its first input (shares its memory)
+    inplace: bool = False            # mutates its first input in PyTorch, which nothing reads afterwards
+    keeps_output: bool = False       # its derivative reads its output (PyTorch saves it for backward)
 
     def batched(self, shapes) -> bool:
         return self.batched_feature is not None and len(shapes[0]) == 3
@@ -215,12 +219,6 @@ def _gen_broadcast(c, x):
     return None, [x], {"shape": [c.int(1, 3, "dim")] + list(x.shape)}, x.mag
 
 
-
-
-
-
-
-
 # ---- derivatives (reverse mode, as IR statements) ------------------------------------------------
 # A Vjp (generators/irgrad.py) offers emit(op, args, **params) -> id, acc(x, g), ct(s), types.
 def _vjp_unary(rule):
@@ -290,12 +288,6 @@ def _vjp_broadcast(d, s):
     d.acc(a, cur)
 
 
-
-
-
-
-
-
 # ---- shape inference -------------------------------------------------------------------------------
 def _infer_scale(shapes, p, nd):
     _number(p, "c")
@@ -351,22 +343,18 @@ def _infer_broadcast(shapes, p, nd):
     return shp
 
 
-
-
-
-
-
-
 # ---- the declarations --------------------------------------------------------------------------------
 define("sin", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("cos", [a])])),
        gen=_bounded, outside_factors=lambda a, y: [np.cos(a)], tangent="diagonal")
 define("cos", 1, "unary", _same,
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("neg", [d.emit("sin", [a])])])),
        gen=_bounded, outside_factors=lambda a, y: [np.sin(a), -np.sin(a)], tangent="diagonal")
-define("tanh", 1, "unary", _same, vjp=_vjp_unary(_vjp_tanh), gen=_bounded, outside_factors=lambda a, y: [1 - y * y], tangent="diagonal")
-define("exp", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, s.out])), gen=_gen_exp, tangent="diagonal")
+define("tanh", 1, "unary", _same, vjp=_vjp_unary(_vjp_tanh), gen=_bounded, outside_factors=lambda a, y: [1 - y * y],
+       tangent="diagonal", keeps_output=True)
+define("exp", 1, "unary", _same, vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, s.out])), gen=_gen_exp,
+       tangent="diagonal", keeps_output=True)
 define("sigmoid", 1, "unary", _same, vjp=_vjp_unary(_vjp_sigmoid), gen=_bounded,
-       outside_factors=lambda a, y: [y * (1 - y)], tangent="diagonal")
+       outside_factors=lambda a, y: [y * (1 - y)], tangent="diagonal", keeps_output=True)
 define("square", 1, "unary", _same,
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("scale", [d.emit("mul", [g, a])], c=2.0)), gen=_gen_square, tangent="diagonal",
        outside_factors=lambda a, y: [2 * a])   # JAX keeps 2x for x**2
@@ -395,19 +383,19 @@ define("mean", 1, "reduce", _infer_reduce, params=("axis",), vjp=_vjp_reduce, ge
 _LAYOUT = feature("layout", "transpose, reshape or broadcast")
 define("transpose", 1, "layout", _infer_transpose, params=("perm",),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("transpose", [g], perm=_inv(s.params["perm"]))),
-       gen=_gen_transpose, features=(_LAYOUT,), tangent="linear")
+       gen=_gen_transpose, features=(_LAYOUT,), tangent="linear", view=True)
 define("reshape", 1, "layout", _infer_reshape, params=("shape",),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("reshape", [g], shape=list(d.types[a][0]))),
-       gen=_gen_reshape, features=(_LAYOUT,), tangent="linear")
+       gen=_gen_reshape, features=(_LAYOUT,), tangent="linear", view=True)
 define("broadcast", 1, "layout", _infer_broadcast, params=("shape",), vjp=_vjp_broadcast, gen=_gen_broadcast,
-       features=(_LAYOUT,), tangent="linear")
+       features=(_LAYOUT,), tangent="linear", view=True)
 define("nondiff_scale", 1, "nondiff", _infer_nondiff_scale, params=(ND_INDEX,),
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("nondiff_scale", [g], **{ND_INDEX: s.params[ND_INDEX]})),
        gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True, tangent="linear")
 
 
 _NONSMOOTH = feature("nonsmooth", "relu or step: a derivative that jumps at 0")
-define("relu", 1, "nonsmooth", _same, gen=_keep, nonsmooth=True, features=(_NONSMOOTH,),
+define("relu", 1, "nonsmooth", _same, gen=_keep, nonsmooth=True, features=(_NONSMOOTH,), keeps_output=True,
        vjp=_vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("step", [a])])), tangent="diagonal")
 define("step", 1, "nonsmooth", _same, gen=_bounded, nonsmooth=True, features=(_NONSMOOTH,),
        vjp=lambda d, s: None, tangent="zero")   # piecewise constant: no cotangent for its argument
@@ -460,7 +448,7 @@ def _infer_pad(shapes, p, nd):
 
 _SLICING = feature("slicing", "slice or pad (a view, and its inverse, in PyTorch)")
 define("slice", 1, "slicing", _infer_slice, params=("axis", "start", "stop"), vjp=_vjp_slice, gen=_gen_slice,
-       features=(_SLICING,), tangent="linear")
+       features=(_SLICING,), tangent="linear", view=True)
 define("pad", 1, "slicing", _infer_pad, params=("axis", "before", "after"), vjp=_vjp_pad, gen=_gen_pad,
        features=(_SLICING,), tangent="linear")
 
@@ -542,6 +530,9 @@ def _gen_dropout(c, x):
 
 define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dropout,
        pseudo="dropout({x}, p={p})", features=(feature("random", "dropout: a random op inside or outside regions"),))
+
+
+from conformance import ops_alias  # noqa: E402,F401  (views and in-place ops: declared there, registered here)
 
 
 def result_dtype(op: str, params: dict, arg_dtype: str) -> str:

@@ -1,7 +1,8 @@
 """Canonicalise saved residual arrays to program values (framework-neutral, numpy only).
 
 A saved array belongs to the class of every program value it equals, modulo layout
-(any axis permutation, or a reshape of the same elements). Values that are equal (a
+(any axis permutation, or a reshape of the same elements); the values it equals in its own
+layout are kept apart (`exact`: the policy oracle checks a saved view exactly). Values that are equal (a
 name tag and its producer) therefore share one class, which makes JAX and PyTorch
 residual sets comparable. Saved arrays of other dtypes than floats (a relu's bool mask, a
 cond's int32 branch index) are no program value, whatever their elements.
@@ -59,7 +60,7 @@ def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
             if all(c for _, c in slices) and any(ITER_SEP in i for _, c in slices for i in c):
                 parts = slices
         for arr, cls in parts:
-            _add(out, by_cls, arr, cls, index, memory[k] if memory else None)
+            _add(out, by_cls, arr, cls, index, memory[k] if memory else None, values)
     out.sort(key=lambda r: (r.cls, r.shape, r.dtype))
     return out
 
@@ -70,7 +71,8 @@ def _cls(arr: np.ndarray, values: dict) -> list[str]:
     return sorted(i for i, v in values.items() if matches(arr, np.asarray(v)))
 
 
-def _add(out: list, by_cls: dict, arr: np.ndarray, cls: list[str], index: dict, memory: str | None) -> None:
+def _add(out: list, by_cls: dict, arr: np.ndarray, cls: list[str], index: dict, memory: str | None,
+         values: dict) -> None:
     names = sorted({index[i].name for i in cls if i in index and index[i].name})
     key = (tuple(cls), str(arr.dtype))
     if cls and key in by_cls:
@@ -78,8 +80,9 @@ def _add(out: list, by_cls: dict, arr: np.ndarray, cls: list[str], index: dict, 
         # residual: the set of saved values is what the policy governs.
         by_cls[key].copies += 1
         return
+    exact = [i for i in cls if _close(arr, np.asarray(values[i]))]   # (same shape, same element order)
     r = Residual(cls=cls, names=names, shape=list(arr.shape), dtype=str(arr.dtype),
-                 bytes=int(arr.nbytes), memory=memory)
+                 bytes=int(arr.nbytes), memory=memory, exact=exact)
     if cls:
         by_cls[key] = r
     out.append(r)

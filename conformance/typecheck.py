@@ -64,10 +64,28 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
     if not prog.diff_inputs():
         raise ProgramError("inputs", "at least one input must have diff=true")
 
+    viewed: set[str] = set()   # values a view op (or a cast, which may alias) has read
+
+    def check_inplace(s: Op, p: str, local: dict, nondiff):
+        """An in-place op consumes its first arg: an op's output in this body, no view (nor a value
+        a view was taken of); the caller then drops it from scope, so nothing after reads it."""
+        x = s.args[0]
+        if nondiff is not None:
+            raise ProgramError(f"{p}.op", f"{s.op} (in-place) is not allowed inside custom rules")
+        if x not in local:
+            raise ProgramError(f"{p}.args[0]", f"{s.op} mutates {x!r}, which is not an op's output in this body "
+                                               "(an input, a region's argument or an outer value)")
+        if O.OPS[local[x].op].view or local[x].op == O.CAST_OP or x in viewed:
+            raise ProgramError(f"{p}.args[0]", f"{s.op} mutates {x!r}, which shares memory with another value "
+                                               "(a view, or viewed)")
+        if x in s.args[1:]:
+            raise ProgramError(f"{p}.args", f"{s.op} reads the value it mutates")
+
     def check_body(body, scope: set[str], path: str, depth: int, nondiff: list[float] | None, in_fwd=False):
         if depth > limits.max_depth:
             raise ProgramError(path, f"nesting depth {depth} exceeds the limit {limits.max_depth}")
         scope = set(scope)
+        local: dict[str, Op] = {}   # this body's op outputs
         for i, s in enumerate(body):
             p = f"{path}[{i}]"
             for k, a in enumerate(s.args):
@@ -79,8 +97,14 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 if s.op in O.NAME_OPS and len(str(s.params.get("name", ""))) > limits.max_name_length:
                     raise ProgramError(f"{p}.params.name", f"name longer than {limits.max_name_length} characters")
                 t = _infer(s, [types[a] for a in s.args], p, nondiff or [])
+                if O.OPS[s.op].inplace:
+                    check_inplace(s, p, local, nondiff)
+                    scope.discard(s.args[0])   # consumed: nothing after reads it
+                elif O.OPS[s.op].view or s.op == O.CAST_OP:
+                    viewed.add(s.args[0])
                 define(s.out, t, f"{p}.out")
                 scope.add(s.out)
+                local[s.out] = s
             elif isinstance(s, (Checkpoint, Jit)):   # a region, or a jitted sub-function
                 what = "region" if isinstance(s, Checkpoint) else "jitted sub-function"
                 if len(set(s.args)) != len(s.args):

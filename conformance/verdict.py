@@ -26,7 +26,7 @@ TIMEOUT = "timeout"
 NON_PIPELINE_REFERENCES = ("expectations", "policy", "vjp")
 # Residual symptoms (a residual verdict's error_type).
 # saved_bytes_grew: a lower activation_memory_budget made the partitioner save more bytes.
-RESIDUAL_SYMPTOMS = ("missing", "extra", "named", "other", "saved_against_policy", "saved_bytes_grew")
+RESIDUAL_SYMPTOMS = ("missing", "extra", "named", "other", "saved_against_policy", "view_layout", "saved_bytes_grew")
 # Residual-report symptoms: it lists other shapes/dtypes or another count than the closure holds
 # ("count"), or prints a name that no saved value of that class carries ("names"); when the
 # report itself raises, the exception's type.

@@ -76,6 +76,8 @@ class _Gen(Structure):
         self.scope: list[Val] = []
         self.nondiff: list[float] = []
         self.home: dict[str, Frame] = {}     # value id -> frame that defines it
+        self.producer: dict[str, Op] = {}    # value id -> the op that computes it
+        self.read: set[str] = set()          # value ids some op (or a scan's initial carry) has read
         self.cjvp_frames: dict[int, tuple] = {}   # id(CustomJVP) -> (its frame, the ids its body defines)
         self.n = 0
         on = self.sw
@@ -148,6 +150,20 @@ class _Gen(Structure):
             return c[-1]
         return c[-2 - draw_int(self.draw, 0, min(len(c) - 1, MAX_OPERAND_BACK) - 1, "operand")]
 
+    def consumable(self, v) -> bool:
+        """Whether an in-place op may mutate v (conformance.typecheck's rule, and more): an op's
+        output in the open frame that nothing has read, no view, and kept by no backward (its
+        producer's derivative does not read it), outside custom rules and conds."""
+        f, op = self.frame, self.producer.get(v.id)
+        if op is None or self.home.get(v.id) is not f or v.id in self.read or f.in_cvjp or f.in_cond:
+            return False
+        d = O.OPS[op.op]
+        return not (d.view or d.keeps_output or op.op == O.CAST_OP)
+
+    def fresh_value(self, x: Val) -> Val:
+        """A new value an in-place op may consume: the simplest op of x, in the open frame."""
+        return self._op(O.SIMPLEST_OP, [x], x.mag, {})
+
     def new_input(self, shape, dtype=None):
         if len(self.inputs) >= self.cfg.max_inputs:
             raise _NoInput
@@ -183,8 +199,12 @@ class _Gen(Structure):
         shape = O.infer(kind, [a.shape for a in args], params, self.nondiff)
         dtype = O.result_dtype(kind, params, args[0].dtype)
         self.types[o] = (tuple(shape), dtype)
-        self.frame.items.append(Op(op=kind, args=[a.id for a in args], params=params, out=o))
-        self.home[o] = self.frame
+        op = Op(op=kind, args=[a.id for a in args], params=params, out=o)
+        self.frame.items.append(op)
+        self.home[o], self.producer[o] = self.frame, op
+        self.read.update(op.args)
+        if O.OPS[kind].inplace:   # consumed: nothing after reads it
+            self.scope = [v for v in self.scope if v.id != args[0].id]
         v = Val(o, tuple(shape), dtype, mag)
         self.scope.append(v)
         return v

@@ -35,6 +35,7 @@ class Structure:
         spelling = spellings[draw_int(draw, 0, len(spellings) - 1, "loop_spelling")] if (
             sw["loop_spellings"]) else spellings[0]
         init = self.operand()
+        self.read.add(init.id)
         room = len(init.shape) < 3 and len(self.inputs) < self.cfg.max_inputs
         if spelling == "vmap" and not room:
             spelling = "scan"   # a vmap needs a stacked input

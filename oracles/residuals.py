@@ -191,4 +191,32 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.status = "fail"
         v.error_type = "saved_against_policy"
         v.detail = {"saved_against_policy": describe(bad), "saved": describe(obs.residuals)}
+        return v
+    layout = _views_in_another_layout(program, obs, policies, types, ops)
+    if layout:
+        v.status = "fail"
+        v.error_type = "view_layout"
+        v.detail = {"view_in_another_layout": layout, "saved": describe(obs.residuals)}
     return v
+
+
+def _views_in_another_layout(program: Program, obs: Observation, policies: dict, types: dict, ops: dict) -> list[str]:
+    """A view a policy saves (transpose, reshape, slice, select...) is checked exactly, not modulo
+    layout: what is saved must be the view itself or a value it views (its base, recomputed from),
+    element for element in its own shape. Each saved array of more than one element whose class
+    holds such a view but which equals no program value in its own layout is described."""
+    out = []
+    for r in obs.residuals:
+        if r.exact or not r.cls or int(np.prod(r.shape)) <= 1:
+            continue
+        views = []
+        for i in map(base_id, r.cls):
+            s = ops.get(i)
+            if s is None or not OPS[s.op].view or not policies.get(i):
+                continue
+            batched = OPS[s.op].batched([types[a][0] for a in s.args])
+            if any(decide(p, s.op, None, batched, input_elements(s, types)) == "save" for p in policies[i]):
+                views.append(i)
+        if views:
+            out.append(f"{r.describe()} equals the saved view(s) {views} only in another layout")
+    return out

@@ -25,6 +25,7 @@ CASES = {
     "nondiff_scale": ([(3,)], {"index": 0}), "relu": ([(4,)], {}), "step": ([(4,)], {}),
     "cast": ([(3,)], {"dtype": "float64"}),   # (a cast to a coarser dtype: tests/test_dtypes.py)
     "slice": ([(2, 5)], {"axis": 1, "start": 1, "stop": 4}), "pad": ([(2, 3)], {"axis": 0, "before": 1, "after": 2}),
+    "matrix_t": ([(2, 3)], {}), "select": ([(2, 4, 3)], {"axis": 1, "index": 2}),
 }
 
 

@@ -42,6 +42,12 @@ OPS: dict[str, Lowering] = {
     "conv1d": L("lax.conv_general_dilated({x}, {y}, (1,), 'VALID')", ("conv_general_dilated",)),
     "cast": L("{x}.astype(dt({dtype}))", ("convert_element_type",)),
     "dropout": L("{x} * jnp.asarray(dropout_mask({x}.shape, {p}, {seed}), {x}.dtype)", ("mul",)),
+    "matrix_t": L("{x}.T", ("transpose",)),
+    "select": L("lax.index_in_dim({x}, {index}, {axis}, keepdims=False)", ("slice", "squeeze")),
+    # in-place ops are functional in JAX (the IR's consumed first arg makes the meanings agree)
+    "add_": L("{x} + {y}", ("add",)),
+    "mul_": L("{x} * {y}", ("mul",)),
+    "relu_": L("jax.nn.relu({x})", ("custom_jvp_call", "max")),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

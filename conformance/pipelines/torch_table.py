@@ -44,6 +44,11 @@ OPS: dict[str, Lowering] = {
     # (from the global generator; on CPU dropout runs as empty_like, bernoulli_, div_ and mul)
     "dropout": L("torch.nn.functional.dropout({x}, {p}, training=True)",
                  ("A.native_dropout", "A.dropout", "A.bernoulli_", "A.bernoulli", "A.empty_like", "A.div_", "A.mul")),
+    "matrix_t": L("{x}.t()", ("A.t",)),
+    "select": L("torch.select({x}, {axis}, {index})", ("A.select",)),
+    "add_": L("{x}.add_({y})", ("A.add_",)),
+    "mul_": L("{x}.mul_({y})", ("A.mul_",)),
+    "relu_": L("torch.relu_({x})", ("A.relu_",)),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.policy.decide),

@@ -1,0 +1,134 @@
+"""PyTorch programs as people write them: views a policy names (checked exactly), in-place ops,
+what autograd.Function rules receive, policies with state. Each construct runs through the real
+pipelines; each oracle that judges it is shown to fail on a mutant."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conformance import pipelines as P
+from conformance.ir import Checkpoint, Input, Op, Program, ProgramError, validate
+from conformance.pipelines import torch_pipelines as TP
+from conformance.policy import Everything, Ops
+from generators.programs import input_values
+from oracles import gradients as G
+from oracles import residuals as R
+from oracles.expectations import Expectations
+from oracles.judge import judge
+
+
+def inputs_for(prog, seed=0):
+    return input_values(prog, seed)
+
+
+def view_program(view: str = "transpose") -> Program:
+    """x -> sin -> a view of it -> sin, in one region whose policy saves the view (sin's backward
+    reads it: the view is a residual)."""
+    params = {"transpose": {"perm": [1, 0]}, "matrix_t": {}, "reshape": {"shape": [6]},
+              "select": {"axis": 0, "index": 1}, "slice": {"axis": 1, "start": 1, "stop": 3}}[view]
+    return validate(Program(
+        inputs=[Input(id="x", shape=[2, 3], dtype="float64")],
+        body=[Checkpoint(args=["x"], results=["y"], policy=Ops(ops=[view]),
+                         body=[Op(op="sin", args=["x"], out="a"), Op(op=view, args=["a"], params=params, out="v"),
+                               Op(op="sin", args=["v"], out="y")])],
+        outputs=["y"]))
+
+
+@pytest.mark.parametrize("view", ["transpose", "matrix_t", "reshape", "select", "slice"])
+def test_a_view_the_policy_saves_is_saved_exactly_by_eager_sac(view):
+    prog = view_program(view)
+    obs = P.get("torch:eager-sac").run(prog, inputs_for(prog))
+    assert obs.ok(), obs.error
+    saved = [r for r in obs.residuals if "v" in r.cls]
+    assert saved and all("v" in r.exact for r in saved), [r.model_dump() for r in obs.residuals]
+    assert R.check_policy(prog, obs).status == "pass"
+
+
+class SavesViewsFlattened(TP.TorchSAC):
+    """Mutant: reports every saved tensor of rank 2 or more flattened (a view saved in another
+    layout than its own and its base's): equal to the view modulo layout, so only the exact view
+    check can tell."""
+
+    def _capture(self, saved):
+        return [s.reshape(-1) if s.dim() >= 2 else s for s in saved]
+
+
+def test_mutant_saving_a_view_in_another_layout_fails_the_exact_view_check():
+    prog = view_program("transpose")
+    mutant = SavesViewsFlattened(P.derive("torch:eager-sac", "torch:mutant-flatten-saved"))
+    obs = mutant.run(prog, inputs_for(prog))
+    assert obs.ok() and any("v" in r.cls for r in obs.residuals)   # modulo layout, still the view's class
+    v = R.check_policy(prog, obs)
+    assert v.status == "fail" and v.error_type == "view_layout", v.detail
+    assert "['v']" in v.detail["view_in_another_layout"][0]
+
+
+# ---- in-place ops -------------------------------------------------------------------------------
+def inplace_program(policy=None, target="mul") -> Program:
+    """a = x * x (or sin x); a.add_(x); sin of it, in one region (nothing but add_ reads a)."""
+    return validate(Program(
+        inputs=[Input(id="x", shape=[2, 3], dtype="float64")],
+        body=[Checkpoint(args=["x"], results=["y"], policy=policy or Ops(ops=["sin"]),
+                         body=[Op(op=target, args=["x", "x"] if target == "mul" else ["x"], out="a"),
+                               Op(op="add_", args=["a", "x"], out="b"), Op(op="sin", args=["b"], out="y")])],
+        outputs=["y"]))
+
+
+@pytest.mark.parametrize("bad, field", [
+    ([Op(op="add_", args=["x", "x"], out="b")], "body[0].args[0]"),                       # an input
+    ([Op(op="neg", args=["x"], out="a"), Op(op="add_", args=["a", "x"], out="b"),
+      Op(op="sin", args=["a"], out="c")], "body[2].args[0]"),                             # read after
+    ([Op(op="transpose", args=["x"], params={"perm": [1, 0]}, out="a"),
+      Op(op="relu_", args=["a"], out="b")], "body[1].args[0]"),                           # a view
+    ([Op(op="neg", args=["x"], out="a"), Op(op="matrix_t", args=["a"], out="t"),
+      Op(op="relu_", args=["a"], out="b")], "body[2].args[0]"),                           # viewed
+])
+def test_an_in_place_op_must_consume_a_value_nothing_else_sees(bad, field):
+    prog = Program(inputs=[Input(id="x", shape=[2, 2], dtype="float64")], body=bad, outputs=[bad[-1].out])
+    with pytest.raises(ProgramError) as e:
+        validate(prog)
+    assert e.value.field == field, e.value
+
+
+def test_in_place_ops_compute_what_jax_computes():
+    prog = inplace_program()
+    inp = inputs_for(prog)
+    ref = P.get("ref:f64").run(prog, inp)
+    for name in ("torch:none", "torch:eager-sac", "torch:compile-aot_eager", "jax:remat3"):
+        obs = P.get(name).run(prog, inp)
+        assert obs.ok(), (name, obs.error)
+        assert G.compare(prog, obs, ref, "loose").status == "pass", name
+
+
+def test_eager_sac_refuses_a_mutated_cached_tensor():
+    """(expectation torch-eager-sac-mutated-cache) A policy caching a, then a.add_(x): eager SAC
+    raises in backward; no checkpoint and torch.compile compute the gradients; the judge calls the
+    difference expected."""
+    prog = inplace_program(Everything())
+    inp = inputs_for(prog)
+    names = ["torch:none", "torch:eager-sac", "torch:compile-aot_eager", "ref:f64", "jax:none", "jax:remat2"]
+    obs = {n: P.get(n).run(prog, inp) for n in names}
+    assert "has been mutated" in obs["torch:eager-sac"].error.message
+    assert obs["torch:none"].ok() and obs["torch:compile-aot_eager"].ok()
+    j = judge(prog, obs, Expectations.load())
+    assert not [v for v in j.verdicts if v.status == "fail"], [v for v in j.verdicts if v.status == "fail"]
+    assert "torch-eager-sac-mutated-cache" in j.expectation_hits
+
+
+def test_inplace_on_a_saved_tensor_raises():
+    """(expectation torch-inplace-on-saved) sin saves its input; mutating it afterwards is an error
+    in every eager PyTorch pipeline, a plain value in JAX."""
+    prog = validate(Program(
+        inputs=[Input(id="x", shape=[3], dtype="float64")],
+        body=[Op(op="neg", args=["x"], out="a"), Op(op="sin", args=["a"], out="s"),
+              Op(op="relu_", args=["a"], out="b"), Op(op="add", args=["s", "b"], out="y")],
+        outputs=["y"]))
+    inp = inputs_for(prog)
+    obs = {n: P.get(n).run(prog, inp) for n in ["torch:none", "ref:f64", "jax:none", "jax:remat2"]}
+    assert "modified by an inplace operation" in obs["torch:none"].error.message
+    assert obs["jax:none"].ok()
+    j = judge(prog, obs, Expectations.load())
+    assert not [v for v in j.verdicts if v.status == "fail"]
+    assert "torch-inplace-on-saved" in j.expectation_hits
+    assert np.isfinite(obs["jax:none"].loss) and torch.__version__
