@@ -45,6 +45,9 @@ class CustomRuleLog(BaseModel):
     model_config = ConfigDict(extra="forbid")
     perturbed: list[list[bool]] = Field(default_factory=list)          # distinct flag tuples seen by fwd
     symbolic_zero_cts: list[list[bool]] = Field(default_factory=list)  # distinct is-zero tuples seen by bwd
+    # PyTorch (eager): what a rule with set_materialize_grads(False) received per cotangent,
+    # "none", "zero" (a tensor of zeros, materialised by autograd) or "value"; distinct tuples
+    ct_kinds: list[list[str]] = Field(default_factory=list)
     fwd_traces: int = 0      # how often the fwd rule ran (traced or called)
     bwd_calls: int = 0       # how often the bwd rule ran
     primal_traces: int = 0   # how often the primal function ran

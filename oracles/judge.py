@@ -101,7 +101,7 @@ def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozens
             # One pipeline ran the fwd rule, the other only the primal function.
             diffs.setdefault(path, {})["fwd_ran"] = {"got": a.fwd_traces, "reference": b.fwd_traces}
             continue
-        for fld in ("perturbed", "symbolic_zero_cts"):
+        for fld in ("perturbed", "symbolic_zero_cts", "ct_kinds"):
             sa, sb = sorted(getattr(a, fld)), sorted(getattr(b, fld))
             if sa != sb:
                 diffs.setdefault(path, {})[fld] = {"got": sa, "reference": sb}

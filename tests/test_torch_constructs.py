@@ -132,3 +132,58 @@ def test_inplace_on_a_saved_tensor_raises():
     assert not [v for v in j.verdicts if v.status == "fail"]
     assert "torch-inplace-on-saved" in j.expectation_hits
     assert np.isfinite(obs["jax:none"].loss) and torch.__version__
+
+
+# ---- what an autograd.Function's backward receives --------------------------------------------
+def three_results_program(region: bool = False) -> Program:
+    """A symbolic_zeros block with three results: s read by the loss (a value), c read only as
+    c - c (autograd sums +1 and -1: a tensor of zeros), e unread (None)."""
+    from conformance.ir import CustomVJP
+    block = CustomVJP(args=["x"], fwd=[Op(op="sin", args=["x"], out="s"), Op(op="cos", args=["x"], out="c"),
+                                       Op(op="neg", args=["x"], out="e")],
+                      results=["s", "c", "e"], residuals=["x"], cts=["gs", "gc", "ge"],
+                      bwd=[Op(op="cos", args=["x"], out="dx"), Op(op="mul", args=["gs", "dx"], out="b1"),
+                           Op(op="sin", args=["x"], out="sx"), Op(op="mul", args=["gc", "sx"], out="b2"),
+                           Op(op="sub", args=["b1", "b2"], out="b3"), Op(op="sub", args=["b3", "ge"], out="b4")],
+                      bwd_results=["b4"], symbolic_zeros=True)
+    body = [block, Op(op="square", args=["s"], out="y"), Op(op="sub", args=["c", "c"], out="z"),
+            Op(op="add", args=["y", "z"], out="o")]
+    if region:
+        body = [Checkpoint(args=["x"], results=["o"], policy=Ops(ops=["square"]), body=body)]
+    return validate(Program(inputs=[Input(id="x", shape=[4], dtype="float64")], body=body, outputs=["o"]))
+
+
+@pytest.mark.parametrize("name", ["torch:none", "torch:eager-sac"])
+def test_a_rule_sees_none_a_zero_tensor_or_a_value_per_cotangent(name):
+    prog = three_results_program(region=name != "torch:none")
+    obs = P.get(name).run(prog, inputs_for(prog))
+    assert obs.ok(), obs.error
+    (log,) = obs.custom_rules.values()
+    assert log.ct_kinds == [["value", "zero", "none"]]
+    assert log.symbolic_zero_cts == [[False, False, True]]
+
+
+class MaterializesZeros(TP.TorchSAC):
+    """Mutant: its Functions leave set_materialize_grads on, so rules get zero tensors where
+    PyTorch promises None."""
+
+    def _options(self):
+        return {**super()._options(), "materialize_grads": True}
+
+
+def test_mutant_materialising_zeros_fails_the_none_vs_zero_observation():
+    prog = three_results_program(region=True)
+    inp = inputs_for(prog)
+    mutant = MaterializesZeros(P.derive("torch:eager-sac", "torch:mutant-materialize-grads"))
+    obs, ref = mutant.run(prog, inp), P.get("torch:none").run(prog, inp)
+    assert obs.ok() and ref.ok()
+    (log,) = obs.custom_rules.values()
+    assert log.ct_kinds == [["value", "zero", "zero"]]   # the unread result's None became zeros
+    v = judge_custom_rules(obs, ref)
+    assert v.status == "fail" and "ct_kinds" in v.error_type, v.detail
+    assert G.compare(prog, obs, P.get("ref:f64").run(prog, inp), "loose").status == "pass"   # values alike
+
+
+def judge_custom_rules(obs, ref):
+    from oracles.judge import compare_custom_rules
+    return compare_custom_rules(obs, ref)

@@ -89,7 +89,8 @@ TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 # a graph break at the start of each region's function (under torch.compile); preserve_rng_state
 # (False: a recompute draws new random numbers; test-only mutants).
 CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False,
-                      "preserve_rng_state": True}
+                      "preserve_rng_state": True, "materialize_grads": False}
+# (materialize_grads: symbolic_zeros rules get zero tensors instead of None; test-only mutants)
 
 
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None):
@@ -203,7 +204,7 @@ class Lowering(Interpreter):
                 if s.symbolic_zeros and any(flags):
                     if flags not in log.perturbed:
                         log.perturbed.append(flags)
-            if s.symbolic_zeros:
+            if s.symbolic_zeros and not low.options["materialize_grads"]:
                 ctx.set_materialize_grads(False)
             if low.diff_residuals:
                 arrs, res_in = arrs[:nargs], arrs[nargs:]
@@ -223,6 +224,9 @@ class Lowering(Interpreter):
                     log.bwd_calls += 1
                     if zs not in log.symbolic_zero_cts:
                         log.symbolic_zero_cts.append(zs)
+                    kinds = ["none" if c is None else "value" if bool(torch.any(c != 0)) else "zero" for c in cts]
+                    if kinds not in log.ct_kinds:
+                        log.ct_kinds.append(kinds)
                 cts = [torch.zeros(types[r][0], dtype=DTYPES[types[r][1]], device=dev) if c is None else c
                        for c, r in zip(cts, s.results)]
             elif not torch.compiler.is_compiling():

@@ -163,6 +163,13 @@ class TorchBase(Pipeline):
         """Hook for test-only mutants."""
         return saved
 
+    def _options(self) -> dict:
+        """The lowering's checkpoint options (torch_lowering.CHECKPOINT_OPTIONS), from the spec."""
+        sp = self.spec
+        return {"reentrant": sp.reentrant, "checks_off": sp.checks_off, "graph_break": sp.graph_break,
+                "preserve_rng_state": sp.preserve_rng_state,
+                "compile_inside": self._backend() if sp.compile_inside else None}
+
     def _run(self, program: Program, inputs, obs: Observation, device: str):
         t = obs.timings
         diff_ids = [i.id for i in program.inputs if i.diff]
@@ -170,10 +177,7 @@ class TorchBase(Pipeline):
         dtypes = {i.id: i.dtype for i in program.inputs}
         calls: list = []
         sp = self.spec
-        options = {"reentrant": sp.reentrant, "checks_off": sp.checks_off, "graph_break": sp.graph_break,
-                   "preserve_rng_state": sp.preserve_rng_state,
-                   "compile_inside": self._backend() if sp.compile_inside else None}
-        low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=options)
+        low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=self._options())
 
         cts, n_loss = output_cotangents(program), loss_outputs(program)   # the rest: auxiliary outputs
 

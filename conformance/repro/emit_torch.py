@@ -61,6 +61,7 @@ class TorchEmitter(Emitter):
             src.append(f"        {self.tuple_(nd)} = ctx.nondiff")
         if s.symbolic_zeros:
             src.append(f"        log({path!r}, \"symbolic_zero_cts\", [{', '.join(f'{c} is None' for c in cts)}])")
+            src.append(f"        log({path!r}, \"ct_kinds\", [{', '.join(f'ct_kind({c})' for c in cts)}])")
             src += [f"        {c} = {self.zeros(r)} if {c} is None else {c}" for c, r in zip(cts, s.results)]
         src += self.body(s.bwd, "        ", path + ".bwd", nd)
         src += [f"        return {', '.join(['None'] * len(nd) + ret)}", "", ""]
