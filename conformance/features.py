@@ -40,6 +40,9 @@ FEATURE_DOC: dict[str, str] = {
     "residual_is_arg": "a custom_vjp residual that is one of its args",
     "residual_is_result": "a custom_vjp residual that is one of its results (an output aliased by a residual)",
     "perturbed_branch": "a symbolic_zeros custom_vjp whose bwd returns None for the args its fwd saw unperturbed",
+    "non_differentiable": "a custom rule result marked non-differentiable (PyTorch: ctx.mark_non_differentiable)",
+    "once_differentiable": "a custom rule whose PyTorch backward is decorated @once_differentiable",
+    "bwd_branch": "a custom rule whose bwd branches on its cotangent's value (PyTorch: a Python if)",
     "rule_pytree": "a custom_vjp or custom_jvp taking its args and returning its results (and cotangents or "
                    "tangents) as one tuple or dict",
     "residual_pytree": "custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
@@ -135,6 +138,12 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("residual_is_result")
             if s.perturbed_branch:
                 f.add("perturbed_branch")
+            if s.non_differentiable:
+                f.add("non_differentiable")
+            if s.once_differentiable:
+                f.add("once_differentiable")
+            if s.bwd_branch:
+                f.add("bwd_branch")
             if s.residual_tree != "tuple":
                 f.add("residual_pytree")
             if s.tree != "flat":

@@ -171,5 +171,13 @@ class Interpreter:
                 if self.record is not None:
                     self.record.update((r, env[r]) for r in s.results)
             else:
-                env.update(zip(s.results, self.block(s, p, [env[a] for a in s.args])))
+                outs = self.block(s, p, [env[a] for a in s.args])
+                env.update(zip(s.results, self.non_differentiable(s, outs)))
         return env
+
+    def non_differentiable(self, s: CustomVJP, outs: list) -> list:
+        """A block's results, those it marks non-differentiable under stop_gradient (PyTorch's
+        Function marks them itself)."""
+        if not s.non_differentiable:
+            return outs
+        return [self.stop_gradient(o) if r in s.non_differentiable else o for r, o in zip(s.results, outs)]

@@ -107,6 +107,12 @@ class CustomVJP(_M):
     # one tuple or one dict keyed by value id (its bwd then returns one cotangent pytree of the
     # same structure, None for a zero leaf). PyTorch's autograd.Function takes tensors positionally.
     tree: Literal["flat", "tuple", "dict"] = "flat"
+    # autograd.Function as people write it (JAX: stop_gradient on those results; bwd_branch alike):
+    # results marked non-differentiable; a once_differentiable backward; a bwd that doubles its first
+    # cotangent when its first result's cotangent sums below 0 (a data-dependent Python branch)
+    non_differentiable: list[str] = Field(default_factory=list)
+    once_differentiable: bool = False
+    bwd_branch: bool = False
 
 
 class CustomJVP(_M):
@@ -198,7 +204,7 @@ Cond.model_rebuild()
 # generator's derived cond branches): lists of ids a statement reads or exports, lists of ids it
 # binds for its body (a custom_vjp's cotangents, a custom_jvp's tangents, a scan's carries and
 # slices), lists of such lists (a cond's per-branch results), and nested statement lists.
-READ_ID_FIELDS = ("args", "results", "residuals", "bwd_results", "jvp_results", "carry_out", "ys")
+READ_ID_FIELDS = ("args", "results", "residuals", "bwd_results", "jvp_results", "carry_out", "ys", "non_differentiable")
 BOUND_ID_FIELDS = ("cts", "tangents", "carry", "xs")
 ID_LISTS_FIELDS = ("branch_results",)
 BODY_FIELDS = ("body", "fwd", "bwd", "jvp")
@@ -280,7 +286,8 @@ class Program(_M):
 
 # custom_vjp fields added after programs were first stored: left out of the JSON at their
 # defaults, so that those programs keep their content hashes.
-_LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False, "tree": "flat"}
+_LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False, "tree": "flat",
+                   "non_differentiable": [], "once_differentiable": False, "bwd_branch": False}
 _LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat"}
 _LATER_RULE_DEFAULTS = {"tree": "flat"}   # custom_jvp
 _LATER_DIFF_DEFAULTS = {"cotangents": "ones", "aux": 0, "batch": 0}   # the same for the diff part

@@ -134,6 +134,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 if s.residual_tree != "tuple" and s.spelling.startswith("custom_gradient"):
                     raise ProgramError(f"{p}.residual_tree", f"{s.spelling} passes no residuals (its bwd closes "
                                                              "over them)")
+                if s.spelling != "defvjp" and (s.non_differentiable or s.once_differentiable or s.bwd_branch):
+                    raise ProgramError(f"{p}.spelling", f"{s.spelling} has no non_differentiable results, "
+                                                        "once_differentiable or bwd_branch")
                 if s.spelling != "defvjp" and (s.symbolic_zeros or s.optimize_remat or s.nondiff):
                     raise ProgramError(f"{p}.spelling", f"{s.spelling} has no symbolic_zeros, optimize_remat "
                                                         "or nondiff arguments")
@@ -143,6 +146,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 for k, r in enumerate(s.results):
                     if r not in inner or r in s.args:
                         raise ProgramError(f"{p}.results[{k}]", f"{r!r} is not defined in fwd")
+                for k, r in enumerate(s.non_differentiable):
+                    if r not in s.results:
+                        raise ProgramError(f"{p}.non_differentiable[{k}]", f"{r!r} is not a result of the block")
                 for k, r in enumerate(s.residuals):
                     if r not in inner:
                         raise ProgramError(f"{p}.residuals[{k}]", f"{r!r} is not defined in fwd or args")

@@ -313,6 +313,10 @@ class _Gen(Structure):
         g.nonstandard = draw_int(draw, 0, 7, "nonstandard_arg") if sw["nonstandard_rules"] else None
         g.extra_result = sw["unused_results"]
         g.tree = self._rule_tree()
+        # autograd.Function options: which result (if any) is non-differentiable, once_differentiable, a
+        # data-dependent branch in bwd
+        g.fn_opts = (draw_int(draw, 0, 2, "non_differentiable"), draw(BOOL, label="once_differentiable"),
+                     draw(BOOL, label="bwd_branch")) if sw["function_options"] and plain else (0, False, False)
 
     def _rule_tree(self) -> str:
         """How a custom rule takes its args and returns its results: positionally, or as one
@@ -491,10 +495,13 @@ class _Gen(Structure):
             bwd, bwd_results = scale_result(bwd, bwd_results, it.nonstandard % len(args), 3.0,
                                             lambda: self.fresh("b"))
         residuals = residuals_of(used, args, flat)
+        nd_k, once, branch = it.fn_opts
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
                          optimize_remat=it.optimize_remat, spelling=it.spelling, residual_tree=it.residual_tree,
-                         perturbed_branch=it.perturbed_branch, tree=it.tree)
+                         perturbed_branch=it.perturbed_branch, tree=it.tree, once_differentiable=once,
+                         bwd_branch=branch and bwd_results[0] is not None,
+                         non_differentiable=[results[(nd_k - 1) % len(results)]] if nd_k and len(results) > 1 else [])
 
 
 @st.composite

@@ -24,7 +24,7 @@ Pure functions over observations; they import no framework.
 from __future__ import annotations
 
 from conformance.ir import (DERIVATIVE_CTX, Checkpoint, Cond, CustomVJP, Jit, Op, Program, Scan, base_id, checkpoint_name_of,
-                            input_elements, is_name, region_context, walk)
+                            input_elements, is_name, live_values, region_context, walk)
 from conformance.ops import OPS
 from conformance.observation import Observation
 from conformance.policy import decide, judged_by_meaning, saves_unnamed
@@ -92,10 +92,12 @@ def _restrict(obs: Observation, ids: set[str], exempt: set[str]) -> Observation:
 def compare_residuals(torch_obs: Observation, jax_obs: Observation,
                       program: Program | None = None, across: bool = True) -> Verdict:
     """Named residual classes must agree exactly (restricted to policy-decided names when
-    the program is given). `across`: the two run different frameworks, whose derivative rules
-    differ (False: eager against compiled PyTorch, one framework's rules)."""
+    the program is given, and to live values: eager PyTorch runs dead code, and its selective
+    checkpointing caches a dead value its policy names, where JAX and torch.compile drop the dead
+    code). `across`: the two run different frameworks, whose derivative rules differ (False: eager
+    against compiled PyTorch, one framework's rules)."""
     if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
-        ids = policy_named(program)
+        ids = policy_named(program) & live_values(program)
         _, exempt = region_context(program)
         if across:
             exempt = exempt | derivative_factor_reads(program)

@@ -187,3 +187,41 @@ def test_mutant_materialising_zeros_fails_the_none_vs_zero_observation():
 def judge_custom_rules(obs, ref):
     from oracles.judge import compare_custom_rules
     return compare_custom_rules(obs, ref)
+
+
+def function_options_program(order: int = 1) -> Program:
+    """A block of three results: c marked non-differentiable (its gradient path x -> c -> y is
+    cut), a once_differentiable backward, and a bwd that doubles its cotangent where the first
+    result's cotangent sums below 0 (seeded: it does for some elements' signs)."""
+    from conformance.ir import CustomVJP, Diff
+    block = CustomVJP(args=["x"], fwd=[Op(op="sin", args=["x"], out="s"), Op(op="cos", args=["x"], out="c")],
+                      results=["s", "c"], residuals=["x"], cts=["gs", "gc"],
+                      bwd=[Op(op="cos", args=["x"], out="dx"), Op(op="mul", args=["gs", "dx"], out="b1"),
+                           Op(op="sin", args=["x"], out="sx"), Op(op="mul", args=["gc", "sx"], out="b2"),
+                           Op(op="sub", args=["b1", "b2"], out="b3")],
+                      bwd_results=["b3"], non_differentiable=["c"], once_differentiable=True, bwd_branch=True)
+    body = [Checkpoint(args=["x"], results=["y"], policy=Ops(ops=["sin"]),
+                       body=[block, Op(op="neg", args=["s"], out="n"), Op(op="mul", args=["n", "c"], out="y")])]
+    return validate(Program(inputs=[Input(id="x", shape=[5], dtype="float64")], body=body, outputs=["y"],
+                            diff=Diff(order=order)))
+
+
+def test_function_options_run_alike_in_both_frameworks():
+    """mark_non_differentiable (JAX: stop_gradient), once_differentiable and a data-dependent branch
+    in bwd: every pipeline computes the reference's gradient, which the options change (the
+    branch doubles it: -cos(x) * cos(x) sums below 0); second order is declared unsupported in
+    PyTorch (expectation torch-once-differentiable-first-order)."""
+    prog = function_options_program()
+    assert {"non_differentiable", "once_differentiable", "bwd_branch"} <= set(prog.features())
+    inp = inputs_for(prog)
+    ref = P.get("ref:f64").run(prog, inp)
+    x = np.asarray(inp["x"], np.float64)
+    np.testing.assert_allclose(ref.grads["x"], -2 * np.cos(x) * np.cos(x), rtol=1e-9)
+    for name in ("torch:none", "torch:eager-sac", "torch:compile-aot_eager", "jax:remat2", "jax:remat3"):
+        obs = P.get(name).run(prog, inp)
+        assert obs.ok(), (name, obs.error)
+        assert G.compare(prog, obs, ref, "loose").status == "pass", name
+    obs = P.get("torch:eager-sac").run(function_options_program(order=2), inp)
+    assert obs.unsupported == TP.ONCE_DIFFERENTIABLE
+    entry = next(e for e in Expectations.load().entries if e.id == "torch-once-differentiable-first-order")
+    assert entry.unsupported.reason == TP.ONCE_DIFFERENTIABLE

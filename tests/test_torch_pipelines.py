@@ -174,11 +174,30 @@ def test_generated_programs_eager_and_aot(case):
     assert base.ok(), base.error
     for n in ("torch:eager-sac", "torch:compile-aot_eager"):
         obs = P.get(n).run(prog, inp)
-        assert obs.ok(), (n, obs.error)
+        if not obs.ok():   # only a behaviour the regression corpus tracks (a real PyTorch bug)
+            assert not unknown_failures(prog, {"ref:f64": ref, "torch:none": base, n: obs}), (n, obs.error)
+            continue
         if "random" not in prog.features():   # (JAX and PyTorch draw different masks)
             assert G.compare(prog, obs, ref, "loose").status == "pass", n
         assert G.compare(prog, obs, base, "tight").status == "pass", n
         assert R.check_policy(prog, obs).status == "pass", n
+
+
+# PyTorch bugs the regression corpus tracks, by the error they raise on programs with a feature (the
+# corpus entry's signature names one policy kind; any saving policy, or none, shows the same bug)
+TRACKED_ERRORS = {
+    "error-torch_eager-sac-f89e9b26.json": ("random", "Tensor cached during selective activation checkpoint has been mutated"),
+    "error-torch_compile-aot_eager-ea4346c4.json": ("random", "does not support RNG ops in recompute regions"),
+}
+
+
+def unknown_failures(prog, observations) -> list:
+    """The errors of these observations that are none of the TRACKED_ERRORS."""
+    from pathlib import Path
+    assert all((Path(__file__).parent / "regressions" / f).is_file() for f in TRACKED_ERRORS)
+    feats = prog.features()
+    return [(n, o.error) for n, o in observations.items() if o.error is not None and not any(
+        f in feats and msg in o.error.message for f, msg in TRACKED_ERRORS.values())]
 
 
 def test_inductor_gradients_and_named_residual(ref_cache):

@@ -253,6 +253,8 @@ class Lowering(Interpreter):
                 shp, dt = types[a]
                 # a zero cotangent is None, as users write it; custom_gradient's vjp returns arrays
                 outs.append(e[r] if r is not None else None if s.spelling in NONE_ZEROS else jnp.zeros(shp, dt))
+            if s.bwd_branch and outs[0] is not None:   # (PyTorch: a Python if on the cotangent's sum)
+                outs[0] = jnp.where(jnp.sum(cts[0]) < 0, outs[0] * 2, outs[0])
             if keep is not None:   # the branch: nothing for an arg fwd saw unperturbed
                 outs = [o if k else None for o, k in zip(outs, keep)]
             return tuple(outs)

@@ -139,6 +139,9 @@ class Lowering(Interpreter):
     def stop_gradient(self, x):
         return x.detach()
 
+    def non_differentiable(self, s: CustomVJP, outs: list) -> list:
+        return outs if self.custom else super().non_differentiable(s, outs)   # (the Function marks them)
+
     def branch(self, pred, n: int) -> int:
         return NAMESPACE["branch_index"](pred, n)
 
@@ -212,6 +215,8 @@ class Lowering(Interpreter):
             ctx.save_for_backward(*(res_in if low.diff_residuals else [e[r] for r in s.residuals]))
             ctx.nondiff = list(nondiff)
             outs = tuple(e[r] for r in s.results)
+            if s.non_differentiable:
+                ctx.mark_non_differentiable(*[e[r] for r in s.non_differentiable])
             return outs if len(outs) > 1 else outs[0]
 
         def backward(ctx, *cts):
@@ -238,9 +243,13 @@ class Lowering(Interpreter):
             for r, a in zip(s.bwd_results, s.args):
                 shp, dt = types[a]
                 outs.append(torch.zeros(shp, dtype=DTYPES[dt], device=dev) if r is None else e[r])
+            if s.bwd_branch and bool(torch.sum(cts[0]) < 0):   # a data-dependent Python branch
+                outs[0] = outs[0] * 2
             extra = (None,) * len(s.residuals) if low.diff_residuals else ()
             return (None,) * nnd + tuple(outs) + extra
 
+        if s.once_differentiable:
+            backward = torch.autograd.function.once_differentiable(backward)
         cls = type(f"CustomVJP_{path.replace('[', '_').replace(']', '').replace('.', '_')}",
                    (torch.autograd.Function,),
                    {"forward": staticmethod(forward), "backward": staticmethod(backward)})

@@ -55,9 +55,15 @@ NO_LINEARIZE = ("jax.linearize has no PyTorch counterpart that runs under checkp
 # (entry torch-reentrant-first-order)
 NO_REENTRANT_GRAD = ("use_reentrant=True checkpoint is incompatible with torch.autograd.grad and with double backward "
                      "(torch.utils.checkpoint's documentation): second-order programs are out of its scope")
+# (entry torch-once-differentiable-first-order)
+ONCE_DIFFERENTIABLE = ("a backward decorated @once_differentiable is documented to support first-order gradients only: "
+                       "its outputs have no graph to differentiate again")
 # (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
 NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
                  "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
+
+
+RECOMPILE_LIMIT = 64   # dynamo's, per code object (default 8)
 
 
 class TorchBase(Pipeline):
@@ -97,7 +103,7 @@ class TorchBase(Pipeline):
             f["preserve_rng_state"] = False
         if self.compile:
             f.update(partitioner="min_cut" if self.compile == "inductor" else self.partitioner,
-                     fail_on_recompile_limit_hit=True, enable_autograd_cache=False,
+                     fail_on_recompile_limit_hit=True, recompile_limit=RECOMPILE_LIMIT, enable_autograd_cache=False,
                      inductor_cache_dir=os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
             if sp.memory_budget != 1.0:
                 f["activation_memory_budget"] = sp.memory_budget
@@ -122,11 +128,20 @@ class TorchBase(Pipeline):
         if "forward_ad" in feats and ("names" in feats or "custom_vjp" in feats):
             obs.unsupported = NO_FORWARD_AD
             return obs
+        if "once_differentiable" in feats and program.diff.order == 2:
+            obs.unsupported = ONCE_DIFFERENTIABLE
+            return obs
         if self.spec.reentrant and program.diff.order == 2:
             obs.unsupported = NO_REENTRANT_GRAD
             return obs
         torch.manual_seed(0)
+        # The harness's lowering is an interpreter loop over statements: dynamo recompiles its resume
+        # functions after each graph break (a cond's Python if), which straight-line code (the
+        # repro) does not; the limit is raised so that only a program's own recompiles can hit it
+        # (a 10-statement program with a cond hit the default 8 here, not in its repro).
         settings = [(torch._dynamo.config, "fail_on_recompile_limit_hit", True),
+                    (torch._dynamo.config, "recompile_limit", RECOMPILE_LIMIT),
+                    (torch._dynamo.config, "accumulated_recompile_limit", 16 * RECOMPILE_LIMIT),
                     (functorch_config, "enable_autograd_cache", False),
                     (functorch_config, "activation_memory_budget", self.spec.memory_budget)]
         if self.compile == "inductor":

@@ -113,6 +113,8 @@ class JaxEmitter(Emitter):
             src.append(f"    log({path!r}, \"symbolic_zero_cts\", [{', '.join(f'isinstance({c}, {SZ})' for c in cts)}])")
             src += [f"    {c} = {self.zeros(r)} if isinstance({c}, {SZ}) else {c}" for c, r in zip(cts, s.results)]
         src += self.body(s.bwd, "    ", path + ".bwd", nd)
+        if s.bwd_branch:   # (PyTorch: a Python if on the cotangent's sum)
+            src.append(f"    {ret[0]} = jnp.where(jnp.sum({cts[0]}) < 0, {ret[0]} * 2, {ret[0]})")
         if s.perturbed_branch:   # the branch: nothing for an arg fwd saw unperturbed
             src += [f"    return tuple(c if k else None for c, k in zip({self.tuple_(ret)}, keep))", "", ""]
         else:
@@ -145,4 +147,7 @@ class JaxEmitter(Emitter):
             src += ["    f = jax.custom_vjp(primal" + (f", nondiff_argnums={tuple(range(len(nd)))!r})" if nd else ")"),
                     f"    f.defvjp(fwd, bwd{kw})", f"    return {call}", ""]
         self.defs.append("\n".join(src))
-        return [f"{ind}{self.tuple_(results)} = {b}({', '.join(ndv + args)})"]
+        out = [f"{ind}{self.tuple_(results)} = {b}({', '.join(ndv + args)})"]
+        for r in s.non_differentiable:   # (PyTorch: ctx.mark_non_differentiable)
+            out.append(f"{ind}{self.n[r]} = lax.stop_gradient({self.n[r]})")
+        return out

@@ -52,9 +52,12 @@ class TorchEmitter(Emitter):
                     "        if any(flags):", f"            log({path!r}, \"perturbed\", flags)",
                     "        ctx.set_materialize_grads(False)   # symbolic zeros: None cotangents"]
         src += self.body(s.fwd, "        ", path + ".fwd", nd)
-        src += [f"        ctx.save_for_backward({', '.join(resid)})", f"        ctx.nondiff = {self.tuple_(nd)}",
-                f"        return {results[0] if len(results) == 1 else ', '.join(results)}",
-                "", "    @staticmethod", f"    def backward(ctx, {', '.join(cts)}):"]
+        src += [f"        ctx.save_for_backward({', '.join(resid)})", f"        ctx.nondiff = {self.tuple_(nd)}"]
+        if s.non_differentiable:
+            src.append(f"        ctx.mark_non_differentiable({', '.join(self.n[r] for r in s.non_differentiable)})")
+        src += [f"        return {results[0] if len(results) == 1 else ', '.join(results)}",
+                "", "    @staticmethod"] + (["    @once_differentiable"] if s.once_differentiable else []) + [
+                f"    def backward(ctx, {', '.join(cts)}):"]
         if resid:
             src.append(f"        {self.tuple_(resid)} = ctx.saved_tensors")
         if nd:
@@ -64,6 +67,8 @@ class TorchEmitter(Emitter):
             src.append(f"        log({path!r}, \"ct_kinds\", [{', '.join(f'ct_kind({c})' for c in cts)}])")
             src += [f"        {c} = {self.zeros(r)} if {c} is None else {c}" for c, r in zip(cts, s.results)]
         src += self.body(s.bwd, "        ", path + ".bwd", nd)
+        if s.bwd_branch:   # a data-dependent Python branch
+            src += [f"        if bool(torch.sum({cts[0]}) < 0):", f"            {ret[0]} = {ret[0]} * 2"]
         src += [f"        return {', '.join(['None'] * len(nd) + ret)}", "", ""]
         self.defs.append("\n".join(src))
         return [f"{ind}{', '.join(results)} = {cls}.apply({', '.join(ndv + args)})"]
