@@ -172,6 +172,8 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
                 checks = [_draws_differ(feats, obs, rref)
                           or cross_framework.compare_grads(program, obs, rref, values=values, values_missing=values_missing),
                           cross_framework.compare_residuals(obs, rref, program, across=mode == "cross")]
+                if mode == "eager":   # what rules received, where the compiled pipeline ran them eagerly
+                    checks.append(compare_custom_rules(obs, rref, jvp_blocks))
             for v in checks:
                 add(v)
     return j

@@ -12,6 +12,7 @@ from conformance.ir import Checkpoint, Input, Op, Program, ProgramError, validat
 from conformance.pipelines import torch_pipelines as TP
 from conformance.policy import Everything, Ops
 from generators.programs import input_values
+from oracles import cross_framework as X
 from oracles import gradients as G
 from oracles import residuals as R
 from oracles.expectations import Expectations
@@ -225,3 +226,64 @@ def test_function_options_run_alike_in_both_frameworks():
     assert obs.unsupported == TP.ONCE_DIFFERENTIABLE
     entry = next(e for e in Expectations.load().entries if e.id == "torch-once-differentiable-first-order")
     assert entry.unsupported.reason == TP.ONCE_DIFFERENTIABLE
+
+
+# ---- policies with state ------------------------------------------------------------------------
+def saving_program(batch: int = 0) -> Program:
+    """One region whose policy saves three ops' outputs (matmul, sin, matmul): a stateful policy
+    saving every other one saves the first and the third."""
+    from conformance.ir import Diff
+    return validate(Program(
+        inputs=[Input(id="x", shape=[3, 3], dtype="float64", batched=bool(batch)),
+                Input(id="w", shape=[3, 3], dtype="float64")],
+        body=[Checkpoint(args=["x", "w"], results=["y"], policy=Ops(ops=["sin", "matmul"]),
+                         body=[Op(op="matmul", args=["x", "w"], out="a0"), Op(op="sin", args=["a0"], out="a"),
+                               Op(op="cos", args=["a"], out="a2"), Op(op="matmul", args=["a2", "w"], out="b"),
+                               Op(op="tanh", args=["b"], out="y")])],
+        outputs=["y"], diff=Diff(batch=batch)))
+
+
+def saved(obs) -> set:
+    return {c for r in obs.residuals for c in r.cls}
+
+
+def test_a_stateful_policy_saves_every_other_op_eager_and_compiled():
+    prog = saving_program()
+    inp = inputs_for(prog)
+    stateless, eager, compiled = (P.get(n).run(prog, inp) for n in (
+        "torch:eager-sac", "torch:eager-sac:stateful", "torch:compile-aot_eager:stateful"))
+    assert stateless.ok() and eager.ok() and compiled.ok(), (eager.error, compiled.error)
+    assert eager.flags["policy_state"] == "every_other"
+    assert {"a0", "a", "b"} <= saved(stateless) and "b" in saved(eager) and "a" not in saved(eager)
+    assert G.compare(prog, eager, stateless, "tight").status == "pass"
+    assert X.compare_residuals(compiled, eager, prog, across=False).status == "pass"
+    assert R.check_policy(prog, eager).status == "pass"
+
+
+class SharesStateAcrossCalls(TP.TorchSAC):
+    """Mutant: one stateful policy_fn for every checkpoint call (the state is not made afresh per
+    call, a common slip): a region run once per example counts on from the previous example."""
+
+    def _run(self, program, inputs, obs, device):
+        from conformance.pipelines import torch_lowering as TL
+        real = TL.context_fn
+
+        def shared(p, names, prefer=False, calls=None, state=None):
+            fn = TL.policy_fn(p, names, prefer, calls, state)
+            return lambda: TL.create_selective_checkpoint_contexts(fn)
+        TL.context_fn = shared
+        try:
+            super()._run(program, inputs, obs, device)
+        finally:
+            TL.context_fn = real
+
+
+def test_mutant_stateful_policy_shared_across_calls_fails_against_the_real_one():
+    prog = saving_program(batch=2)   # the region runs once per example
+    inp = inputs_for(prog)
+    mutant = SharesStateAcrossCalls(P.derive("torch:eager-sac:stateful", "torch:mutant-shared-policy-state"))
+    obs, ref = mutant.run(prog, inp), P.get("torch:eager-sac:stateful").run(prog, inp)
+    assert obs.ok() and ref.ok(), (obs.error, ref.error)
+    assert G.compare(prog, obs, ref, "tight").status == "pass"   # values alike
+    v = R.compare(obs, ref)
+    assert v.status == "fail", v.detail   # the second example saved what the first did not

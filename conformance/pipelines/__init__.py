@@ -42,7 +42,8 @@ DEFAULT_VARIANTS = ("remat2", "remat3", "remat3+cvjp3")
 MEMORY_BUDGETS = (0.5, 0.0)
 # Spec's PyTorch checkpoint and compile options (on/off): recorded in a run's flags when on,
 # carried by repro scripts.
-TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break")
+TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break",
+                 "policy_state")
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Spec:
     dynamic: bool = False            # torch.compile: every input dim of size >= 2 maybe_mark_dynamic (dynamic shapes)
     graph_break: bool = False        # torch.compile: a graph break at the start of every checkpoint region's function
     preserve_rng_state: bool = True  # torch checkpoint's preserve_rng_state (False: test-only mutants)
+    policy_state: str = ""           # torch: "every_other", a stateful policy_fn per checkpoint call (sac_policy)
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
@@ -144,6 +146,13 @@ def _torch_rivals():
                     compare=(Compare(("torch:eager-sac",), "values"),)))
     out.append(Spec("torch:compile-aot_eager:backward-twice", "torch", "TorchSAC", compile="aot_eager",
                     backward_twice=True, compare=(eager,)))
+    # A stateful policy (saves every other op its decisions save, by call order), eager against its
+    # stateless sibling's values, compiled against eager (the same decisions if the compiler calls
+    # the policy once per op, in order).
+    out.append(Spec("torch:eager-sac:stateful", "torch", "TorchSAC", policy_state="every_other",
+                    compare=(Compare(("torch:eager-sac",), "values"),)))
+    out.append(Spec("torch:compile-aot_eager:stateful", "torch", "TorchSAC", compile="aot_eager",
+                    policy_state="every_other", compare=(Compare(("torch:eager-sac:stateful",), "eager"),)))
     # Dynamic shapes, and a graph break inside every region, under aot_eager.
     out.append(Spec("torch:compile-aot_eager:dynamic", "torch", "TorchSAC", compile="aot_eager", dynamic=True,
                     compare=(eager,)))

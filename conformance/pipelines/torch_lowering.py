@@ -89,13 +89,22 @@ TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 # a graph break at the start of each region's function (under torch.compile); preserve_rng_state
 # (False: a recompute draws new random numbers; test-only mutants).
 CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False,
-                      "preserve_rng_state": True, "materialize_grads": False}
+                      "preserve_rng_state": True, "materialize_grads": False, "policy_state": ""}
 # (materialize_grads: symbolic_zeros rules get zero tensors instead of None; test-only mutants)
+# policy_state: "" (one stateless policy_fn per region), "every_other" (sac_policy's stateful policy)
 
 
-def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None):
+def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
     """The SAC policy_fn of a region with policy p, for a program with these checkpoint names."""
-    return NAMESPACE["sac_policy"](torch_table.region_decisions(p, names), KINDS_OF, TAG_PACKET, prefer, calls)
+    return NAMESPACE["sac_policy"](torch_table.region_decisions(p, names), KINDS_OF, TAG_PACKET, prefer, calls, state)
+
+
+def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
+    """A region's SAC context_fn: one policy_fn for every call, or a stateful one made afresh for each
+    checkpoint call (its state counts that call's policy calls)."""
+    if state:
+        return lambda: create_selective_checkpoint_contexts(policy_fn(p, names, prefer, calls, state))
+    return functools.partial(create_selective_checkpoint_contexts, policy_fn(p, names, prefer, calls))
 
 
 class Lowering(Interpreter):
@@ -127,8 +136,7 @@ class Lowering(Interpreter):
             if isinstance(s, CustomVJP) and custom:
                 self.function(s, path)
             elif isinstance(s, Checkpoint) and remat:
-                self._ctx_fns[path] = functools.partial(
-                    create_selective_checkpoint_contexts, policy_fn(s.policy, names, prefer, policy_calls))
+                self._ctx_fns[path] = context_fn(s.policy, names, prefer, policy_calls, self.options["policy_state"])
 
     def op(self, s: Op, args: list, nondiff):
         return OPS[s.op](args, s.params, nondiff)

@@ -89,11 +89,16 @@ def second_order(mode, loss_fn, d, grad):
     raise ValueError(mode)
 
 
-def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None):
-    """A SAC policy_fn: aten op -> IR op kinds (kinds_of), then the region's decisions."""
+def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None, state=None):
+    """A SAC policy_fn: aten op -> IR op kinds (kinds_of), then the region's decisions. state
+    "every_other": a stateful policy as people write them (torchtitan's "save every other mm"),
+    made afresh for each checkpoint call, that saves only every other op the decisions save, by
+    call order (the 1st, 3rd...), and recomputes the rest. (PyTorch 2.14 calls a policy in the
+    forward only: ctx.is_recompute is deprecated, always False.)"""
     P = CheckpointPolicy
     table = ({"save": P.PREFER_SAVE, "recompute": P.PREFER_RECOMPUTE, "offload": P.PREFER_CPU_OFFLOAD} if prefer
              else {"save": P.MUST_SAVE, "recompute": P.MUST_RECOMPUTE, "offload": P.MUST_CPU_OFFLOAD})
+    saves = []   # (every_other) the calls this policy decided to save, in order
 
     bounds = decisions["bounds"]
 
@@ -106,6 +111,9 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None):
         else:
             ds = [decisions[k + (c,)] for k in kinds_of.get(packet, [(None, False)])]
         d = "save" if "save" in ds else "offload" if "offload" in ds else "recompute"
+        if state == "every_other" and d == "save":
+            saves.append(str(op))
+            d = "save" if len(saves) % 2 else "recompute"
         if calls is not None and not torch.compiler.is_compiling():
             calls.append((str(op), bool(ctx.is_recompute), d))
         return table[d]

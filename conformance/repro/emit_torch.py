@@ -33,8 +33,7 @@ class TorchEmitter(Emitter):
         decisions = torch_table.region_decisions(s.policy, self.names)
         src += [f"# what the region's policy decides: (IR op kind, batched) or ('name', checkpoint name)",
                 f"decisions_{k} = {decisions!r}",
-                f"ctx_{k} = {{p: partial(create_selective_checkpoint_contexts, sac_policy(decisions_{k}, KINDS_OF, "
-                f"TAG_PACKET, p)) for p in (False, True)}}", ""]
+                f"ctx_{k} = {{p: context_fn(decisions_{k}, p) for p in (False, True)}}", ""]
         self.defs.append("\n".join(src))
         ctx = "None" if s.policy.kind == "no_policy" else f"ctx_{k}"   # None: checkpoint without SAC
         return [f"{ind}out_{k} = checkpoint({fn}, {ctx}, {', '.join(call)})", f"{ind}{res} = {read}"]
