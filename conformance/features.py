@@ -43,6 +43,7 @@ FEATURE_DOC: dict[str, str] = {
     "non_differentiable": "a custom rule result marked non-differentiable (PyTorch: ctx.mark_non_differentiable)",
     "once_differentiable": "a custom rule whose PyTorch backward is decorated @once_differentiable",
     "bwd_branch": "a custom rule whose bwd branches on its cotangent's value (PyTorch: a Python if)",
+    "checkpoint_in_custom_vjp": "a checkpoint region in a custom_vjp fwd rule (PyTorch: in a Function's forward)",
     "rule_pytree": "a custom_vjp or custom_jvp taking its args and returning its results (and cotangents or "
                    "tangents) as one tuple or dict",
     "residual_pytree": "custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
@@ -105,6 +106,8 @@ def compute_features(prog: Program) -> set[str]:
             reads[a] = reads.get(a, 0) + 1
         if isinstance(s, Checkpoint):
             f.add("checkpoint")
+            if ctx == "fwd":
+                f.add("checkpoint_in_custom_vjp")
             f.add(f"policy:{s.policy.kind}")
             if combines(s.policy) and offloads(s.policy):
                 f.add("offload_in_both")

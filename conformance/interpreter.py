@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan
+from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, walk
 
 
 def seeded_cotangent(shape) -> list:
@@ -66,11 +66,25 @@ class Interpreter:
         return self.region_fn(s, path)
 
     def region_fn(self, s: Checkpoint, path: str):
-        """The region's (or sub-function's) body as a function of its args (no checkpoint)."""
+        """The region's (or sub-function's) body as a function of its args (no checkpoint); in a
+        custom_vjp fwd rule its ops see the rule's nondiff args."""
+        nondiff = self.rule_nondiff(path)
+
         def fn(*args):
-            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+            e = self.body(s.body, dict(zip(s.args, args)), nondiff, path + ".body")
             return tuple(e[r] for r in s.results)
         return fn
+
+    def rule_nondiff(self, path: str) -> list | None:
+        """The nondiff args of the custom_vjp whose fwd rule holds the statement at `path` (None
+        outside rules)."""
+        table = self.__dict__.get("_rule_nondiff")
+        if table is None:
+            table = self._rule_nondiff = {}
+            for b, _, bp, _ in walk(self.prog.body):
+                if isinstance(b, CustomVJP):
+                    table.update((sp, list(b.nondiff)) for _, _, sp, _ in walk(b.fwd, path=bp + ".fwd"))
+        return table.get(path)
 
     @staticmethod
     def spelled_region(s: Checkpoint, fn):

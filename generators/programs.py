@@ -235,7 +235,9 @@ class _Gen(Structure):
         f, draw = self.frame, self.draw
         k = (_ITEM_OF if f.depth == 0 else _ITEM_OF_NESTED)[draw_int(draw, 0, len(_ITEM_OF) - 1, "item")]
         # (a region inside a jitted sub-function outside every region is no nested region)
-        if k == _ITEM_REGION and not (self.sw["checkpoint"] and not f.in_cvjp and f.depth < self.cfg.max_depth
+        # (a region in a custom rule only right inside a custom_vjp's fwd: a checkpoint in a Function's forward)
+        in_rule_ok = not f.in_cvjp or (f.kind == "custom_vjp" and self.sw["checkpoint_in_rules"])
+        if k == _ITEM_REGION and not (self.sw["checkpoint"] and in_rule_ok and f.depth < self.cfg.max_depth
                                       and (self.sw["nesting"] or not any(g.kind == "checkpoint" for g in chain(f)))):
             k = _ITEM_OP
         if k == _ITEM_SCAN and not (self.sw["scan"] and not f.in_cvjp and not f.in_scan):
@@ -266,7 +268,7 @@ class _Gen(Structure):
                 self._close(f)
             return 0
         kind = {_ITEM_REGION: "checkpoint", _ITEM_SCAN: "scan", _ITEM_COND: "cond"}.get(k, block)
-        if k == _ITEM_REGION and self.sw["nested_jit"] and draw(BOOL, label="region_is_jit"):
+        if k == _ITEM_REGION and self.sw["nested_jit"] and not f.in_cvjp and draw(BOOL, label="region_is_jit"):
             kind = "jit"   # a jax.jit-ted sub-function where a region would open
         g = Frame(kind, f, f.depth + (k == _ITEM_REGION))
         if kind == "checkpoint":
@@ -486,7 +488,7 @@ class _Gen(Structure):
         for c, r in zip(cts, results):
             self.types[c] = self.types[r]
         # bwd is the derivative of the primal: a custom_jvp in fwd counts as its body
-        flat = [o for s in fwd for o in (s.body if isinstance(s, CustomJVP) else [s])]
+        flat = _flat_ops(fwd)
         bwd, argct, used = vjp_ops(flat, self.types, results, cts, args, lambda: self.fresh("b"))
         fwd = [self._export(s, used) if isinstance(s, CustomJVP) else s for s in fwd]
         bwd_results = [argct.get(a) for a in args]
@@ -495,6 +497,10 @@ class _Gen(Structure):
             bwd, bwd_results = scale_result(bwd, bwd_results, it.nonstandard % len(args), 3.0,
                                             lambda: self.fresh("b"))
         residuals = residuals_of(used, args, flat)
+        for r in fwd:   # a region in fwd exports the residuals it defines (bwd reads them after it)
+            if isinstance(r, Checkpoint):
+                inner = [o.out for o in _flat_ops(r.body)]
+                r.results = [o for o in inner if o in r.results or (o in residuals and o not in r.args)]
         nd_k, once, branch = it.fn_opts
         return CustomVJP(args=args, fwd=fwd, results=results, residuals=residuals, cts=cts, bwd=bwd,
                          bwd_results=bwd_results, nondiff=it.nondiff, symbolic_zeros=it.symbolic_zeros,
@@ -502,6 +508,11 @@ class _Gen(Structure):
                          perturbed_branch=it.perturbed_branch, tree=it.tree, once_differentiable=once,
                          bwd_branch=branch and bwd_results[0] is not None,
                          non_differentiable=[results[(nd_k - 1) % len(results)]] if nd_k and len(results) > 1 else [])
+
+
+def _flat_ops(body) -> list:
+    """The ops of a custom_vjp fwd rule, those of the custom_jvp blocks and regions in it included."""
+    return [o for s in body for o in (_flat_ops(s.body) if isinstance(s, (CustomJVP, Checkpoint)) else [s])]
 
 
 @st.composite

@@ -116,6 +116,7 @@ SHOWS = {
     "rule_trees": lambda p: "rule_pytree" in p.features(),
     "per_example": lambda p: p.diff.batch > 0,
     "function_options": lambda p: bool({"non_differentiable", "once_differentiable", "bwd_branch"} & p.features()),
+    "checkpoint_in_rules": lambda p: "checkpoint_in_custom_vjp" in p.features(),
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},

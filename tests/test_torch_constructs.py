@@ -287,3 +287,13 @@ def test_mutant_stateful_policy_shared_across_calls_fails_against_the_real_one()
     assert G.compare(prog, obs, ref, "tight").status == "pass"   # values alike
     v = R.compare(obs, ref)
     assert v.status == "fail", v.detail   # the second example saved what the first did not
+
+
+def test_compiled_reentrant_checkpoint_computes_eager_reentrant_values():
+    prog = saving_program()
+    inp = inputs_for(prog)
+    eager, compiled = P.get("torch:eager-reentrant").run(prog, inp), P.get("torch:compile-aot_eager:reentrant").run(prog, inp)
+    assert eager.ok() and compiled.ok(), (eager.error, compiled.error)
+    assert compiled.flags["reentrant"] and compiled.flags["compile"] == "aot_eager"
+    assert G.compare(prog, compiled, eager, "tight").status == "pass"
+    assert saved(compiled) <= {"x", "w"}   # no policy: only the region's inputs are kept

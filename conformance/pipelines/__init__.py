@@ -130,6 +130,8 @@ def _torch_rivals():
     eager = Compare(("torch:eager-sac",), "eager")
     out.append(Spec("torch:eager-reentrant", "torch", "TorchSAC", reentrant=True,
                     compare=(Compare(("torch:eager-sac",), "values"),)))
+    out.append(Spec("torch:compile-aot_eager:reentrant", "torch", "TorchSAC", compile="aot_eager", reentrant=True,
+                    compare=(Compare(("torch:eager-reentrant",), "values"),)))
     out.append(Spec("torch:eager-sac:checks-off", "torch", "TorchSAC", checks_off=True,
                     compare=(Compare(("torch:eager-sac",), "same"),)))
     higher = "torch:compile-aot_eager"
