@@ -224,7 +224,7 @@ def compute_features(prog: Program) -> set[str]:
     if "random" in f:
         live = live_values(prog)
         if any(isinstance(s, Op) and "random" in O.OPS[s.op].features and s.out not in live
-               for s, _, _, _ in walk(prog.body)):
+               for s, _, _, _ in walk(prog.body)) or _dead_in_early_iterations(prog):
             f.add("dead_random")
     if any(c > 1 for c in name_counts.values()):
         f.add("dup_names")
@@ -245,6 +245,27 @@ def compute_features(prog: Program) -> set[str]:
     for _, dt in types.values():
         f.add(dt)
     return f
+
+
+def _dead_in_early_iterations(prog: Program) -> bool:
+    """A random op in a scan body (of 2 or more iterations) whose value reaches no ys and no carry
+    the body reads: every iteration's draw but the last one's is dead code."""
+    for s, _, _, _ in walk(prog.body):
+        if not isinstance(s, Scan) or s.length < 2:
+            continue
+        body = [st for st, _, _, ctx in walk(s.body) if isinstance(st, Op)]
+        read = {a for st in body for a in st.args}
+        live = set(s.ys) | {o for c, o in zip(s.carry, s.carry_out) if c in read}
+        changed = True
+        while changed:
+            changed = False
+            for st in body:
+                if st.out in live and not set(st.args) <= live:
+                    live |= set(st.args)
+                    changed = True
+        if any("random" in O.OPS[st.op].features and st.out not in live for st in body):
+            return True
+    return False
 
 
 def _policy_conflict(body, outer) -> bool:
