@@ -414,7 +414,10 @@ def _gen_pad(c, x):
     if not x.shape:
         return None
     ax = c.int(0, len(x.shape) - 1, "axis")
-    return None, [x], {"axis": ax, "before": c.int(0, 2, "before"), "after": c.int(1, 2, "after")}, x.mag
+    before, after = c.int(0, 2, "before"), c.int(1, 2, "after")
+    if x.shape[ax] + before + after > GEN_MAX_DIM:   # (a flattened value of 64 elements, padded)
+        return None
+    return None, [x], {"axis": ax, "before": before, "after": after}, x.mag
 
 
 def _vjp_slice(d, s):

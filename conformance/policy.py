@@ -20,6 +20,8 @@ jax.checkpoint_policies members. Op facts (which ops are dots) come from the op 
 | save_and_offload_names       | save_and_offload_only_these_names(...)         |
 | ops                          | custom callable: save outputs of these op kinds|
 |                              | (and of those sharing their primitive)         |
+| offload_ops                  | custom callable: offload (Offloadable) outputs |
+|                              | of these op kinds to the host                  |
 | min_elements                 | custom callable over avals: save outputs of ops|
 |                              | whose first input has >= N elements            |
 | dot_params                   | custom callable over params: save dot_general  |
@@ -103,6 +105,12 @@ class Ops(_P):
         return v
 
 
+class OffloadOps(Ops):
+    """Custom predicate over op kinds: offload the outputs of these IR ops to host memory (any op
+    kind: PyTorch MUST_CPU_OFFLOAD, JAX Offloadable), recompute the rest."""
+    kind: Literal["offload_ops"] = "offload_ops"
+
+
 class MinElements(_P):
     """Custom predicate over the avals a policy is given: save the outputs of every op (a name
     included) whose first input has at least `elements` elements."""
@@ -127,7 +135,7 @@ class DotParams(_P):
 Policy = Annotated[
     Union[Everything, Nothing, Dots, DotsNoBatch, SaveOnlyNames, SaveAnyNamesButThese,
           SaveAnythingExceptNames, Both, OffloadDotsNoBatch, SaveAndOffloadNames, Ops, MinElements, DotParams,
-          NoPolicy],
+          NoPolicy, OffloadOps],
     Field(discriminator="kind"),
 ]
 Both.model_rebuild()
@@ -202,6 +210,8 @@ _kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.
 _kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"))
 _kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True)
 _kind(NoPolicy, lambda p, op, name, b, n: "recompute", region_only=True)
+_kind(OffloadOps, lambda p, op, name, b, n: "offload" if _alike(op) & set(p.ops) else "recompute", ("ops",),
+      offloads=True)
 
 POLICY_KINDS = tuple(KINDS)
 

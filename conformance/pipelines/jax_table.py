@@ -69,6 +69,7 @@ POLICIES: dict[str, str] = {
     "min_elements": "save_min_elements({elements})",
     "dot_params": "save_unbatched_dots()",
     "no_policy": "None",
+    "offload_ops": "offload_prims({prims})",
 }
 
 PRELUDE = inspect.getsource(dropout_mask) + '''
@@ -76,6 +77,13 @@ PRELUDE = inspect.getsource(dropout_mask) + '''
 def save_prims(prims):
     """A custom policy: save the outputs of these JAX primitives."""
     return lambda prim, *_, **__: prim.name in prims
+
+
+def offload_prims(prims):
+    """A custom policy: offload the outputs of these JAX primitives to host memory."""
+    from jax.ad_checkpoint import Offloadable, Recompute
+    off = Offloadable(src="device", dst="pinned_host")
+    return lambda prim, *_, **__: off if prim.name in prims else Recompute
 
 
 def pack_residuals(tree, res):
@@ -183,7 +191,7 @@ def policy_source(p) -> str:
     for f in KINDS[p.kind].fields:
         v = getattr(p, f)
         fields[f] = policy_source(v) if f in ("a", "b") else repr(v) if f == "elements" else repr(list(v))
-    if p.kind == "ops":
+    if "ops" in KINDS[p.kind].fields:
         fields["prims"] = repr(sorted({pr for o in p.ops for pr in OPS[o].policy_ops}))
     return POLICIES[p.kind].format(**fields)
 

@@ -288,9 +288,11 @@ class TorchBase(Pipeline):
         else:
             obs.custom_rules = {k: v for k, v in low.logs.items()}
         obs.flags["saved_tensor_packs"] = rec.packs
-        if self.remat and calls:
-            obs.flags["policy_calls"] = len(calls)
+        if self.remat and calls:   # how often the policies ran (eagerly; while tracing), and what they decided
+            obs.flags["policy_calls"] = sum(1 for c in calls if not c[3])
             obs.flags["policy_recompute_calls"] = sum(1 for c in calls if c[1])
+            obs.flags["policy_trace_calls"] = sum(1 for c in calls if c[3])
+            obs.flags["policy_decisions"] = {d: sum(1 for c in calls if c[2] == d) for d in sorted({c[2] for c in calls})}
 
 
 class TorchNoRemat(TorchBase):

@@ -114,8 +114,8 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None, state=
         if state == "every_other" and d == "save":
             saves.append(str(op))
             d = "save" if len(saves) % 2 else "recompute"
-        if calls is not None and not torch.compiler.is_compiling():
-            calls.append((str(op), bool(ctx.is_recompute), d))
+        if calls is not None:   # (under torch.compile, the calls made while tracing)
+            calls.append((str(op), bool(ctx.is_recompute), d, torch.compiler.is_compiling()))
         return table[d]
     return policy_fn
 '''
