@@ -297,3 +297,4 @@ def test_compiled_reentrant_checkpoint_computes_eager_reentrant_values():
     assert compiled.flags["reentrant"] and compiled.flags["compile"] == "aot_eager"
     assert G.compare(prog, compiled, eager, "tight").status == "pass"
     assert saved(compiled) <= {"x", "w"}   # no policy: only the region's inputs are kept
+
