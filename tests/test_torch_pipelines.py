@@ -3,6 +3,8 @@
 zeros. Kept under a few minutes on 2 cores: inductor compiles one small program."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -37,15 +39,17 @@ def named_program(dtype="float32", policy=None) -> Program:
         outputs=["o"]))
 
 
-def nested_program() -> Program:
-    """Nested regions with different policies, a batched matmul and a layout op."""
+def nested_program(agreeing: bool = False) -> Program:
+    """Nested regions with different policies, a batched matmul and a layout op (`agreeing`: the
+    outer policy saves the inner one's matmul too, so that the levels do not conflict)."""
     inner = Checkpoint(args=["a"], results=["t"], policy=Dots(),
                        body=[Op(op="transpose", args=["a"], params={"perm": [0, 2, 1]}, out="at"),
                              Op(op="matmul", args=["a", "at"], out="aa"),
                              Op(op="tanh", args=["aa"], out="t")])
     return validate(Program(
         inputs=[Input(id="x", shape=[2, 3, 4], dtype="float64")],
-        body=[Checkpoint(args=["x"], results=["r"], policy=Both(a=Ops(ops=["sin"]), b=SaveOnlyNames(names=["n"])),
+        body=[Checkpoint(args=["x"], results=["r"], policy=Both(a=Ops(ops=["sin"] + ["matmul"] * agreeing),
+                                                               b=SaveOnlyNames(names=["n"])),
                          body=[Op(op="sin", args=["x"], out="a"), inner,
                                Op(op="name", args=["t"], params={"name": "n"}, out="n"),
                                Op(op="mul", args=["n", "n"], out="r")]),
@@ -423,8 +427,8 @@ def test_option_pipelines_are_declared_with_their_comparisons():
 
 
 @pytest.mark.parametrize("name", OPTIONS)
-@pytest.mark.parametrize("make", [nested_program, lambda: custom_program(True, region=True), chain_program],
-                         ids=["nested", "custom_in_region", "chain"])
+@pytest.mark.parametrize("make", [lambda: nested_program(agreeing=True), lambda: custom_program(True, region=True),
+                                  chain_program], ids=["nested", "custom_in_region", "chain"])
 def test_option_pipelines_agree_with_eager_sac(name, make):
     """Each option pipeline, judged as a campaign judges it (its comparisons from the registry),
     passes on programs where no option changes what is computed or kept."""
@@ -437,7 +441,12 @@ def test_option_pipelines_agree_with_eager_sac(name, make):
     assert obs[name].ok(), (obs[name].error, obs[name].unsupported)
     j = judge(prog, obs, Expectations.load())
     mine = [v for v in j.verdicts if v.pipeline == name]
-    assert not [v.key() for v in mine if v.status == "fail"], [(v.key(), v.detail) for v in mine if v.status == "fail"]
+    # (but the bug the corpus tracks, residuals-torch_compile-aot_eager_budget-0-cbb41799: budget 0 saves
+    # the graph's inputs only, dropping whatever the policy saves, under any saving policy)
+    tracked = {("residuals", "torch:compile-aot_eager:budget-0", "torch:eager-sac", "missing")}
+    assert (Path(__file__).parent / "regressions" / "residuals-torch_compile-aot_eager_budget-0-cbb41799.json").is_file()
+    new = [v for v in mine if v.status == "fail" and v.key() not in tracked]
+    assert not new, [(v.key(), v.detail) for v in new]
     ran = {(v.check, v.reference) for v in mine if v.status == "pass"}
     for ref, mode in P.comparisons(name, set(names)):
         want = {"values": "gradient", "budget": "residuals", "same": "residuals", "eager": "gradient"}[mode]
