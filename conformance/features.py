@@ -249,20 +249,25 @@ def compute_features(prog: Program) -> set[str]:
 
 def _dead_in_early_iterations(prog: Program) -> bool:
     """A random op in a scan body (of 2 or more iterations) whose value reaches no ys and no carry
-    the body reads: every iteration's draw but the last one's is dead code."""
+    that a live value of the next iteration reads: every iteration's draw but the last one's is
+    dead code."""
     for s, _, _, _ in walk(prog.body):
         if not isinstance(s, Scan) or s.length < 2:
             continue
         body = [st for st, _, _, ctx in walk(s.body) if isinstance(st, Op)]
-        read = {a for st in body for a in st.args}
-        live = set(s.ys) | {o for c, o in zip(s.carry, s.carry_out) if c in read}
-        changed = True
-        while changed:
-            changed = False
-            for st in body:
-                if st.out in live and not set(st.args) <= live:
-                    live |= set(st.args)
-                    changed = True
+
+        def closure(live):
+            changed = True
+            while changed:
+                changed = False
+                for st in body:
+                    if st.out in live and not set(st.args) <= live:
+                        live |= set(st.args)
+                        changed = True
+            return live
+        last = closure(set(s.ys) | set(s.carry_out))   # the last iteration: its carries are results
+        # an earlier iteration: what reaches the ys or a carry the last iteration's live values read
+        live = closure(set(s.ys) | {o for c, o in zip(s.carry, s.carry_out) if c in last})
         if any("random" in O.OPS[st.op].features and st.out not in live for st in body):
             return True
     return False

@@ -298,3 +298,19 @@ def test_compiled_reentrant_checkpoint_computes_eager_reentrant_values():
     assert G.compare(prog, compiled, eager, "tight").status == "pass"
     assert saved(compiled) <= {"x", "w"}   # no policy: only the region's inputs are kept
 
+
+
+@pytest.mark.parametrize("reads_carry, dead", [(None, True), ("dead", True), ("live", False)])
+def test_a_draw_only_a_later_iteration_overwrites_is_dead_random(reads_carry, dead):
+    """A scan whose body draws a mask into its carry: the draws of all iterations but the last
+    are dead when no live value reads the carry (torch.compile drops them: entry
+    torch-compile-drops-dead-random-ops), live when the next iteration's draw depends on it."""
+    from conformance.ir import Scan
+    body = [Op(op="dropout", args=["x"] if reads_carry != "live" else ["c"], params={"p": 0.5, "seed": 0}, out="d")]
+    if reads_carry == "dead":
+        body.append(Op(op="sum", args=["c"], params={"axis": None}, out="unused"))
+    prog = validate(Program(inputs=[Input(id="x", shape=[4], dtype="float32")],
+                            body=[Scan(args=["x", "x"] if reads_carry != "live" else ["x"], carry=["c"], body=body,
+                                       carry_out=["d"], results=["s"], length=2, spelling="fori_loop")],
+                            outputs=["s"]))
+    assert ("dead_random" in prog.features()) == dead
