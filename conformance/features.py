@@ -44,6 +44,8 @@ FEATURE_DOC: dict[str, str] = {
     "once_differentiable": "a custom rule whose PyTorch backward is decorated @once_differentiable",
     "bwd_branch": "a custom rule whose bwd branches on its cotangent's value (PyTorch: a Python if)",
     "checkpoint_in_custom_vjp": "a checkpoint region in a custom_vjp fwd rule (PyTorch: in a Function's forward)",
+    "sequential_regions": "regions without a policy chained on one value, then an op reading it: what "
+                          "checkpoint_sequential spells",
     "rule_pytree": "a custom_vjp or custom_jvp taking its args and returning its results (and cotangents or "
                    "tangents) as one tuple or dict",
     "residual_pytree": "custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
@@ -221,6 +223,8 @@ def compute_features(prog: Program) -> set[str]:
             f.add("unread_name")
         if isinstance(s, (CustomVJP, CustomJVP)) and any(reads.get(r, 0) == 0 for r in s.results):
             f.add("unused_result")
+    if sequential_runs(prog):
+        f.add("sequential_regions")
     if "random" in f:
         live = live_values(prog)
         if any(isinstance(s, Op) and "random" in O.OPS[s.op].features and s.out not in live
@@ -245,6 +249,34 @@ def compute_features(prog: Program) -> set[str]:
     for _, dt in types.values():
         f.add(dt)
     return f
+
+
+def _chain_region(s) -> bool:
+    return (isinstance(s, Checkpoint) and s.policy.kind == "no_policy" and len(s.args) == 1 and len(s.results) == 1
+            and s.tree == "flat" and not s.static_flag)
+
+
+def sequential_runs(prog: Program) -> dict[int, int]:
+    """Runs of the program's top-level statements that a checkpoint_sequential spells exactly: one
+    or more regions without a policy, each taking one value (the previous one's single result) and
+    exporting one, then a one-argument op reading the last result, every result read only there.
+    {first index: index of that op}."""
+    body, reads = prog.body, {}
+    for a in [a for st in body for a in st.args] + list(prog.outputs):   # (inner statements read through
+        reads[a] = reads.get(a, 0) + 1                                   # their container's args)
+    out, i = {}, 0
+    while i < len(body):
+        j = i
+        while _chain_region(body[j]) and (j == i or body[j].args == body[j - 1].results) \
+                and reads.get(body[j].results[0]) == 1 and j + 1 < len(body):
+            j += 1
+        last = body[j]
+        if j > i and isinstance(last, Op) and last.args == body[j - 1].results:
+            out[i] = j
+            i = j + 1
+        else:
+            i += 1
+    return out
 
 
 def _dead_in_early_iterations(prog: Program) -> bool:

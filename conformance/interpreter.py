@@ -163,8 +163,21 @@ class Interpreter:
             self.record = outer
         return list(carry) + [self.stack([y[j] for y in ys]) for j in range(len(s.ys))]
 
+    def fused(self, body, i: int, env: dict, nondiff, path: str) -> int:
+        """How many statements from body[i] on this interpreter ran at once (0: none; PyTorch's
+        checkpoint_sequential spelling)."""
+        return 0
+
     def body(self, body, env: dict, nondiff=None, path="body"):
+        skip = 0
         for i, s in enumerate(body):
+            if skip:
+                skip -= 1
+                continue
+            skip = self.fused(body, i, env, nondiff, path)
+            if skip:
+                skip -= 1
+                continue
             p = f"{path}[{i}]"
             if isinstance(s, Op):
                 env[s.out] = self.op(s, [env[a] for a in s.args], nondiff)

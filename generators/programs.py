@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from conformance import ops as O
 from conformance.batching import value_shape
 from conformance.ir import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate
-from conformance.policy import KINDS
+from conformance.policy import KINDS, NoPolicy
 from generators.draws import BOOL, draw_int, flag, perms, span
 from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
 from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
@@ -38,6 +38,7 @@ from generators.swarm import (FOCUS_TRIES, Config, Swarm, draw_swarm, focused, o
 DIMS, RARE_DIMS = (2, 3), (1, 4)     # a dimension is one of DIMS 4 times in 5
 RANKS = (1, 2, 0, 3)
 NONDIFF_VALUES = (2.0, 0.5)
+SEQUENTIAL_OPS = ("sin", "tanh", "neg")   # bounded unary ops of a checkpoint_sequential tail
 
 
 SPELLINGS = ("defvjp", "custom_gradient", "custom_gradient_remat", "defremat")
@@ -400,6 +401,8 @@ class _Gen(Structure):
             home = chain(f)
             leaves[vid] = {id(g) for r in readers.get(vid, ()) for g in home - chain(r)}
         body = self._build(top, leaves)
+        if self.sw["sequential_regions"] and self.sw["policy:no_policy"]:
+            self._sequential_tail(body, outs)
         diff = Diff(order=2 if self.sw["second_order"] else 1)
         if self.sw["second_order"] and self.sw["diff_modes"]:   # how H @ ones is computed (first: reverse)
             diff.mode = DIFF_MODES[draw_int(self.draw, 0, len(DIFF_MODES) - 1, "diff_mode")]
@@ -439,6 +442,20 @@ class _Gen(Structure):
             else:
                 body.append(self._cvjp(it, inner, defined, results))
         return body
+
+    def _sequential_tail(self, body: list, outs: list) -> None:
+        """Regions without a policy chained on the first output, then an op reading the last one's
+        result, which replaces that output (what torch's checkpoint_sequential spells)."""
+        v = outs[0]
+        n = 1   # (one region: a tail of more would be a block the shrinker cannot take apart)
+        for _ in range(n + 1):
+            op = SEQUENTIAL_OPS[draw_int(self.draw, 0, len(SEQUENTIAL_OPS) - 1, "sequential_op")]
+            o = self.fresh()
+            self.types[o] = self.types[v]
+            s = Op(op=op, args=[v], out=o)
+            body.append(s if _ == n else Checkpoint(args=[v], body=[s], results=[o], policy=NoPolicy()))
+            v = o
+        outs[0] = v
 
     def _policy(self, it: Frame, inner):
         return make_policy(it.policy_choice, [s.op for s in inner if isinstance(s, Op)])

@@ -68,7 +68,7 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
                ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
                ("rule_trees", _HALF), ("per_example", (1, 4)), ("function_options", _HALF),
-               ("checkpoint_in_rules", _HALF))
+               ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)))
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 
@@ -89,6 +89,7 @@ def _allowed(cfg: Config) -> dict[str, bool]:
     a["prevent_cse"] &= a["checkpoint"]
     a["region_options"] &= a["checkpoint"]
     a["checkpoint_in_rules"] &= a["checkpoint"] and cfg.custom_vjp
+    a["sequential_regions"] &= a["checkpoint"] and cfg.max_stmts >= 4
     if not cfg.custom_vjp:
         for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees",
                   "perturbed_branch", "function_options"):
@@ -175,6 +176,7 @@ FOCUS: dict[str, tuple[str, ...]] = {
     "custom_jvp_in_checkpoint": ("custom_jvp", "checkpoint"), "random": ("family:random",),
     "inplace": ("family:inplace",), "view": ("family:view",),
     "checkpoint_in_custom_vjp": ("custom_vjp", "checkpoint", "checkpoint_in_rules"),
+    "sequential_regions": ("sequential_regions", "policy:no_policy", "checkpoint"),
     **{f: ("custom_vjp", "function_options") for f in ("non_differentiable", "once_differentiable", "bwd_branch")},
     **{f"policy:{k}": ("checkpoint",) + ((f"policy:{k}",) if i else ()) for i, k in enumerate(KINDS)},
 }

@@ -314,3 +314,32 @@ def test_a_draw_only_a_later_iteration_overwrites_is_dead_random(reads_carry, de
                                        carry_out=["d"], results=["s"], length=2, spelling="fori_loop")],
                             outputs=["s"]))
     assert ("dead_random" in prog.features()) == dead
+
+
+# ---- checkpoint_sequential ------------------------------------------------------------------------
+def chained_regions_program() -> Program:
+    """Two regions without a policy chained on one value, then an op reading the last result: what
+    checkpoint_sequential([region1, region2, op], 3, x) computes and saves."""
+    from conformance.policy import NoPolicy
+    return validate(Program(
+        inputs=[Input(id="x", shape=[2, 3], dtype="float64")],
+        body=[Checkpoint(args=["x"], results=["r1"], policy=NoPolicy(),
+                         body=[Op(op="sin", args=["x"], out="a"), Op(op="cos", args=["a"], out="r1")]),
+              Checkpoint(args=["r1"], results=["r2"], policy=NoPolicy(), body=[Op(op="tanh", args=["r1"], out="r2")]),
+              Op(op="exp", args=["r2"], out="y")],
+        outputs=["y"]))
+
+
+def test_chained_regions_run_as_checkpoint_sequential_alike(monkeypatch):
+    prog = chained_regions_program()
+    assert "sequential_regions" in prog.features()
+    calls = []
+    real = torch.utils.checkpoint.checkpoint_sequential
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint_sequential",
+                        lambda fns, segments, x, **kw: calls.append(len(fns)) or real(fns, segments, x, **kw))
+    inp = inputs_for(prog)
+    obs, ref = P.get("torch:eager-sequential").run(prog, inp), P.get("torch:eager-sac").run(prog, inp)
+    assert obs.ok() and ref.ok(), (obs.error, ref.error)
+    assert calls == [3]   # two checkpointed segments, the op un-checkpointed
+    assert R.compare(obs, ref).status == "pass" and G.compare(prog, obs, ref, "tight").status == "pass"
+    assert saved(obs) == saved(ref) == {"x", "r1", "y"}   # each segment's input, and exp's output

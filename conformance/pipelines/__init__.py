@@ -43,7 +43,7 @@ MEMORY_BUDGETS = (0.5, 0.0)
 # Spec's PyTorch checkpoint and compile options (on/off): recorded in a run's flags when on,
 # carried by repro scripts.
 TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break",
-                 "policy_state")
+                 "policy_state", "sequential")
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class Spec:
     graph_break: bool = False        # torch.compile: a graph break at the start of every checkpoint region's function
     preserve_rng_state: bool = True  # torch checkpoint's preserve_rng_state (False: test-only mutants)
     policy_state: str = ""           # torch: "every_other", a stateful policy_fn per checkpoint call (sac_policy)
+    sequential: bool = False         # torch: chained regions without a policy as checkpoint_sequential
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
@@ -132,6 +133,8 @@ def _torch_rivals():
                     compare=(Compare(("torch:eager-sac",), "values"),)))
     out.append(Spec("torch:compile-aot_eager:reentrant", "torch", "TorchSAC", compile="aot_eager", reentrant=True,
                     compare=(Compare(("torch:eager-reentrant",), "values"),)))
+    out.append(Spec("torch:eager-sequential", "torch", "TorchSAC", sequential=True,
+                    compare=(Compare(("torch:eager-sac",), "same"),)))
     out.append(Spec("torch:eager-sac:checks-off", "torch", "TorchSAC", checks_off=True,
                     compare=(Compare(("torch:eager-sac",), "same"),)))
     higher = "torch:compile-aot_eager"

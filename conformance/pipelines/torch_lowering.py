@@ -33,6 +33,7 @@ from conformance.interpreter import Interpreter
 from conformance.dtypes import DTYPES as FLOAT_DTYPES, np_dtype
 from conformance.batching import record_examples
 from conformance.ir import Checkpoint, CustomVJP, Op, Program, walk
+from conformance.features import sequential_runs
 from conformance.observation import CustomRuleLog
 from conformance.pipelines import torch_table
 from conformance.pipelines.tables import compile_table
@@ -89,9 +90,10 @@ TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 # a graph break at the start of each region's function (under torch.compile); preserve_rng_state
 # (False: a recompute draws new random numbers; test-only mutants).
 CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False,
-                      "preserve_rng_state": True, "materialize_grads": False, "policy_state": ""}
+                      "preserve_rng_state": True, "materialize_grads": False, "policy_state": "", "sequential": False}
 # (materialize_grads: symbolic_zeros rules get zero tensors instead of None; test-only mutants)
 # policy_state: "" (one stateless policy_fn per region), "every_other" (sac_policy's stateful policy)
+# sequential: regions without a policy chained on one value, then an op, run as checkpoint_sequential
 
 
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
@@ -123,6 +125,7 @@ class Lowering(Interpreter):
         # checkpoint options (CHECKPOINT_OPTIONS' keys): reentrant, checks_off, compile_inside
         self.options = {**CHECKPOINT_OPTIONS, **(options or {})}
         self._compiled_regions: dict[str, Any] = {}
+        self._runs = sequential_runs(prog) if self.options["sequential"] else {}   # (checkpoint_sequential)
         self.diff_residuals = diff_residuals
         self.policy_calls = policy_calls
         self.logs: dict[str, CustomRuleLog] = {}
@@ -146,6 +149,22 @@ class Lowering(Interpreter):
 
     def stop_gradient(self, x):
         return x.detach()
+
+    def fused(self, body, i: int, env: dict, nondiff, path: str) -> int:
+        """(sequential) A run of top-level regions without a policy chained on one value, then an op
+        reading the last one's result (features.sequential_runs), as checkpoint_sequential over one
+        function per region and the op: every segment but the last (the op) checkpointed."""
+        if not (self.options["sequential"] and self.remat and path == "body"):
+            return 0
+        end = self._runs.get(i)
+        if end is None:
+            return 0
+        fns = [(lambda v, f=self.region_fn(r, f"{path}[{k}]"): f(v)[0]) for k, r in enumerate(body[i:end], i)]
+        op = body[end]
+        fns.append(lambda v: self.op(op, [v], nondiff))
+        env[op.out] = torch.utils.checkpoint.checkpoint_sequential(fns, len(fns), env[body[i].args[0]],
+                                                                   use_reentrant=False)
+        return end - i + 1
 
     def non_differentiable(self, s: CustomVJP, outs: list) -> list:
         return outs if self.custom else super().non_differentiable(s, outs)   # (the Function marks them)

@@ -182,7 +182,7 @@ class TorchBase(Pipeline):
         """The lowering's checkpoint options (torch_lowering.CHECKPOINT_OPTIONS), from the spec."""
         sp = self.spec
         return {"reentrant": sp.reentrant, "checks_off": sp.checks_off, "graph_break": sp.graph_break,
-                "preserve_rng_state": sp.preserve_rng_state, "policy_state": sp.policy_state,
+                "preserve_rng_state": sp.preserve_rng_state, "policy_state": sp.policy_state, "sequential": sp.sequential,
                 "compile_inside": self._backend() if sp.compile_inside else None}
 
     def _run(self, program: Program, inputs, obs: Observation, device: str):
