@@ -58,6 +58,13 @@ NO_REENTRANT_GRAD = ("use_reentrant=True checkpoint is incompatible with torch.a
 # (entry torch-once-differentiable-first-order)
 ONCE_DIFFERENTIABLE = ("a backward decorated @once_differentiable is documented to support first-order gradients only: "
                        "its outputs have no graph to differentiate again")
+# A harness limit, not PyTorch's (no expectation entry): under torch.compile, a checkpoint region in a
+# Function's forward as the harness's interpreter runs it makes dynamo raise "An intermediate tensor
+# ... created inside a higher-order op subgraph aliases an input or output" (gate seed 4343: a
+# broadcast residual), which the same program's straight-line repro script does not.
+CHECKPOINT_IN_FUNCTION_COMPILED = ("a checkpoint region in a custom rule's forward is not run under torch.compile: "
+                                   "the harness's interpreted lowering trips a dynamo aliasing check that straight-line "
+                                   "code does not (eager pipelines run it)")
 # (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
 NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
                  "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
@@ -127,6 +134,9 @@ class TorchBase(Pipeline):
             return obs
         if "forward_ad" in feats and ("names" in feats or "custom_vjp" in feats):
             obs.unsupported = NO_FORWARD_AD
+            return obs
+        if "checkpoint_in_custom_vjp" in feats and self.compile:
+            obs.unsupported = CHECKPOINT_IN_FUNCTION_COMPILED
             return obs
         if "once_differentiable" in feats and program.diff.order == 2:
             obs.unsupported = ONCE_DIFFERENTIABLE
