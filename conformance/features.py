@@ -141,14 +141,9 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("residual_is_arg")
             if set(s.residuals) & set(s.results):
                 f.add("residual_is_result")
-            if s.perturbed_branch:
-                f.add("perturbed_branch")
-            if s.non_differentiable:
-                f.add("non_differentiable")
-            if s.once_differentiable:
-                f.add("once_differentiable")
-            if s.bwd_branch:
-                f.add("bwd_branch")
+            # (rule options whose feature is their field's name)
+            f.update(k for k in ("perturbed_branch", "non_differentiable", "once_differentiable", "bwd_branch")
+                     if getattr(s, k))
             if s.residual_tree != "tuple":
                 f.add("residual_pytree")
             if s.tree != "flat":

@@ -343,3 +343,19 @@ def test_chained_regions_run_as_checkpoint_sequential_alike(monkeypatch):
     assert calls == [3]   # two checkpointed segments, the op un-checkpointed
     assert R.compare(obs, ref).status == "pass" and G.compare(prog, obs, ref, "tight").status == "pass"
     assert saved(obs) == saved(ref) == {"x", "r1", "y"}   # each segment's input, and exp's output
+
+
+def test_compiled_reentrant_passes_gradients_through_nested_structures():
+    """(expectation torch-compile-reentrant-nested-structures) a region taking its args as one tuple:
+    eager reentrant checkpoint passes them no gradient (documented), compiled reentrant does."""
+    prog = validate(Program(inputs=[Input(id="x", shape=[3], dtype="float64")],
+                            body=[Checkpoint(args=["x"], results=["y"], policy=Ops(ops=["sin"]), tree="tuple",
+                                             body=[Op(op="sin", args=["x"], out="y")])], outputs=["y"]))
+    inp = inputs_for(prog)
+    names = P.run_set(["torch:compile-aot_eager:reentrant"])
+    obs = {n: P.get(n).run(prog, inp) for n in names}
+    np.testing.assert_allclose(obs["torch:eager-reentrant"].grads["x"], 0.0)
+    np.testing.assert_allclose(obs["torch:compile-aot_eager:reentrant"].grads["x"], np.cos(inp["x"]), rtol=1e-9)
+    j = judge(prog, obs, Expectations.load())
+    assert "torch-compile-reentrant-nested-structures" in j.expectation_hits
+    assert not [v for v in j.verdicts if v.status == "fail" and v.pipeline == "torch:compile-aot_eager:reentrant"]
