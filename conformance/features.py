@@ -8,7 +8,7 @@ from __future__ import annotations
 from conformance import ops as O
 from conformance.ir import (Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, infer_types, is_name,
                             live_values, walk)
-from conformance.policy import POLICY_KINDS, combines, offloads
+from conformance.policy import KINDS, POLICY_KINDS, combines, offloads
 
 # Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
 FEATURE_DOC: dict[str, str] = {
@@ -247,7 +247,7 @@ def compute_features(prog: Program) -> set[str]:
 
 
 def _chain_region(s) -> bool:
-    return (isinstance(s, Checkpoint) and s.policy.kind == "no_policy" and len(s.args) == 1 and len(s.results) == 1
+    return (isinstance(s, Checkpoint) and KINDS[s.policy.kind].region_only and len(s.args) == 1 and len(s.results) == 1
             and s.tree == "flat" and not s.static_flag)
 
 

@@ -1,9 +1,10 @@
 """Observation: what one pipeline saw when it ran one program. Pipelines fill it; oracles read it."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from conformance.verdict import Stage
 
@@ -14,6 +15,13 @@ class ErrorInfo(BaseModel):
     type: str
     message: str
     stage: Stage
+
+    @field_validator("message")
+    @classmethod
+    def _no_addresses(cls, v: str) -> str:
+        """Object addresses (`<... object at 0x7f...>`) differ between processes: left out, so that one
+        error reads the same in every run."""
+        return re.sub(r" at 0x[0-9a-fA-F]+", " at 0x…", v)
 
 
 class Residual(BaseModel):

@@ -181,8 +181,6 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
                 checks = [_draws_differ(feats, obs, rref)
                           or cross_framework.compare_grads(program, obs, rref, values=values, values_missing=values_missing),
                           cross_framework.compare_residuals(obs, rref, program, across=mode == "cross")]
-                if mode == "eager":   # what rules received, where the compiled pipeline ran them eagerly
-                    checks.append(compare_custom_rules(obs, rref, jvp_blocks, observed_only=True))
             for v in checks:
                 add(v)
     return j
