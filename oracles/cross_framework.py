@@ -75,7 +75,7 @@ def _compare_saved(obs: Observation, ref: Observation, program: Program) -> Verd
     """Eager against compiled PyTorch (one framework's derivative rules): every saved named value
     class holding a live value some enclosing policy decides to save must be saved by both (each
     class as often). (Unnamed values are not compared: the partitioner may save a backward factor,
-    cos(v) for sin(v), instead of a value a policy saves, as the tracked e5cff643 shows.) Where
+    cos(v) for sin(v), instead of a value a policy saves.) Where
     nested policies disagree, eager SAC and torch.compile resolve them differently: a tracked
     discrepancy (corpus), so those values count too."""
     from collections import Counter
