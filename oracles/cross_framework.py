@@ -43,8 +43,8 @@ def compare_grads(program: Program, torch_obs: Observation, jax_obs: Observation
     return v
 
 
-def policy_named(program: Program, names_only: bool = True) -> set[str]:
-    """Ids of name ops (every op, with names_only=False) inside checkpoint regions for which some
+def policy_named(program: Program) -> set[str]:
+    """Ids of name ops inside checkpoint regions for which some
     enclosing policy decides 'save' (or 'offload'). With nested regions the frameworks resolve
     conflicting levels differently (that is a declared semantic difference, to be reported, so
     both the innermost and the outer levels count)."""
@@ -54,7 +54,7 @@ def policy_named(program: Program, names_only: bool = True) -> set[str]:
     def visit(body, stack):
         for s in body:
             if isinstance(s, Op):
-                if (is_name(s) or not names_only) and stack and judged_by_meaning(stack, bool(program.diff.batch)) and any(
+                if is_name(s) and stack and judged_by_meaning(stack, bool(program.diff.batch)) and any(
                         decide(p, s.op, checkpoint_name_of(s), False, input_elements(s, types)) != "recompute"
                         for p in stack):
                     out.add(s.out)
@@ -69,30 +69,6 @@ def policy_named(program: Program, names_only: bool = True) -> set[str]:
                     visit(b, stack)
     visit(program.body, [])
     return out
-
-
-def _compare_saved(obs: Observation, ref: Observation, program: Program) -> Verdict:
-    """Eager against compiled PyTorch (one framework's derivative rules): every saved named value
-    class holding a live value some enclosing policy decides to save must be saved by both (each
-    class as often). (Unnamed values are not compared: the partitioner may save a backward factor,
-    cos(v) for sin(v), instead of a value a policy saves.) Where
-    nested policies disagree, eager SAC and torch.compile resolve them differently: a tracked
-    discrepancy (corpus), so those values count too."""
-    from collections import Counter
-    v = Verdict(check="residuals", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
-    ids = policy_named(program) & live_values(program)
-    _, exempt = region_context(program)
-
-    def classes(o):
-        return Counter(tuple(r.cls) for r in o.residuals if ids & set(map(base_id, r.cls))
-                       and not exempt & set(map(base_id, r.cls)))
-    a, b = classes(obs), classes(ref)
-    if a != b:
-        missing, extra = sorted("/".join(c) for c in (b - a).elements()), sorted("/".join(c) for c in (a - b).elements())
-        v.status, v.error_type = "fail", "missing" if not extra else "extra" if not missing else "other"
-        v.detail = {"missing_saved": missing, "extra_saved": extra, "scope": "policy_saved",
-                    "saved": residuals.describe(obs.residuals), "reference_saved": residuals.describe(ref.residuals)}
-    return v
 
 
 def derivative_factor_reads(program: Program) -> set[str]:
@@ -120,8 +96,6 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
     checkpointing caches a dead value its policy names, where JAX and torch.compile drop the dead
     code). `across`: the two run different frameworks, whose derivative rules differ (False: eager
     against compiled PyTorch, one framework's rules)."""
-    if program is not None and not across and torch_obs.residuals is not None and jax_obs.residuals is not None:
-        return _compare_saved(torch_obs, jax_obs, program)
     if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
         ids = policy_named(program) & live_values(program)
         _, exempt = region_context(program)

@@ -80,8 +80,7 @@ def dead_blocks(program: Program) -> frozenset[str]:
                      if ctx not in DERIVATIVE_CTX and isinstance(st, CustomVJP) and not live & set(st.results))
 
 
-def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset(),
-                         observed_only: bool = False) -> Verdict:
+def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset()) -> Verdict:
     """What custom rules saw, per block: whether the rule ran (fwd_ran), the perturbed flags, the
     symbolic-zero cotangents. `jvp_blocks`: paths of custom_jvp blocks, whose rule only computes
     tangents: a rival that never ran one the reference ran did not need those tangents (remat3's
@@ -97,14 +96,6 @@ def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozens
         if a is None or b is None:
             continue   # a block that one pipeline never traced (dead code) is not judged
         if path in jvp_blocks and not a.fwd_traces:
-            continue
-        if observed_only:   # a compiled pipeline observes only the rule calls it ran eagerly (after a graph
-            # break; others ran traced): what it saw must be among what eager calls saw
-            flds = (("perturbed",) if a.fwd_traces and b.fwd_traces else ()) + (
-                ("symbolic_zero_cts", "ct_kinds") if a.bwd_calls and b.bwd_calls else ())
-            for fld in flds:
-                if any(x not in getattr(b, fld) for x in getattr(a, fld)):
-                    diffs.setdefault(path, {})[fld] = {"got": sorted(getattr(a, fld)), "reference": sorted(getattr(b, fld))}
             continue
         if bool(a.fwd_traces) != bool(b.fwd_traces):
             # One pipeline ran the fwd rule, the other only the primal function.

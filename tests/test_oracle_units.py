@@ -635,7 +635,7 @@ def test_cross_framework_residuals_leave_out_what_derivative_rules_decide():
     # within one framework (eager against compiled PyTorch) the derivative rules are the same: compared
     v = cross_framework.compare_residuals(torch_side, ob("torch:compile-aot_eager", res=[]), chain({"kind": "everything"}),
                                           across=False)
-    assert v.status == "fail" and v.detail["missing_saved"] == [] and v.detail["extra_saved"] == ["n/s"]
+    assert v.status == "fail" and v.detail["missing_named"] == [] and v.detail["extra_named"] == ["n/s"]
     for saves_unnamed in ({"kind": "ops", "ops": ["sin", "name"]}, {"kind": "min_elements", "elements": 1},
                           {"kind": "save_anything_except_names", "names": ["b"]}):
         assert cross_framework.derivative_factor_reads(chain(saves_unnamed)) == {"x", "n"}, saves_unnamed
