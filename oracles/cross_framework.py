@@ -43,8 +43,8 @@ def compare_grads(program: Program, torch_obs: Observation, jax_obs: Observation
     return v
 
 
-def policy_named(program: Program) -> set[str]:
-    """Ids of name ops inside checkpoint regions for which some
+def policy_named(program: Program, names_only: bool = True) -> set[str]:
+    """Ids of name ops (every op, with names_only=False) inside checkpoint regions for which some
     enclosing policy decides 'save' (or 'offload'). With nested regions the frameworks resolve
     conflicting levels differently (that is a declared semantic difference, to be reported, so
     both the innermost and the outer levels count)."""
@@ -54,7 +54,7 @@ def policy_named(program: Program) -> set[str]:
     def visit(body, stack):
         for s in body:
             if isinstance(s, Op):
-                if is_name(s) and stack and judged_by_meaning(stack, bool(program.diff.batch)) and any(
+                if (is_name(s) or not names_only) and stack and judged_by_meaning(stack, bool(program.diff.batch)) and any(
                         decide(p, s.op, checkpoint_name_of(s), False, input_elements(s, types)) != "recompute"
                         for p in stack):
                     out.add(s.out)
@@ -89,6 +89,26 @@ def _restrict(obs: Observation, ids: set[str], exempt: set[str]) -> Observation:
     return o
 
 
+def _unnamed_within(compiled: Observation, eager: Observation, program: Program, exempt: set[str]) -> Verdict | None:
+    """Compiled against eager PyTorch (one framework's rules), unnamed values: every saved class
+    the compiled pipeline keeps that holds a live op output some enclosing policy decides to save
+    must be among eager's classes. Eager SAC caches every such output, where the partitioner
+    keeps only those its backward reads, so the converse is not judged (nor is what the
+    partitioner keeps instead of a saved value: cos(v) for sin(v) holds no policy-saved output)."""
+    ids = policy_named(program, names_only=False) & live_values(program)
+    def classes(o):
+        return {tuple(r.cls) for r in o.residuals if not r.names and ids & set(map(base_id, r.cls))
+                and not exempt & set(map(base_id, r.cls))}
+    extra = classes(compiled) - {tuple(r.cls) for r in eager.residuals}
+    if not extra:
+        return None
+    return Verdict(check="residuals", pipeline=compiled.pipeline, reference=eager.pipeline, status="fail",
+                   error_type="extra", detail={"extra_saved": sorted("/".join(c) for c in extra), "missing_saved": [],
+                                               "scope": "policy_saved_unnamed",
+                                               "saved": residuals.describe(compiled.residuals),
+                                               "reference_saved": residuals.describe(eager.residuals)})
+
+
 def compare_residuals(torch_obs: Observation, jax_obs: Observation,
                       program: Program | None = None, across: bool = True) -> Verdict:
     """Named residual classes must agree exactly (restricted to policy-decided names when
@@ -104,5 +124,7 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
         v = residuals.compare(_restrict(torch_obs, ids, exempt), _restrict(jax_obs, ids, exempt),
                               named_only=True)
         v.detail = {**v.detail, "scope": "policy_named"} if v.detail else v.detail
+        if v.status == "pass" and not across:
+            return _unnamed_within(torch_obs, jax_obs, program, exempt) or v
         return v
     return residuals.compare(torch_obs, jax_obs, named_only=True)

@@ -80,13 +80,16 @@ def dead_blocks(program: Program) -> frozenset[str]:
                      if ctx not in DERIVATIVE_CTX and isinstance(st, CustomVJP) and not live & set(st.results))
 
 
-def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset()) -> Verdict:
+def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset(),
+                         observed_only: bool = False) -> Verdict:
     """What custom rules saw, per block: whether the rule ran (fwd_ran), the perturbed flags, the
     symbolic-zero cotangents. `jvp_blocks`: paths of custom_jvp blocks, whose rule only computes
     tangents: a rival that never ran one the reference ran did not need those tangents (remat3's
     partial evaluation drops them; a tangent it needed would change values, which the gradient
     check judges), so only a rule that ran where the reference's never did is judged there; the
-    same for custom_vjp blocks that are dead code (`dead_blocks`)."""
+    same for custom_vjp blocks that are dead code (`dead_blocks`). `observed_only`: a compiled
+    pipeline observes only the rule calls it ran eagerly (the others ran traced), so what it saw
+    must be among what the eager pipeline's calls saw."""
     v = Verdict(check="custom_rule", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
     if skip_unless(v, "custom_rules", obs, ref):
         return v
@@ -96,6 +99,13 @@ def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozens
         if a is None or b is None:
             continue   # a block that one pipeline never traced (dead code) is not judged
         if path in jvp_blocks and not a.fwd_traces:
+            continue
+        if observed_only:
+            flds = (("perturbed",) if a.fwd_traces and b.fwd_traces else ()) + (
+                ("symbolic_zero_cts", "ct_kinds") if a.bwd_calls and b.bwd_calls else ())
+            for fld in flds:
+                if any(x not in getattr(b, fld) for x in getattr(a, fld)):
+                    diffs.setdefault(path, {})[fld] = {"got": sorted(getattr(a, fld)), "reference": sorted(getattr(b, fld))}
             continue
         if bool(a.fwd_traces) != bool(b.fwd_traces):
             # One pipeline ran the fwd rule, the other only the primal function.
@@ -172,6 +182,8 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
                 checks = [_draws_differ(feats, obs, rref)
                           or cross_framework.compare_grads(program, obs, rref, values=values, values_missing=values_missing),
                           cross_framework.compare_residuals(obs, rref, program, across=mode == "cross")]
+                if mode == "eager":   # what rules received, where the compiled pipeline ran them eagerly
+                    checks.append(compare_custom_rules(obs, rref, jvp_blocks, observed_only=True))
             for v in checks:
                 add(v)
     return j

@@ -636,6 +636,22 @@ def test_cross_framework_residuals_leave_out_what_derivative_rules_decide():
     v = cross_framework.compare_residuals(torch_side, ob("torch:compile-aot_eager", res=[]), chain({"kind": "everything"}),
                                           across=False)
     assert v.status == "fail" and v.detail["missing_named"] == [] and v.detail["extra_named"] == ["n/s"]
+    # an unnamed value the policy saves: what the compiled pipeline keeps of it must be among eager's
+    # classes; eager caching one the partitioner does not keep (nothing reads c backward) is not judged
+    unnamed = prog([region(["x"], [op("sin", ["x"], "s"), op("cos", ["s"], "c"), op("tanh", ["c"], "y")], ["y"],
+                           {"kind": "ops", "ops": ["cos"]})])
+    eager = ob("torch:eager-sac", res=[R(["c"], []), R(["x"], [])])
+    assert cross_framework.compare_residuals(ob("torch:compile-aot_eager", res=[R(["x"], [])]), eager, unnamed,
+                                             across=False).status == "pass"
+    v = cross_framework.compare_residuals(ob("torch:compile-aot_eager", res=[R(["c"], [])]),
+                                          ob("torch:eager-sac", res=[R(["x"], [])]), unnamed, across=False)
+    assert v.status == "fail" and v.error_type == "extra" and v.detail["extra_saved"] == ["c"], v.detail
+    assert v.detail["scope"] == "policy_saved_unnamed"
+    # across frameworks unnamed values are never compared; nor is a class no policy saves (s)
+    assert cross_framework.compare_residuals(ob("torch:eager-sac", res=[R(["c"], [])]), ob("jax:remat2", res=[]),
+                                             unnamed).status == "pass"
+    assert cross_framework.compare_residuals(ob("torch:compile-aot_eager", res=[R(["s"], [])]),
+                                             ob("torch:eager-sac", res=[]), unnamed, across=False).status == "pass"
     for saves_unnamed in ({"kind": "ops", "ops": ["sin", "name"]}, {"kind": "min_elements", "elements": 1},
                           {"kind": "save_anything_except_names", "names": ["b"]}):
         assert cross_framework.derivative_factor_reads(chain(saves_unnamed)) == {"x", "n"}, saves_unnamed
@@ -682,6 +698,24 @@ def test_a_fwd_rule_run_by_one_side_only_is_reported_alone_for_its_block():
     assert v.error_type == "fwd_ran+perturbed"
     assert v.detail == {"blocks": {"body[0]": {"fwd_ran": {"got": 2, "reference": 0}},
                                    "body[1]": {"perturbed": {"got": [[True]], "reference": [[False]]}}}}
+
+
+def test_compiled_rule_observations_must_be_among_the_eager_ones():
+    """A compiled pipeline observes only the rule calls it ran eagerly: what it saw must be among
+    what eager saw (torch.compile passing a value where eager passes None for a
+    mark_non_differentiable output is caught), not all of it; a rule it never ran is not judged."""
+    eager = ob("torch:eager-sac", rules={"body[0]": CustomRuleLog(perturbed=[[True], [False]], ct_kinds=[["value", "none"]],
+                                                                 fwd_traces=2, bwd_calls=1)})
+    fewer = ob("torch:compile-aot_eager", rules={"body[0]": CustomRuleLog(perturbed=[[True]], fwd_traces=1)})
+    assert compare_custom_rules(fewer, eager, observed_only=True).status == "pass"
+    assert compare_custom_rules(fewer, eager).status == "fail"   # (the full comparison would blame it)
+    other = ob("torch:compile-aot_eager", rules={"body[0]": CustomRuleLog(ct_kinds=[["value", "value"]], bwd_calls=1)})
+    v = compare_custom_rules(other, eager, observed_only=True)
+    assert v.status == "fail" and v.error_type == "ct_kinds", v
+    assert v.detail == {"blocks": {"body[0]": {"ct_kinds": {"got": [["value", "value"]],
+                                                            "reference": [["value", "none"]]}}}}
+    never = ob("torch:compile-aot_eager", rules={"body[0]": CustomRuleLog(ct_kinds=[["value", "value"]])})
+    assert compare_custom_rules(never, eager, observed_only=True).status == "pass"   # no bwd call of its own
 
 
 def test_a_custom_jvp_rule_a_rival_did_not_need_is_not_judged():
