@@ -6,6 +6,27 @@ import threading
 
 from hypothesis import strategies as st
 
+
+
+def _without_local_constants() -> None:
+    """Hypothesis mixes into its draws constants it mines from every project module the process
+    has imported so far (hypothesis.internal.conjecture.providers), so one seed gave different
+    programs in a fresh process and in one that had run other code first (a campaign, its resume
+    and its shards must generate the same programs). The generator uses none: the pool of local
+    constants stays empty. (A private hook: on a Hypothesis without it nothing changes.)"""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:   # pragma: no cover - another Hypothesis layout
+        return
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
+        empty = providers.Constants()
+        providers._get_local_constants = lambda: empty
+        cache = getattr(providers, "CONSTANTS_CACHE", None)
+        if cache is not None:
+            cache.cache.clear()
+
+
+_without_local_constants()
 BOOL = st.booleans()
 _INTS: dict[tuple[int, int], st.SearchStrategy] = {}
 _PERMS: dict[int, st.SearchStrategy] = {}

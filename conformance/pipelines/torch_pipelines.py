@@ -303,6 +303,7 @@ class TorchBase(Pipeline):
             obs.flags["policy_recompute_calls"] = sum(1 for c in calls if c[1])
             obs.flags["policy_trace_calls"] = sum(1 for c in calls if c[3])
             obs.flags["policy_decisions"] = {d: sum(1 for c in calls if c[2] == d) for d in sorted({c[2] for c in calls})}
+            obs.flags["policy_ops"] = sorted({f"{c[0]}={c[2]}" for c in calls})   # each aten op and its decision
 
 
 class TorchNoRemat(TorchBase):
