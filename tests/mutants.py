@@ -242,12 +242,14 @@ ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64
               "torch:mutant-compiled-perturb-gradient": [("gradient", "jax:remat2", "cross_value")]}
 # Generator settings a mutant's campaign narrows (besides max_stmts=4).
 GENERATOR: dict[str, dict] = {
-    "jax:mutant-drop-iteration-residual": {"require": ("scan", "checkpoint", "family:name")},
+    # (second order: the mutant's dropped residual also fails there, as an error, shrunk first)
+    "jax:mutant-drop-iteration-residual": {"require": ("scan", "checkpoint", "family:name"), "second_order": False},
     "jax:mutant-perturb-hvp": {"require": ("second_order", "diff_modes")},
     # an ignored policy shows only where a region has one (found on a fresh clone once the
     # generator drew from one more op family: no region recomputed a saved value in 112 programs;
-    # custom rules only add statements the shrinker then keeps)
-    "jax:mutant-ignore-policy": {"require": ("checkpoint",), "custom_vjp": False, "custom_jvp": False},
+    # custom rules only add statements the shrinker then keeps; so do loops, conds and second order)
+    "jax:mutant-ignore-policy": {"require": ("checkpoint",), "custom_vjp": False, "custom_jvp": False,
+                                 "second_order": False, "scan": False, "cond": False},
 }
 # Fields of a finding's detail (dotted paths) and the value each must have.
 DETAIL = {"jax:mutant-wrong-message-where-it-must-raise": {"got.type": "ValueError", "expected.type": "ValueError",
