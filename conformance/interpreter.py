@@ -169,16 +169,14 @@ class Interpreter:
         return 0
 
     def body(self, body, env: dict, nondiff=None, path="body"):
-        skip = 0
-        for i, s in enumerate(body):
-            if skip:
-                skip -= 1
+        i = 0
+        while i < len(body):
+            ran = self.fused(body, i, env, nondiff, path)
+            if ran:
+                i += ran
                 continue
-            skip = self.fused(body, i, env, nondiff, path)
-            if skip:
-                skip -= 1
-                continue
-            p = f"{path}[{i}]"
+            s, p = body[i], f"{path}[{i}]"
+            i += 1
             if isinstance(s, Op):
                 env[s.out] = self.op(s, [env[a] for a in s.args], nondiff)
                 if self.record is not None:

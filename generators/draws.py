@@ -7,7 +7,6 @@ import threading
 from hypothesis import strategies as st
 
 
-
 def _without_local_constants() -> None:
     """Hypothesis mixes into its draws constants it mines from every project module the process
     has imported so far (hypothesis.internal.conjecture.providers), so one seed gave different

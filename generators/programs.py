@@ -447,13 +447,13 @@ class _Gen(Structure):
         """Regions without a policy chained on the first output, then an op reading the last one's
         result, which replaces that output (what torch's checkpoint_sequential spells)."""
         v = outs[0]
-        n = 1   # (one region: a tail of more would be a block the shrinker cannot take apart)
-        for _ in range(n + 1):
+        # (one region: a tail of more would be a block the shrinker cannot take apart)
+        for in_region in (True, False):
             op = SEQUENTIAL_OPS[draw_int(self.draw, 0, len(SEQUENTIAL_OPS) - 1, "sequential_op")]
             o = self.fresh()
             self.types[o] = self.types[v]
             s = Op(op=op, args=[v], out=o)
-            body.append(s if _ == n else Checkpoint(args=[v], body=[s], results=[o], policy=NoPolicy()))
+            body.append(Checkpoint(args=[v], body=[s], results=[o], policy=NoPolicy()) if in_region else s)
             v = o
         outs[0] = v
 

@@ -89,13 +89,15 @@ def _restrict(obs: Observation, ids: set[str], exempt: set[str]) -> Observation:
     return o
 
 
-def _unnamed_within(compiled: Observation, eager: Observation, program: Program, exempt: set[str]) -> Verdict | None:
+def _unnamed_within(compiled: Observation, eager: Observation, program: Program, live: set[str],
+                    exempt: set[str]) -> Verdict | None:
     """Compiled against eager PyTorch (one framework's rules), unnamed values: every saved class
     the compiled pipeline keeps that holds a live op output some enclosing policy decides to save
     must be among eager's classes. Eager SAC caches every such output, where the partitioner
     keeps only those its backward reads, so the converse is not judged (nor is what the
     partitioner keeps instead of a saved value: cos(v) for sin(v) holds no policy-saved output)."""
-    ids = policy_named(program, names_only=False) & live_values(program)
+    ids = policy_named(program, names_only=False) & live
+
     def classes(o):
         return {tuple(r.cls) for r in o.residuals if not r.names and ids & set(map(base_id, r.cls))
                 and not exempt & set(map(base_id, r.cls))}
@@ -117,7 +119,8 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
     code). `across`: the two run different frameworks, whose derivative rules differ (False: eager
     against compiled PyTorch, one framework's rules)."""
     if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
-        ids = policy_named(program) & live_values(program)
+        live = live_values(program)
+        ids = policy_named(program) & live
         _, exempt = region_context(program)
         if across:
             exempt = exempt | derivative_factor_reads(program)
@@ -125,6 +128,6 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
                               named_only=True)
         v.detail = {**v.detail, "scope": "policy_named"} if v.detail else v.detail
         if v.status == "pass" and not across:
-            return _unnamed_within(torch_obs, jax_obs, program, exempt) or v
+            return _unnamed_within(torch_obs, jax_obs, program, live, exempt) or v
         return v
     return residuals.compare(torch_obs, jax_obs, named_only=True)
