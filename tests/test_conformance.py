@@ -1,4 +1,4 @@
-"""The conformance gate: a fresh campaign each run, judged by the campaign's own rule.
+"""The conformance gate: a campaign run anew each time, judged by the campaign's own rule.
 
 A short campaign (the real engine, CLI and isolation) runs over every default JAX pipeline
 (jax:remat2's own policy verdict included), another over the PyTorch SAC pipelines, with the
@@ -6,8 +6,10 @@ regression corpus as its known behaviours (`run --known tests/regressions`). A p
 fails a known way (the same key and the core features of the entry's shrunk program, or a
 sibling of it) is counted under that entry; anything else is shrunk, and a shrunk finding
 that is not one of the corpus behaviours is new (see below). Fixed corpus keys are not known:
-their recurrence fails. The seed is fresh each run, printed in pytest's header and in
-the failure (REMAT_GATE_SEED replays it); the fixed corpus itself is tests/regressions.
+their recurrence fails. The seed is fixed (tests/conftest.py: a seed whose campaigns find only
+corpus behaviours at the pinned versions), so that the gate judges the change under test;
+REMAT_GATE_SEED=N replays seed N, REMAT_GATE_SEED=fresh draws one (exploration: a discovery
+then fails the gate until it is judged). The seed is printed in pytest's summary and failures.
 
 What fails, and what is reported. Every finding is matched by key and core features (above):
 a new variant of a tracked key (the same check, pipeline, reference and error type, its shrunk
