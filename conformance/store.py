@@ -328,6 +328,12 @@ class Store:
         atomic_write(p, json.dumps(obj, indent=1, sort_keys=True))
         return p
 
+    def write_issue(self, name: str, text: str) -> Path:
+        """The upstream-ready issue text beside corpus entry `name` (conformance/issue_text.py)."""
+        p = self.dir / CORPUS / f"{name}.issue.md"
+        atomic_write(p, text)
+        return p
+
     def corpus_files(self) -> Iterator[Path]:
         return iter(sorted((self.dir / CORPUS).glob("*.json")))
 

@@ -5,7 +5,7 @@ import pytest
 from pathlib import Path
 
 from conformance.campaign import Campaign, Options
-from conformance.loading import load_known
+from conformance.loading import corpus_entry_stem, load_known
 from conformance.pipelines import run_set
 from conformance.runner import InProcessExecutor
 from conformance.store import Store
@@ -53,6 +53,12 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
         assert [check2, mutant, ref2, et2] in f.reproduces, f.reproduces
     assert f.size <= MAX_SHRUNK_SIZE_OF.get(mutant, MAX_SHRUNK_SIZE[check]), (f.size, f.program)
     assert f.size <= f.original_size
+    # beside its corpus entry, the finding's upstream-ready issue text, with its inline repro
+    texts = [p.read_text() for g in mine
+             for p in [tmp_path / "out" / "corpus" / f"{corpus_entry_stem(g.check, g.pipeline, g.program_hash)}.issue.md"]
+             if p.exists()]
+    assert texts and all(t.startswith(f"# {mutant}:") and "\nExpected" in t and "\nActual: " in t and "```python\n" in t
+                         for t in texts), texts[:1]
     # the references themselves are not blamed for the mutant's behaviour
     assert not [g for g in camp.new_findings() if g.pipeline in names and g.pipeline != mutant and g.check == check
                 and g.reference not in ("policy",)]

@@ -22,12 +22,17 @@ custom_vjp blocks as torch.autograd.Function). Only the torch modules import tor
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import numpy as np
 import torch
 import torch._dynamo  # noqa: F401  (graph_break)
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+# Newer torch routes SAC's cached tensors through saved-tensor hooks when asked (residual capture
+# sees them); older releases (2.13) take no such argument, and their SAC cache is out of the hooks' sight.
+SAC_THROUGH_HOOKS = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
 
 from conformance.interpreter import Interpreter
 from conformance.dtypes import DTYPES as FLOAT_DTYPES, np_dtype
@@ -211,8 +216,8 @@ class Lowering(Interpreter):
             return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=False, **kw), args))
 
         def ck(*a):
-            return checkpoint(spelled, *a, use_reentrant=False, context_fn=ctx_fn, respect_saved_tensors_hooks=True,
-                              **kw)
+            return checkpoint(spelled, *a, use_reentrant=False, context_fn=ctx_fn,
+                              **({"respect_saved_tensors_hooks": True} if SAC_THROUGH_HOOKS else {}), **kw)
         return lambda *args: read(call(ck, args))
 
     def function(self, s: CustomVJP, path: str):

@@ -37,7 +37,8 @@ from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.tables import unlowered  # noqa: E402
 from conformance.pipelines.torch_capture import SavedRecorder, memory_kind  # noqa: E402
 from conformance.pipelines.torch_compile import inductor_partitioner, recording_aot_backend, torch_settings  # noqa: E402
-from conformance.pipelines.torch_lowering import NAMESPACE, Lowering, node_values, numpy_of, tensor  # noqa: E402
+from conformance.pipelines.torch_lowering import (NAMESPACE, SAC_THROUGH_HOOKS, Lowering, node_values, numpy_of,  # noqa: E402
+                                                   tensor)
 from conformance.residuals import canonicalise  # noqa: E402
 
 
@@ -264,6 +265,9 @@ class TorchBase(Pipeline):
                 index = node_index(program)
                 obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
                                              memory=[memory_kind(s, device) for s in saved])
+                if not SAC_THROUGH_HOOKS and self.remat and any(f.startswith("policy:") for f in program.features()):
+                    obs.residuals = None   # this torch's SAC cache is out of the hooks' sight: not observed
+                    obs.flags["residuals_unobserved"] = f"torch {torch.__version__}: SAC's cache bypasses saved-tensor hooks"
                 if rec.unread:   # saved for backward, never read (eager: no dead-code elimination)
                     obs.flags["saved_unread"] = [
                         r.describe() for r in canonicalise([numpy_of(s) for s in rec.unread], values, index)]

@@ -101,6 +101,7 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
         "repro_command": f"remat-conformance repro corpus/{corpus_entry_stem(f.check, f.pipeline, f.program_hash)}.json --framework "
                          f"{repro.frameworks_for(f)[0]}",
         "repro": _repros(f) if with_repro else {},
+        "issue": f"corpus/{corpus_entry_stem(f.check, f.pipeline, f.program_hash)}.issue.md",
         "finding": f.model_dump(mode="json"),
     }
 

@@ -17,6 +17,8 @@ def configure_parser(subparsers) -> None:
     p.add_argument("--baseline", action="append", default=[], metavar="PREVIOUS_DIR",
                    help="an earlier run or report directory (repeat, oldest first, for a trend)")
     p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--recheck", action="append", default=[], metavar="RECHECK_JSON",
+                   help="a matrix cell's recheck.json (`recheck --out`): adds first/last versions per finding")
     p.add_argument("--no-repro", action="store_true", help="do not embed repro scripts")
     p.add_argument("--strict", action="store_true", help="exit 1 when there are new findings")
     p.add_argument("--expectations", default=None, metavar="FILE",
@@ -36,7 +38,9 @@ def main(args) -> int:
     try:
         runs = [load_run(d) for d in args.dirs]
         bases = [load_run(d, allow_report=True) for d in args.baseline]
+        from conformance.reporting.versions import history, load_recheck
         rep = build(runs, bases, with_repro=not args.no_repro, expectations=_expectations(args.expectations))
+        rep["versions"] = history([load_recheck(f) for f in args.recheck]) if args.recheck else None
     except ReportInputError as e:
         raise UsageError(str(e)) from None
     try:

@@ -121,7 +121,9 @@ def render_md(rep: dict) -> str:
             L.append(f"- **{x['id']}** [{x['check']}] `{x['pipeline']}` vs `{x['reference']}`"
                      f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s); "
                      f"features: {', '.join(x['features'])}; flags: `{json.dumps(x['flags'], sort_keys=True)}`; "
-                     f"repro: `{x['repro_command']}`")
+                     f"repro: `{x['repro_command']}`; issue text: `{x['issue']}`")
+    from conformance.reporting.versions import markdown as versions_markdown
+    L += versions_markdown(rep.get("versions"))
     L += ["", "## Stale expectations", ""]
     L += [f"- `{s['id']}`: {s['why']}" for s in rep["stale_expectations"]] or ["None."]
     return "\n".join(L) + "\n"

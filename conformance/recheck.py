@@ -1,0 +1,113 @@
+"""The `recheck` subcommand: replay every corpus entry of a directory on the installed framework
+versions and say, per entry, whether its behaviour is still failing, fixed, changed, or cannot run
+here; with `--out`, the statuses as JSON with the versions they were seen on (a matrix cell's
+record, from which the report derives the first and last version where a finding reproduces)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conformance.errors import UsageError
+from conformance.store import atomic_write
+from conformance.loading import corpus_fixed_keys, load_program_file
+
+COMMAND = "recheck"
+RECHECK_SCHEMA = 1
+# still failing: the entry's key fails; changed: other verdicts of its check and pipeline fail
+# instead; fixed: none do; unsupported: its pipeline cannot run here (an older release lacks it);
+# regressed: an entry listed as fixed (status.json) fails again.
+STATUSES = ("still failing", "changed", "fixed", "unsupported", "regressed")
+
+
+def configure_parser(subparsers) -> None:
+    p = subparsers.add_parser("recheck", help="replay every corpus entry of DIR on the installed versions",
+                              description="Replay every corpus entry of DIR (a regression corpus such as "
+                                          "tests/regressions, or a run directory: its corpus/) on the installed "
+                                          "framework versions: still failing / changed / fixed / unsupported.")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the statuses and versions as JSON")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="device to replay on (default: each entry's own)")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 1 when an entry's status differs from what the corpus says (fixed, changed, regressed)")
+
+
+def entry_files(d: Path) -> list[Path]:
+    if (d / "corpus").is_dir():
+        d = d / "corpus"
+    if not d.is_dir():
+        raise UsageError(f"recheck DIR: {d} is not a directory")
+    files = sorted(p for p in d.glob("*.json") if p.name != "status.json")
+    if not files:
+        raise UsageError(f"recheck DIR: {d} holds no corpus entries (*.json)")
+    return files
+
+
+def installed_versions() -> dict[str, str]:
+    import importlib.metadata as md
+    out = {}
+    for fw in ("jax", "jaxlib", "torch"):
+        try:
+            out[fw] = md.version(fw)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def recheck_entry(prog, inputs, finding, fixed: bool, device: str, expectations) -> dict:
+    from conformance.campaign import replay_pipelines
+    from conformance.runner import InProcessExecutor
+    from oracles.judge import judge
+    names = replay_pipelines(finding.key())
+    obs = InProcessExecutor(device).run(prog, inputs, names)
+    own = obs.get(finding.pipeline)
+    if own is None or own.unsupported:
+        why = own.unsupported if own is not None else "not run"
+        return {"status": "unsupported", "why": why, "failures": []}
+    j = judge(prog, obs, expectations, device)
+    declared = next((v for v in j.verdicts if v.pipeline == finding.pipeline and v.status == "unsupported"), None)
+    if declared is not None:   # the expectations data declares such programs unsupported on these versions
+        return {"status": "unsupported", "why": str(declared.detail.get("reason", ""))[:300], "failures": []}
+    same = [v for v in j.failures() if (v.check, v.pipeline) == (finding.check, finding.pipeline)]
+    keys = [list(v.key()) for v in same]
+    if fixed:
+        status = "regressed" if same else "fixed"
+    elif list(finding.key()) in keys:
+        status = "still failing"
+    else:
+        status = "changed" if same else "fixed"
+    return {"status": status, "failures": keys}
+
+
+def main(args) -> int:
+    from oracles.expectations import Expectations
+    d = Path(args.dir)
+    files = entry_files(d)
+    fixed_keys = corpus_fixed_keys(files[0].parent)
+    loaded = [(p, *load_program_file(str(p))) for p in files]   # validate every entry before running any
+    for p, _, _, finding in loaded:
+        if finding is None:
+            raise UsageError(f"{p}: a corpus entry needs a finding (a bare program has nothing to recheck)")
+    expectations = Expectations.load()
+    rows = []
+    for p, prog, inputs, finding in loaded:
+        if inputs is None:
+            from generators.programs import input_values
+            inputs = input_values(prog, 0)
+        fixed = "|".join(finding.key()) in fixed_keys
+        r = recheck_entry(prog, inputs, finding, fixed, args.device or finding.device, expectations)
+        rows.append({"entry": p.name, "key": list(finding.key()), "listed_fixed": fixed,
+                     "first_found_on": finding.versions, **r})
+        print(f"{p.name}: {r['status']}" + (f" ({r['why']})" if r.get("why") else ""), flush=True)
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in STATUSES}
+    print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f" of {len(rows)} entries; versions: "
+          + ", ".join(f"{k} {v}" for k, v in installed_versions().items()))
+    if args.out:
+        try:
+            atomic_write(Path(args.out), json.dumps({"schema_version": RECHECK_SCHEMA, "corpus": str(d),
+                                                     "versions": installed_versions(), "entries": rows},
+                                                    indent=1, sort_keys=True))
+        except OSError as e:
+            raise UsageError(f"--out {args.out}: {e.strerror}") from None
+    moved = counts["changed"] + counts["regressed"] + sum(1 for r in rows if r["status"] == "fixed" and not r["listed_fixed"])
+    return 1 if (args.strict and moved) else 0

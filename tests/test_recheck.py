@@ -1,0 +1,74 @@
+"""`recheck DIR` (every corpus entry replayed on the installed versions) and the upstream-ready
+issue text written beside each corpus entry."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conformance.findings import CorpusEntry
+from conformance.issue_text import issue_text_or_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+REG = ROOT / "tests" / "regressions"
+# two quick JAX entries: a residual difference and a custom-rule observation
+OPEN = ["residuals-jax_remat3-a9721056.json", "custom_rule-jax_remat3-7e255af8.json"]
+
+
+def recheck(d: Path, *extra):
+    return subprocess.run([sys.executable, "-m", "conformance.cli", "recheck", str(d), *extra], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_recheck_says_still_failing_changed_and_regressed(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for n in OPEN:
+        (d / n).write_text((REG / n).read_text())
+    # an entry whose recorded key is not what its program does now: "changed"
+    e = json.loads((REG / OPEN[0]).read_text())
+    e["finding"]["error_type"] = "extra"
+    (d / "residuals-jax_remat3-changed0.json").write_text(json.dumps(e))
+    # an entry listed as fixed that fails again: "regressed"
+    key = json.loads((REG / OPEN[1]).read_text())["finding"]
+    (d / "status.json").write_text(json.dumps({"fixed": {"|".join(
+        [key["check"], key["pipeline"], key["reference"], key["error_type"]]): "test"}}))
+    r = recheck(d, "--out", str(tmp_path / "recheck.json"))
+    assert r.returncode == 0, r.stderr
+    got = {x["entry"]: x["status"] for x in json.loads((tmp_path / "recheck.json").read_text())["entries"]}
+    assert got == {OPEN[0]: "still failing", OPEN[1]: "regressed", "residuals-jax_remat3-changed0.json": "changed"}
+    out = json.loads((tmp_path / "recheck.json").read_text())
+    import jax
+    assert out["versions"]["jax"] == jax.__version__
+    assert "1 still failing, 1 changed, 1 regressed of 3 entries" in r.stdout
+    assert recheck(d, "--strict").returncode == 1
+
+
+def test_recheck_refuses_bad_input_and_keeps_results(tmp_path):
+    r = recheck(tmp_path / "missing")
+    assert r.returncode == 2 and "is not a directory" in r.stderr
+    (tmp_path / "empty").mkdir()
+    assert "holds no corpus entries" in recheck(tmp_path / "empty").stderr
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "a.json").write_text((REG / OPEN[0]).read_text())
+    (d / "b.json").write_text("{not json")
+    (tmp_path / "keep.json").write_text("earlier result")
+    r = recheck(d, "--out", str(tmp_path / "keep.json"))
+    assert r.returncode == 2 and "b.json" in r.stderr and "invalid JSON" in r.stderr
+    assert (tmp_path / "keep.json").read_text() == "earlier result"   # nothing ran, nothing overwritten
+
+
+def test_every_corpus_entry_has_an_issue_text_a_maintainer_can_paste():
+    for p in sorted(REG.glob("*.json")):
+        if p.name == "status.json":
+            continue
+        f = CorpusEntry.model_validate(json.loads(p.read_text())).finding
+        t = issue_text_or_reason(f)
+        lines = t.splitlines()
+        assert lines[0].startswith(f"# {f.pipeline}: ") and len(lines[0]) < 200, (p.name, lines[0])
+        exp = next(x for x in lines if x.startswith("Expected"))
+        act = next(x for x in lines if x.startswith("Actual: "))
+        assert exp and act and "- Versions: " in t and "- Flags: " in t, p.name
+        src = t.split("```python\n", 1)[1].split("\n```", 1)[0]
+        compile(src, p.name, "exec")   # the inline repro is Python that runs as pasted
+        assert "could not be written" not in t
