@@ -1,4 +1,4 @@
-"""Command line: remat-conformance run | replay | pipelines | report | repro | recheck | matrix.
+"""Command line: remat-conformance run | replay | pipelines | report | repro | recheck | matrix | devices.
 
 Exit codes: 0 the harness worked (whatever it found); 1 with --strict when there are
 unexpected findings; 2 usage or input errors, printed as `error: FILE: FIELD: reason`
@@ -22,7 +22,7 @@ from conformance.errors import UsageError
 from conformance.options import positive, seed, shard, share, swarm_dimension
 from conformance.reporting import command as report_command
 from conformance.repro import command as repro_command
-from conformance import matrix_command, recheck as recheck_command
+from conformance import devices_command, matrix_command, recheck as recheck_command
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
 EXIT_INTERNAL = 70   # a bug of this harness (EX_SOFTWARE); the traceback only with --debug
@@ -343,7 +343,7 @@ def cmd_pipelines(args) -> int:
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "pipelines": cmd_pipelines}
 # Modules that add a subcommand: each has COMMAND, configure_parser(subparsers) and main(args) -> int.
-PLUGGED = [report_command, repro_command, recheck_command, matrix_command]
+PLUGGED = [report_command, repro_command, recheck_command, matrix_command, devices_command]
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,8 @@
 """Findings, corpus entries and exact input values (schemas exported as JSON Schema)."""
 from __future__ import annotations
 
+import re
+
 from typing import Any
 
 import numpy as np
@@ -89,6 +91,18 @@ class CorpusEntry(BaseModel):
 # features (op:<op>) serve expectations only; the op families (matmul, reduction...) sign.
 INCIDENTAL_FEATURES = frozenset({"float32", "float64", "unread_name", "dup_names", "layout", "reduction",
                                  "prevent_cse_false"})
+
+
+def error_root(detail: dict) -> str | None:
+    """What an error finding raised, as the root of its behaviour: the type and the first two
+    lines of the message, numbers and addresses blanked (`float32[2]` and `float32[2,2]` read
+    alike). None for a missing error or a message too short to tell roots apart."""
+    got = detail.get("got") if isinstance(detail, dict) else None
+    if not isinstance(got, dict) or not isinstance(got.get("message"), str):
+        return None
+    lines = [x.strip() for x in got["message"].strip().splitlines() if x.strip()][:2]
+    text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))[:240]
+    return f"{got.get('type', '')}: {text}" if len(text) >= 12 else None
 
 
 def signature_features(features) -> list[str]:

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MATRIX_FILE = ROOT / "matrix.toml"
 CELLS_DIR = ROOT / ".cells"
 FIELDS = {"name": str, "python": str, "base": str, "packages": list, "pipelines": list, "device": str,
-          "profile": str, "budget": (int, float), "shards": int, "seed": int, "runner": str}
+          "profile": str, "budget": (int, float), "shards": int, "seed": int, "runner": str, "mode": str}
+MODES = ("campaign", "devices")   # devices: the CPU-vs-device oracle (`remat-conformance devices`)
 BASES = ("project", "lock")
 PROFILES = ("dev", "ci", "nightly")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
@@ -44,6 +45,7 @@ class Cell:
     shards: int
     seed: int
     runner: str
+    mode: str
     overrides: dict[str, str] = field(default_factory=dict)   # package name -> version, from `packages`
 
 
@@ -97,6 +99,8 @@ def load_matrix(path: Path = MATRIX_FILE) -> list[Cell]:
                 raise UsageError(f"{where}.pipelines[{i}]: unknown pipeline {p!r}; see `remat-conformance pipelines`")
         if merged["device"] not in ("cpu", "cuda"):
             raise UsageError(f"{where}.device: must be cpu or cuda, got {merged['device']!r}")
+        if merged["mode"] not in MODES or (merged["mode"] == "devices" and merged["device"] == "cpu"):
+            raise UsageError(f"{where}.mode: one of {', '.join(MODES)} (devices compares a cuda cell with the cpu)")
         if merged["profile"] not in PROFILES:
             raise UsageError(f"{where}.profile: must be one of {', '.join(PROFILES)}")
         if not (merged["budget"] > 0 and 1 <= merged["shards"] <= 64 and 0 <= merged["seed"] < 2 ** 32):
@@ -222,6 +226,15 @@ def run_shard(cell: Cell, i: int, out: Path, py: str, budget: float | None = Non
               resume: bool = False, log=print) -> int:
     """One shard of a cell's campaign into out/<cell>/shard-<i>; its exit status (0, or 1 with findings)."""
     d = shard_dir(out, cell, i)
+    if cell.mode == "devices":   # the same programs on the cpu and the device; shard i draws from seed + i
+        cmd = [py, "-m", "conformance.cli", "devices", "--pipelines", ",".join(cell.pipelines), "--device", cell.device,
+               "--seed", str(cell.seed + i), "--budget", f"{budget or cell.budget:g}", "--max-examples", "100000",
+               "--out", str(d), "--overwrite"]
+        log(f"== cell {cell.name} shard {i}/{cell.shards} (cpu vs {cell.device}): {' '.join(cmd[1:])}")
+        r = subprocess.run(cmd, env=cell_env(cell), cwd=ROOT)
+        if r.returncode not in (0, 1):
+            raise UsageError(f"cell {cell.name!r} shard {i}: the device comparison failed (exit {r.returncode})")
+        return r.returncode
     cmd = [py, "-m", "conformance.cli", "run", "--pipelines", ",".join(cell.pipelines), "--device", cell.device,
            "--seed", str(cell.seed), "--shard", f"{i}/{cell.shards}", "--budget", f"{budget or cell.budget:g}",
            "--known", str(ROOT / "tests" / "regressions"), "--out", str(d), "--quiet",

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
 
 from conformance import pipelines as registry
-from conformance.findings import Finding, make_finding
+from conformance.findings import Finding, error_root, make_finding
 from conformance.ir import Program
 from conformance.reduce import candidates
 from conformance.verdict import CHECK_RANK, Verdict
@@ -109,18 +109,30 @@ def sibling_keys(j, key: tuple) -> list[list[str]]:
                    if v.check == key[0] and (v.error_type or "") == key[3] and v.key() != tuple(key)])
 
 
-def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set) -> Finding | None:
+def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
+                  root: str | None = None) -> Finding | None:
     """The finding a failing verdict `key` of a program (with features `feats`, failing the keys
     `failing`) is an instance of: one of the same key whose shrunk program's core features the
     program has all of, or one that lists `key` among its siblings when the program also fails
-    that finding's own key and has its core features; a trace count of several counters is known
-    when each counter's is. None: a behaviour not known yet."""
+    that finding's own key and has its core features; for an error verdict raising `root`
+    (findings.error_root), one of the same key that raised the same, or an error finding of the
+    same check, reference and error type that raised the same and whose key the program also fails
+    (one raise, reached through another policy or pipeline spelling); a trace count of several
+    counters is known when each counter's is. None: a behaviour not known yet."""
     for f in findings:
         if f.key() == tuple(key) and f.core_features() <= feats:
             return f
     for f in findings:
         if list(key) in f.reproduces and f.key() in failing and f.core_features() <= feats:
             return f
+    if root is not None:
+        for f in findings:
+            if f.key() == tuple(key) and error_root(f.detail) == root:
+                return f
+        for f in findings:
+            if (f.check, f.reference, f.error_type) == (key[0], key[2], key[3]) and f.key() in failing \
+                    and error_root(f.detail) == root:
+                return f
     if key[0] == "trace_count" and "+" in key[3]:
         # several counters grew (bwd_calls+fwd_traces+primal_traces): known when known findings
         # of some of those counters each (bwd_calls+fwd_traces, primal_traces) cover them all
@@ -134,11 +146,12 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set)
 
 
 def same_behaviour(f: Finding, g: Finding) -> bool:
-    """One root behaviour: the same key shrunk to the same or nested feature sets, or each one's
-    shrunk program fails the other's verdict (siblings: pipeline variants)."""
+    """One root behaviour: the same key shrunk to the same or nested feature sets, or raising the
+    same error (findings.error_root), or each one's shrunk program fails the other's verdict
+    (siblings: pipeline variants)."""
     nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
     if f.key() == g.key():
-        return nested
+        return nested or (error_root(f.detail) is not None and error_root(f.detail) == error_root(g.detail))
     return list(g.key()) in f.reproduces and list(f.key()) in g.reproduces
 
 
@@ -292,7 +305,7 @@ class Searcher:
         """The finding this failure is an instance of (`known_finding`). Once a key has been
         shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
         finding whose features they share most instead of being shrunk again."""
-        f = known_finding(self.findings, v.key(), feats, failing)
+        f = known_finding(self.findings, v.key(), feats, failing, error_root(v.detail) if v.check == "error" else None)
         if f is not None:
             return f
         same = [f for f in self.findings if f.key() == v.key()]

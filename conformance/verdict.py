@@ -23,7 +23,9 @@ CRASH_OOM = CRASH_PREFIX + "oom"
 TIMEOUT = "timeout"
 # Verdict references that are not pipelines.
 # "vjp": the pipeline's own vjp closure (what it really saved), for the residual-report check.
-NON_PIPELINE_REFERENCES = ("expectations", "policy", "vjp")
+# "device:cpu": the same pipeline on the CPU, for a run on a device (`remat-conformance devices`).
+DEVICE_REFERENCE = "device:cpu"
+NON_PIPELINE_REFERENCES = ("expectations", "policy", "vjp", DEVICE_REFERENCE)
 # Residual symptoms (a residual verdict's error_type).
 # saved_bytes_grew: a lower activation_memory_budget made the partitioner save more bytes.
 RESIDUAL_SYMPTOMS = ("missing", "extra", "named", "other", "saved_against_policy", "view_layout", "saved_bytes_grew")

@@ -50,6 +50,7 @@ BAD = [
     ('[[cell]]\nname = "a"\n[[cell]]\nname = "a"\n', "name: must match"),
     ('[[cell]\n', "invalid TOML"),
     ('[defaults]\nbudget = 1\n', "no [[cell]] tables"),
+    ('[[cell]]\nname = "a"\nmode = "devices"\n', "mode: one of campaign, devices"),
 ]
 
 
@@ -157,3 +158,23 @@ def test_older_releases_declare_what_they_lack():
                 if e.unsupported]
     assert unsupported("0.10.2", "names_fwd") and not unsupported("0.11.2", "names_fwd")
     assert unsupported("0.11.2", "rule_remat") and not unsupported(jax.__version__, "rule_remat")
+
+
+def test_the_report_shows_versions_from_each_cells_recheck_and_refuses_a_bad_one(tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_recheck("0.11.2", {"error-x": "still failing", "error-y": "fixed"})))
+    b.write_text(json.dumps(_recheck("0.12.0.1", {"error-x": "fixed", "error-y": "still failing"})))
+    run = ROOT / "tests" / "fixtures" / "run_a"
+    r = cli("report", str(run), "--recheck", str(a), "--recheck", str(b), "--out", str(tmp_path / "rep"), "--no-repro")
+    assert r.returncode == 0, r.stderr
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "## Across versions" in md and "| `error-x` | still failing | fixed | jax 0.11.2 | - | 0.12.0.1 |" in md
+    assert "| `error-y` | fixed | still failing | jax 0.12.0.1 | 0.12.0.1 | - |" in md
+    html = (tmp_path / "rep" / "report.html").read_text()
+    assert 'id="versions"' in html and "error-x.json" in html
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert [r_["fixed_in"] for r_ in rep["versions"]["rows"]] == ["0.12.0.1", None]
+    (tmp_path / "bad.json").write_text(json.dumps({"versions": {}, "entries": [{"entry": 1}]}))
+    r = cli("report", str(run), "--recheck", str(tmp_path / "bad.json"), "--out", str(tmp_path / "rep2"))
+    assert r.returncode == 2 and "bad.json" in r.stderr and "entries[0]" in r.stderr
+    assert not (tmp_path / "rep2").exists()

@@ -264,4 +264,5 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         "coverage": coverage_rows,
         "behaviours": behaviours,
         "trend": trend,
+        "versions": None,   # the report command adds the matrix's version history (--recheck)
     }

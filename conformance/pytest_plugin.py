@@ -1,0 +1,139 @@
+"""A pytest plugin (entry point `remat_conformance`) for a framework's own checkout:
+
+    pytest -p remat_conformance --remat-pipelines jax:remat3 --remat-budget 60 [-n auto]
+
+collects, for the named pipelines, (1) one test per regression-corpus entry about them, replayed
+on the installed framework: xfail while its behaviour still reproduces (an open upstream bug,
+the reason names it), a pass once it no longer does, a failure when it fails differently, a skip
+where the installed release cannot run it; (2) one conformance-property test per pipeline: a
+short seeded campaign that fails on any behaviour the corpus does not track, with its shrunk
+program and the command that replays it. Test ids read `pipeline::check::behaviour`. Inactive
+(no tests, no framework imports) unless --remat-pipelines is given."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CORPUS = ROOT / "tests" / "regressions"
+
+
+def pytest_addoption(parser):
+    g = parser.getgroup("remat-conformance", "rematerialization conformance (remat-conformance)")
+    g.addoption("--remat-pipelines", default=None, metavar="P1,P2",
+                help="pipelines to check (remat-conformance pipelines lists them); activates the plugin")
+    g.addoption("--remat-budget", type=float, default=60.0, metavar="SECONDS",
+                help="wall-clock bound of each pipeline's conformance campaign (default 60)")
+    g.addoption("--remat-examples", type=int, default=20, metavar="N",
+                help="programs each pipeline's campaign checks (default 20; the same ones for one seed)")
+    g.addoption("--remat-seed", type=int, default=0, help="campaign seed (default 0)")
+    g.addoption("--remat-corpus", default=None, metavar="DIR",
+                help=f"regression corpus to replay (default: {DEFAULT_CORPUS})")
+
+
+def _selected(config) -> list[str] | None:
+    raw = config.getoption("--remat-pipelines")
+    if raw is None:
+        return None
+    from conformance import pipelines as registry
+    names = [p.strip() for p in raw.split(",") if p.strip()]
+    bad = [p for p in names if p not in registry.known_names()]
+    if bad or not names:
+        raise pytest.UsageError(f"--remat-pipelines: unknown pipeline(s) {bad or raw!r}; "
+                                f"known: {', '.join(registry.known_names())}")
+    return names
+
+
+def _corpus(config) -> Path:
+    d = Path(config.getoption("--remat-corpus") or DEFAULT_CORPUS)
+    if not d.is_dir():
+        raise pytest.UsageError(f"--remat-corpus: {d} is not a directory (pass the harness's tests/regressions)")
+    return d
+
+
+class RematCollector(pytest.Collector):
+    def collect(self):
+        return []
+
+
+class CorpusItem(pytest.Item):
+    def __init__(self, *, path_: Path, finding, **kw):
+        super().__init__(**kw)
+        self.entry, self.finding = path_, finding
+
+    def runtest(self):
+        from conformance.loading import corpus_fixed_keys, load_program_file
+        from conformance.recheck import recheck_entry
+        from oracles.expectations import Expectations
+        prog, inputs, f = load_program_file(str(self.entry))
+        if inputs is None:
+            from generators.programs import input_values
+            inputs = input_values(prog, 0)
+        fixed = "|".join(f.key()) in corpus_fixed_keys(self.entry.parent)
+        r = recheck_entry(prog, inputs, f, fixed, f.device, Expectations.load())
+        if r["status"] == "unsupported":
+            pytest.skip(f"cannot run here: {r.get('why', '')}")
+        if r["status"] == "still failing":
+            from conformance.issue_text import title
+            pytest.xfail(f"open: {title(f)} ({self.entry.name})")
+        if r["status"] in ("changed", "regressed"):
+            raise AssertionError(f"{self.entry.name}: {r['status']}: now failing {r['failures']} "
+                                 f"(recorded: {list(f.key())}); replay: remat-conformance replay {self.entry}")
+
+    def reportinfo(self):
+        return self.entry, None, self.name
+
+
+class CampaignItem(pytest.Item):
+    def __init__(self, *, pipeline: str, corpus: Path, **kw):
+        super().__init__(**kw)
+        self.pipeline, self.corpus = pipeline, corpus
+
+    def runtest(self):
+        c = self.config
+        with tempfile.TemporaryDirectory(prefix="remat-plugin-") as tmp:
+            known = ["--known", str(self.corpus)] if any(p.name != "status.json" for p in self.corpus.glob("*.json")) else []
+            cmd = [sys.executable, "-m", "conformance.cli", "run", "--pipelines", self.pipeline,
+                   *known, "--seed", str(c.getoption("--remat-seed")),
+                   "--max-examples", str(c.getoption("--remat-examples")),
+                   "--budget", f"{c.getoption('--remat-budget'):g}", "--jobs", "1", "--quiet", "--out", tmp,
+                   "--overwrite"]
+            r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+            if r.returncode not in (0, 1):
+                raise AssertionError(f"the campaign did not run (exit {r.returncode}):\n{r.stderr[-3000:]}")
+            findings = json.loads((Path(tmp) / "findings.json").read_text())
+        new = [f for f in findings if f.get("tracked") is None]
+        if new:
+            raise AssertionError(
+                f"{len(new)} behaviour(s) of {self.pipeline} that the corpus does not track:\n" + "\n".join(
+                    f"- [{f['check']}] {f['pipeline']} vs {f['reference']} {f['error_type'] or ''}: "
+                    f"{f['signature']}\n  program: {json.dumps(f['program'])}" for f in new)
+                + f"\nreplay: remat-conformance {' '.join(cmd[3:-3])} --out DIR")
+
+    def reportinfo(self):
+        return ROOT, None, self.name
+
+
+def pytest_collection_modifyitems(session, config, items):
+    names = _selected(config)
+    if names is None:
+        return
+    from conformance.loading import load_program_file
+    corpus = _corpus(config)
+    parent = RematCollector.from_parent(session, name="remat-conformance")
+    for p in sorted(corpus.glob("*.json")):
+        if p.name == "status.json":
+            continue
+        _, _, f = load_program_file(str(p))
+        if f is None:
+            continue
+        if f.pipeline in names or any(k[1] in names for k in f.reproduces):
+            items.append(CorpusItem.from_parent(parent, name=f"{f.pipeline}::{f.check}::{p.stem}", path_=p, finding=f))
+    for n in names:
+        items.append(CampaignItem.from_parent(parent, name=f"{n}::campaign::seed-{config.getoption('--remat-seed')}",
+                                              pipeline=n, corpus=corpus))
