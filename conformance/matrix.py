@@ -22,6 +22,7 @@ from conformance.errors import UsageError
 ROOT = Path(__file__).resolve().parents[1]
 MATRIX_FILE = ROOT / "matrix.toml"
 CELLS_DIR = ROOT / ".cells"
+CORPUS = ROOT / "tests" / "regressions"   # the regression corpus: known behaviours, rechecked on every cell
 FIELDS = {"name": str, "python": str, "base": str, "packages": list, "pipelines": list, "device": str,
           "profile": str, "budget": (int, float), "shards": int, "seed": int, "runner": str, "mode": str}
 MODES = ("campaign", "devices")   # devices: the CPU-vs-device oracle (`remat-conformance devices`)
@@ -223,7 +224,7 @@ def cell_env(cell: Cell) -> dict:
 
 
 def run_shard(cell: Cell, i: int, out: Path, py: str, budget: float | None = None, jobs: int | None = None,
-              resume: bool = False, log=print) -> int:
+              resume: bool = False, log=print, corpus: Path = CORPUS) -> int:
     """One shard of a cell's campaign into out/<cell>/shard-<i>; its exit status (0, or 1 with findings)."""
     d = shard_dir(out, cell, i)
     if cell.mode == "devices":   # the same programs on the cpu and the device; shard i draws from seed + i
@@ -237,7 +238,7 @@ def run_shard(cell: Cell, i: int, out: Path, py: str, budget: float | None = Non
         return r.returncode
     cmd = [py, "-m", "conformance.cli", "run", "--pipelines", ",".join(cell.pipelines), "--device", cell.device,
            "--seed", str(cell.seed), "--shard", f"{i}/{cell.shards}", "--budget", f"{budget or cell.budget:g}",
-           "--known", str(ROOT / "tests" / "regressions"), "--out", str(d), "--quiet",
+           "--known", str(corpus), "--out", str(d), "--quiet",
            *(["--jobs", str(jobs)] if jobs else []), *(["--resume"] if resume and d.exists() else ["--overwrite"])]
     log(f"== cell {cell.name} shard {i}/{cell.shards}: {' '.join(cmd[1:])}")
     r = subprocess.run(cmd, env=cell_env(cell), cwd=ROOT)
@@ -247,17 +248,19 @@ def run_shard(cell: Cell, i: int, out: Path, py: str, budget: float | None = Non
     return r.returncode
 
 
-def gather_corpus(run_dirs: list[Path], dest: Path) -> int:
+def gather_corpus(run_dirs: list[Path], dest: Path, corpus: Path = None) -> int:
     """Every finding of the given runs and the regression corpus, one entry per name, in dest."""
+    corpus = corpus or CORPUS
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     n = 0
-    for src in [ROOT / "tests" / "regressions", *(d / "corpus" for d in run_dirs)]:
+    for src in [corpus, *(d / "corpus" for d in run_dirs)]:
         for p in sorted(src.glob("*.json")):
             if p.name != "status.json" and not (dest / p.name).exists():
                 shutil.copyfile(p, dest / p.name)
                 n += 1
-    shutil.copyfile(ROOT / "tests" / "regressions" / "status.json", dest / "status.json")
+    if (corpus / "status.json").exists():
+        shutil.copyfile(corpus / "status.json", dest / "status.json")
     return n
 
 
@@ -273,7 +276,7 @@ def recheck_cell(cell: Cell, corpus: Path, out: Path, py: str, log=print) -> Pat
 
 
 def nightly(cells: list[Cell], out: Path, budget: float | None, baseline: list[str], jobs: int | None,
-            log=print) -> dict:
+            log=print, corpus: Path = None) -> dict:
     """Every cell and shard, then every finding rechecked on every cell, then one report."""
     t0 = time.monotonic()
     if not baseline and (out / "report" / "report.json").exists():   # last night's report is the baseline
@@ -288,13 +291,12 @@ def nightly(cells: list[Cell], out: Path, budget: float | None, baseline: list[s
             log(f"== cell {c.name}: skipped ({skipped[c.name]})")
             continue
         for i in range(c.shards):
-            run_shard(c, i, out, py, budget, jobs, log=log)
+            run_shard(c, i, out, py, budget, jobs, log=log, corpus=corpus or CORPUS)
         ran.append((c, py))
     dirs = [str(shard_dir(out, c, i)) for c, _ in ran for i in range(c.shards)]
-    corpus = out / "corpus-all"
-    gather_corpus([Path(d) for d in dirs], corpus)
+    gather_corpus([Path(d) for d in dirs], out / "corpus-all", corpus)
     for c, py in ran:
-        recheck_cell(c, corpus, out, py, log)
+        recheck_cell(c, out / "corpus-all", out, py, log)
     cmd = [sys.executable, "-m", "conformance.cli", "report", *dirs, "--out", str(out / "report"),
            *[a for b in baseline for a in ("--baseline", b)],
            *[a for c, _ in ran for a in ("--recheck", str(out / c.name / "recheck.json"))]]

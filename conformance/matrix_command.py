@@ -40,6 +40,8 @@ def configure_parser(subparsers) -> None:
     n.add_argument("--baseline", action="append", default=[], metavar="PREVIOUS_REPORT_OR_RUN",
                    help="the previous nightly's report directory (new / fixed / persisting)")
     n.add_argument("--cells", default=None, help="comma-separated subset of cells (default: all)")
+    n.add_argument("--corpus", default=str(matrix.CORPUS), metavar="DIR",
+                   help="the regression corpus: known behaviours, rechecked on every cell (default: tests/regressions)")
 
 
 def main(args) -> int:
@@ -78,7 +80,10 @@ def main(args) -> int:
             matrix.recheck_cell(c, Path(args.recheck), Path(args.out), py)
         return rc
     only = None if args.cells is None else [matrix.cell_named(cells, x).name for x in args.cells.split(",")]
+    corpus = Path(args.corpus)
+    if not corpus.is_dir():
+        raise UsageError(f"--corpus: {corpus} is not a directory")
     s = matrix.nightly([c for c in cells if only is None or c.name in only], Path(args.out), args.budget,
-                       args.baseline, args.jobs)
+                       args.baseline, args.jobs, corpus=corpus)
     print(json.dumps(s, indent=1))
     return 0 if s["report_exit"] == 0 else 1

@@ -32,6 +32,8 @@ def pytest_addoption(parser):
     g.addoption("--remat-examples", type=int, default=20, metavar="N",
                 help="programs each pipeline's campaign checks (default 20; the same ones for one seed)")
     g.addoption("--remat-seed", type=int, default=0, help="campaign seed (default 0)")
+    g.addoption("--remat-shrink-steps", type=int, default=150, metavar="N",
+                help="shrink steps per new behaviour (default 150)")
     g.addoption("--remat-corpus", default=None, metavar="DIR",
                 help=f"regression corpus to replay (default: {DEFAULT_CORPUS})")
 
@@ -101,6 +103,7 @@ class CampaignItem(pytest.Item):
             cmd = [sys.executable, "-m", "conformance.cli", "run", "--pipelines", self.pipeline,
                    *known, "--seed", str(c.getoption("--remat-seed")),
                    "--max-examples", str(c.getoption("--remat-examples")),
+                   "--shrink-steps", str(c.getoption("--remat-shrink-steps")),
                    "--budget", f"{c.getoption('--remat-budget'):g}", "--jobs", "1", "--quiet", "--out", tmp,
                    "--overwrite"]
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

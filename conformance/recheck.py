@@ -15,8 +15,10 @@ COMMAND = "recheck"
 RECHECK_SCHEMA = 1
 # still failing: the entry's key fails; changed: other verdicts of its check and pipeline fail
 # instead; fixed: none do; unsupported: its pipeline cannot run here (an older release lacks it);
+# not run: its check did not run (the pipeline raised first, or a residual set this release does
+# not let the capture see);
 # regressed: an entry listed as fixed (status.json) fails again.
-STATUSES = ("still failing", "changed", "fixed", "unsupported", "regressed")
+STATUSES = ("still failing", "changed", "fixed", "unsupported", "not run", "regressed")
 
 
 def configure_parser(subparsers) -> None:
@@ -68,7 +70,14 @@ def recheck_entry(prog, inputs, finding, fixed: bool, device: str, expectations)
     declared = next((v for v in j.verdicts if v.pipeline == finding.pipeline and v.status == "unsupported"), None)
     if declared is not None:   # the expectations data declares such programs unsupported on these versions
         return {"status": "unsupported", "why": str(declared.detail.get("reason", ""))[:300], "failures": []}
-    same = [v for v in j.failures() if (v.check, v.pipeline) == (finding.check, finding.pipeline)]
+    judged = [v for v in j.verdicts if (v.check, v.pipeline) == (finding.check, finding.pipeline)]
+    # an error check always runs (no verdict: nothing raised, nothing expected); another check may
+    # not, where the pipeline raised first or its residuals were not observed: not run, never fixed
+    if finding.check != "error" and not any(v.status in ("pass", "fail", "expected") for v in judged):
+        why = next((str(v.detail.get("reason", "")) for v in judged if v.detail.get("reason")), "")
+        return {"status": "not run", "why": f"its {finding.check} check did not run here" + (f": {why}" if why else ""),
+                "failures": []}
+    same = [v for v in judged if v.status == "fail"]
     keys = [list(v.key()) for v in same]
     if fixed:
         status = "regressed" if same else "fixed"

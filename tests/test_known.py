@@ -42,6 +42,7 @@ def test_load_known_takes_one_entry_file_and_skips_a_second_copy(tmp_path):
     ("nope", "no such file or directory"),
     ("status", "fixed: must be an object"),
     ("broken", "invalid JSON"),
+    ("digest", "detail.observations.torch:none: must be an object whose saved is a list of strings"),
 ])
 def test_load_known_refuses_with_the_file_named(tmp_path, bad, says):
     d = tmp_path / "corpus"
@@ -51,6 +52,10 @@ def test_load_known_refuses_with_the_file_named(tmp_path, bad, says):
         (d / "status.json").write_text('{"fixed": ["x"]}')
     if bad == "broken":
         (d / "b.json").write_text("{")
+    if bad == "digest":   # a pipeline digest the report could not show (it refused a whole nightly for one)
+        e = json.loads((d / "a.json").read_text())
+        e["finding"]["detail"]["observations"] = {"torch:none": {"saved": [["x"]]}}
+        (d / "b.json").write_text(json.dumps(e))
     path = tmp_path / "missing" if bad == "nope" else d
     with pytest.raises(UsageError) as e:
         load_known([str(path)])

@@ -178,3 +178,30 @@ def test_the_report_shows_versions_from_each_cells_recheck_and_refuses_a_bad_one
     r = cli("report", str(run), "--recheck", str(tmp_path / "bad.json"), "--out", str(tmp_path / "rep2"))
     assert r.returncode == 2 and "bad.json" in r.stderr and "entries[0]" in r.stderr
     assert not (tmp_path / "rep2").exists()
+
+
+def test_nightly_runs_every_shard_rechecks_and_reports_against_the_last_night(tmp_path):
+    """A one-cell matrix (the project's environment) end to end: shards, a recheck of the corpus and
+    the night's findings on the cell, one report whose baseline is the report already there."""
+    m = tmp_path / "m.toml"
+    m.write_text('[[cell]]\nname = "here"\npython = ">=3.12"\nbase = "project"\npackages = []\n'
+                 'pipelines = ["jax:remat3"]\ndevice = "cpu"\nprofile = "dev"\nbudget = 8\nshards = 2\nseed = 1\n'
+                 'runner = "x"\nmode = "campaign"\n')
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for n in ("residuals-jax_remat3-a9721056.json", "custom_rule-jax_remat3-7e255af8.json", "status.json"):
+        (corpus / n).write_text((ROOT / "tests" / "regressions" / n).read_text())
+    out = tmp_path / "night"
+    assert cli("report", str(ROOT / "tests" / "fixtures" / "run_a"), "--out", str(out / "report")).returncode == 0
+    r = cli("matrix", "--file", str(m), "nightly", "--out", str(out), "--corpus", str(corpus), "--jobs", "1")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    s = json.loads((out / "nightly.json").read_text())
+    assert s["cells"] == ["here"] and s["shards"] == 2 and s["baseline"] == [str(out / "previous-report")]
+    for i in (0, 1):
+        recs = [json.loads(x) for x in (out / "here" / f"shard-{i}" / "results.jsonl").read_text().splitlines()]
+        assert any(x["type"] == "result" for x in recs)
+    rc = json.loads((out / "here" / "recheck.json").read_text())
+    got = {e["entry"]: e["status"] for e in rc["entries"]}
+    assert got["residuals-jax_remat3-a9721056.json"] == "still failing" and len(got) >= 2
+    md = (out / "report" / "report.md").read_text()
+    assert "## Across versions" in md and "previous-report" in json.dumps(json.loads((out / "report" / "report.json").read_text())["baselines"])

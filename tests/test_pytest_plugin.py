@@ -50,6 +50,6 @@ def test_the_property_test_fails_on_a_behaviour_the_corpus_does_not_track(tmp_pa
     empty.mkdir()
     (empty / "status.json").write_text(json.dumps({"fixed": {}}))
     r = pytest_outside(tmp_path, "--remat-pipelines", "jax:remat3", "--remat-examples", "6", "--remat-budget", "300",
-                       "--remat-corpus", str(empty))
+                       "--remat-shrink-steps", "10", "--remat-corpus", str(empty))
     assert r.returncode == 1, r.stdout[-2000:]
     assert "that the corpus does not track" in r.stdout and "replay: remat-conformance run --pipelines jax:remat3" in r.stdout

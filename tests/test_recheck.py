@@ -72,3 +72,23 @@ def test_every_corpus_entry_has_an_issue_text_a_maintainer_can_paste():
         src = t.split("```python\n", 1)[1].split("\n```", 1)[0]
         compile(src, p.name, "exec")   # the inline repro is Python that runs as pasted
         assert "could not be written" not in t
+
+
+def test_a_check_that_did_not_run_is_not_called_fixed(monkeypatch):
+    """Where a release does not let the capture see a residual set (torch 2.13's SAC cache), the
+    residual check is skipped: the entry is 'not run' there, never 'fixed'."""
+    from conformance.loading import load_program_file
+    from conformance.recheck import recheck_entry
+    from conformance.runner import InProcessExecutor
+    from oracles.expectations import Expectations
+    prog, inputs, f = load_program_file(str(REG / OPEN[0]))
+    real = InProcessExecutor.run
+
+    def unobserved(self, program, inp, names):
+        obs = real(self, program, inp, names)
+        obs[f.pipeline].residuals = None
+        return obs
+    assert recheck_entry(prog, inputs, f, False, "cpu", Expectations.load())["status"] == "still failing"
+    monkeypatch.setattr(InProcessExecutor, "run", unobserved)
+    r = recheck_entry(prog, inputs, f, False, "cpu", Expectations.load())
+    assert r["status"] == "not run" and "did not run here" in r["why"], r
