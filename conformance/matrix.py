@@ -284,22 +284,34 @@ def nightly(cells: list[Cell], out: Path, budget: float | None, baseline: list[s
         (out / "report").rename(out / "previous-report")
         baseline = [str(out / "previous-report")]
     ran, skipped = [], {}
-    for c in cells:
-        py = env_python(c, log)
-        if c.device == "cuda" and not cuda_available(py):
-            skipped[c.name] = "needs a CUDA device; none here"
-            log(f"== cell {c.name}: skipped ({skipped[c.name]})")
+    for c in cells:   # a cell that cannot be built or run is reported; the others go on
+        try:
+            py = env_python(c, log)
+            if c.device == "cuda" and not cuda_available(py):
+                skipped[c.name] = "needs a CUDA device; none here"
+                log(f"== cell {c.name}: skipped ({skipped[c.name]})")
+                continue
+            for i in range(c.shards):
+                run_shard(c, i, out, py, budget, jobs, log=log, corpus=corpus or CORPUS)
+        except UsageError as e:
+            skipped[c.name] = f"failed: {str(e)[:2000]}"
+            log(f"== cell {c.name}: {skipped[c.name]}")
             continue
-        for i in range(c.shards):
-            run_shard(c, i, out, py, budget, jobs, log=log, corpus=corpus or CORPUS)
         ran.append((c, py))
     dirs = [str(shard_dir(out, c, i)) for c, _ in ran for i in range(c.shards)]
+    if not dirs:
+        raise UsageError("matrix nightly: no cell ran: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     gather_corpus([Path(d) for d in dirs], out / "corpus-all", corpus)
+    rechecks = []
     for c, py in ran:
-        recheck_cell(c, out / "corpus-all", out, py, log)
+        try:
+            rechecks.append(recheck_cell(c, out / "corpus-all", out, py, log))
+        except UsageError as e:
+            skipped[f"{c.name} recheck"] = f"failed: {str(e)[:2000]}"
+            log(f"== cell {c.name}: {skipped[c.name + ' recheck']}")
     cmd = [sys.executable, "-m", "conformance.cli", "report", *dirs, "--out", str(out / "report"),
            *[a for b in baseline for a in ("--baseline", b)],
-           *[a for c, _ in ran for a in ("--recheck", str(out / c.name / "recheck.json"))]]
+           *[a for f in rechecks for a in ("--recheck", str(f))]]
     r = subprocess.run(cmd, cwd=ROOT)
     summary = {"cells": [c.name for c, _ in ran], "skipped": skipped, "shards": len(dirs), "baseline": baseline,
                "seconds": round(time.monotonic() - t0, 1), "report": str(out / "report"), "report_exit": r.returncode}

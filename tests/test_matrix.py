@@ -181,12 +181,15 @@ def test_the_report_shows_versions_from_each_cells_recheck_and_refuses_a_bad_one
 
 
 def test_nightly_runs_every_shard_rechecks_and_reports_against_the_last_night(tmp_path):
-    """A one-cell matrix (the project's environment) end to end: shards, a recheck of the corpus and
-    the night's findings on the cell, one report whose baseline is the report already there."""
+    """A matrix of the project's environment and a cell that cannot be built, end to end: shards, a
+    recheck of the corpus and the night's findings on the cell that ran, one report whose baseline
+    is the report already there, the broken cell reported."""
     m = tmp_path / "m.toml"
     m.write_text('[[cell]]\nname = "here"\npython = ">=3.12"\nbase = "project"\npackages = []\n'
                  'pipelines = ["jax:remat3"]\ndevice = "cpu"\nprofile = "dev"\nbudget = 8\nshards = 2\nseed = 1\n'
-                 'runner = "x"\nmode = "campaign"\n')
+                 'runner = "x"\nmode = "campaign"\n'
+                 '[[cell]]\nname = "broken"\npython = "3.4"\nbase = "lock"\npackages = []\npipelines = ["jax:remat3"]\n'
+                 'device = "cpu"\nprofile = "dev"\nbudget = 8\nshards = 1\nseed = 1\nrunner = "x"\nmode = "campaign"\n')
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for n in ("residuals-jax_remat3-a9721056.json", "custom_rule-jax_remat3-7e255af8.json", "status.json"):
@@ -194,9 +197,11 @@ def test_nightly_runs_every_shard_rechecks_and_reports_against_the_last_night(tm
     out = tmp_path / "night"
     assert cli("report", str(ROOT / "tests" / "fixtures" / "run_a"), "--out", str(out / "report")).returncode == 0
     r = cli("matrix", "--file", str(m), "nightly", "--out", str(out), "--corpus", str(corpus), "--jobs", "1")
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    # a cell whose environment cannot be built is reported (exit 1); the others run, the report is written
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-2000:]
     s = json.loads((out / "nightly.json").read_text())
     assert s["cells"] == ["here"] and s["shards"] == 2 and s["baseline"] == [str(out / "previous-report")]
+    assert s["skipped"]["broken"].startswith("failed: ") and "'3.4'" in s["skipped"]["broken"]
     for i in (0, 1):
         recs = [json.loads(x) for x in (out / "here" / f"shard-{i}" / "results.jsonl").read_text().splitlines()]
         assert any(x["type"] == "result" for x in recs)
