@@ -7,12 +7,14 @@ import json
 
 from conformance import pipelines as registry
 from conformance.loading import corpus_entry_stem
+from conformance.verdict import DEVICE_REFERENCE
 
 # Which reference says what is expected, by the finding's reference (a pipeline's role or a verdict
 # reference): the words a maintainer reads.
 _AUTHORITY = {
     "policy": "the checkpoint policy's documented meaning",
     "expectations": "the harness's expectations data (oracles/expectations.json)",
+    DEVICE_REFERENCE: "the same pipeline on the CPU",
 }
 
 

@@ -59,7 +59,10 @@ def installed_versions() -> dict[str, str]:
 def recheck_entry(prog, inputs, finding, fixed: bool, device: str, expectations) -> dict:
     from conformance.campaign import replay_pipelines
     from conformance.runner import InProcessExecutor
+    from conformance.verdict import DEVICE_REFERENCE
     from oracles.judge import judge
+    if finding.reference == DEVICE_REFERENCE:   # a CPU-vs-device finding: the devices oracle again
+        return _recheck_devices(prog, inputs, finding, InProcessExecutor)
     names = replay_pipelines(finding.key())
     obs = InProcessExecutor(device).run(prog, inputs, names)
     own = obs.get(finding.pipeline)
@@ -86,6 +89,19 @@ def recheck_entry(prog, inputs, finding, fixed: bool, device: str, expectations)
     else:
         status = "changed" if same else "fixed"
     return {"status": status, "failures": keys}
+
+
+def _recheck_devices(prog, inputs, finding, executor) -> dict:
+    from conformance import pipelines as registry
+    from oracles.devices import compare_devices
+    p = finding.pipeline
+    if finding.device not in registry.get(p).devices():
+        return {"status": "unsupported", "why": f"no {finding.device} device here", "failures": []}
+    cpu = executor("cpu").run(prog, inputs, [p])[p]
+    dev = executor(finding.device).run(prog, inputs, [p])[p]
+    fails = [list(v.key()) for v in compare_devices(prog, p, cpu, dev) if v.status == "fail" and v.check == finding.check]
+    status = "still failing" if list(finding.key()) in fails else "changed" if fails else "fixed"
+    return {"status": status, "failures": fails}
 
 
 def main(args) -> int:

@@ -92,3 +92,25 @@ def test_a_check_that_did_not_run_is_not_called_fixed(monkeypatch):
     monkeypatch.setattr(InProcessExecutor, "run", unobserved)
     r = recheck_entry(prog, inputs, f, False, "cpu", Expectations.load())
     assert r["status"] == "not run" and "did not run here" in r["why"], r
+
+
+def test_a_device_finding_is_rechecked_by_the_device_oracle(tmp_path):
+    """A CPU-vs-device finding replays through `devices`' oracle: where that device is absent it is
+    unsupported (never 'fixed' by a CPU-only replay)."""
+    import torch
+    from conformance.findings import Finding
+    from conformance.loading import load_program_file
+    from conformance.recheck import recheck_entry
+    from conformance.verdict import DEVICE_REFERENCE
+    from oracles.expectations import Expectations
+    prog, inputs, f = load_program_file(str(REG / OPEN[0]))
+    g = Finding.model_validate({**f.model_dump(), "reference": DEVICE_REFERENCE, "device": "cuda",
+                                "check": "gradient", "error_type": ""})
+    r = recheck_entry(prog, inputs, g, False, "cuda", Expectations.load())
+    if torch.cuda.is_available():
+        assert r["status"] in ("fixed", "still failing", "changed")
+    else:
+        assert r == {"status": "unsupported", "why": "no cuda device here", "failures": []}
+    # on the cpu against the cpu: the plumbing agrees with itself, so the finding reads fixed
+    h = Finding.model_validate({**g.model_dump(), "device": "cpu"})
+    assert recheck_entry(prog, inputs, h, False, "cpu", Expectations.load())["status"] == "fixed"
