@@ -114,3 +114,21 @@ def test_a_device_finding_is_rechecked_by_the_device_oracle(tmp_path):
     # on the cpu against the cpu: the plumbing agrees with itself, so the finding reads fixed
     h = Finding.model_validate({**g.model_dump(), "device": "cpu"})
     assert recheck_entry(prog, inputs, h, False, "cpu", Expectations.load())["status"] == "fixed"
+
+
+def test_the_report_links_each_findings_issue_text(tmp_path):
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "run_a", run)
+    entry = sorted((run / "corpus").glob("*.json"))[0]
+    f = CorpusEntry.model_validate(json.loads(entry.read_text())).finding
+    (run / "corpus" / f"{entry.stem}.issue.md").write_text(issue_text_or_reason(f))
+    r = subprocess.run([sys.executable, "-m", "conformance.cli", "report", str(run), "--out", str(tmp_path / "rep"),
+                        "--no-repro"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    href = f"../run/corpus/{entry.stem}.issue.md"
+    assert f"]({href})" in (tmp_path / "rep" / "report.md").read_text()
+    assert f'<a href="{href}">' in (tmp_path / "rep" / "report.html").read_text()
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert [x["issue_href"] for x in rep["findings"]].count(href) == 1   # the other finding has no text here
+    assert (tmp_path / "rep" / href).resolve().read_text().startswith(f"# {f.pipeline}: ")

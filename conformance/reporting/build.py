@@ -161,16 +161,20 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     # findings: one per signature and cell, smallest program kept; grouped by behaviour key
     merged: dict[tuple, Any] = {}
     cells_of: dict[tuple, list[str]] = defaultdict(list)
+    dir_of: dict[tuple, Path] = {}   # the run directory of the kept finding (its corpus/ holds its issue text)
     for r in inputs:
         for f in r.findings:
             k = (f.signature, r.cell)
             if k in merged:
                 g = merged[k]
                 keep = f if (f.size or 1 << 30) < (g.size or 1 << 30) else g
+                if keep is f:
+                    dir_of[k] = r.dir
                 keep = keep.model_copy(update={"count": g.count + f.count})
                 merged[k] = keep
             else:
                 merged[k] = f
+                dir_of[k] = r.dir
             if r.cell not in cells_of[k]:
                 cells_of[k].append(r.cell)
     base_keys: set[tuple] = set()
@@ -188,7 +192,8 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         if f.tracked is not None and not f.count:
             continue   # a known behaviour (`run --known`) this run never saw
         status = "persisting" if (f.key() in base_keys or f.tracked is not None) else "new"
-        findings.append(_finding_obj(f, status, cells_of[(sig, cell)], with_repro))
+        findings.append({**_finding_obj(f, status, cells_of[(sig, cell)], with_repro),
+                         "run_dir": str(dir_of[(sig, cell)])})
     findings.sort(key=lambda x: (CHECK_RANK.get(x["check"], 9), x["status"] != "new", -x["count"], x["signature"]))
     for i, x in enumerate(findings, 1):
         x["id"] = f"F{i}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -121,7 +122,7 @@ def render_md(rep: dict) -> str:
             L.append(f"- **{x['id']}** [{x['check']}] `{x['pipeline']}` vs `{x['reference']}`"
                      f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s); "
                      f"features: {', '.join(x['features'])}; flags: `{json.dumps(x['flags'], sort_keys=True)}`; "
-                     f"repro: `{x['repro_command']}`; issue text: `{x['issue']}`")
+                     f"repro: `{x['repro_command']}`" + (f"; issue text: [{x['issue']}]({x['issue_href']})" if x.get("issue_href") else ""))
     from conformance.reporting.versions import markdown as versions_markdown
     L += versions_markdown(rep.get("versions"))
     L += ["", "## Stale expectations", ""]
@@ -173,6 +174,9 @@ def _finite(o):
 def write(rep: dict, out: str | Path, with_plots: bool = True) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for x in rep["findings"]:   # the issue text beside the finding's corpus entry, linked from where the report is
+        p = Path(x["run_dir"]) / x["issue"] if x.get("run_dir") else None
+        x["issue_href"] = os.path.relpath(p, out) if p is not None and p.exists() else None
     figs = plots(rep) if with_plots else {}
     files = {"report.json": json.dumps(_finite(rep), indent=1, sort_keys=True, default=str, allow_nan=False),
              "report.md": render_md(rep), "junit.xml": render_junit(rep), "report.html": render_html(rep, figs)}
