@@ -67,16 +67,14 @@ def main(args) -> int:
         store = Store(args.out, overwrite=args.overwrite)
     except StoreError as e:
         raise UsageError(str(e)) from None
-    versions = {"remat-conformance": __version__}
-    for n in names:
-        versions.update(registry.get(n).versions())
-    store.write_run({"schema_version": 1, "harness": __version__, "versions": versions,
+    from conformance.cli import versions_of   # (cli imports this module)
+    store.write_run({"schema_version": 1, "harness": __version__, "versions": versions_of(names),
                      "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                      "options": {"pipelines": names, "device": args.device, "compare": "cpu", "seed": args.seed,
                                  "max_examples": args.max_examples, "max_stmts": args.max_stmts}})
     cpu, dev = InProcessExecutor("cpu"), InProcessExecutor(args.device)
-    findings, seen, t0 = [], set(), time.monotonic()
-    checked = 0
+    found: dict[tuple, object] = {}   # one finding per behaviour key; later programs count
+    t0, checked = time.monotonic(), 0
     for k, (prog, s) in enumerate(generate(args.max_examples, args.seed, args.max_stmts)):
         if args.budget is not None and time.monotonic() - t0 > args.budget:
             break
@@ -92,17 +90,18 @@ def main(args) -> int:
                              "verdicts": [[v.check, v.pipeline, v.reference, v.status, v.error_type or ""]
                                           for v in verdicts]})
         for v in fails:
-            if v.key() in seen:   # one finding per behaviour key; later programs count
-                next(f for f in findings if f.key() == v.key()).count += 1
+            if v.key() in found:
+                found[v.key()].count += 1
                 continue
-            seen.add(v.key())
-            f = make_finding(v, prog, inputs, b[v.pipeline].versions, b[v.pipeline].flags, args.device)
-            findings.append(f)
+            f = found[v.key()] = make_finding(v, prog, inputs, b[v.pipeline].versions, b[v.pipeline].flags,
+                                              args.device)
             stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
             store.write_corpus(stem, CorpusEntry(program=f.program, inputs=f.inputs, finding=f,
                                                  versions=f.versions).model_dump(mode="json"))
             store.write_issue(stem, issue_text_or_reason(f))
-        store.write_findings([f.model_dump(mode="json") for f in findings])
+        if fails:
+            store.write_findings([f.model_dump(mode="json") for f in found.values()])
+    findings = list(found.values())
     store.write_findings([f.model_dump(mode="json") for f in findings])
     store.close()
     print(f"compared {checked} programs on cpu and {args.device} over {', '.join(names)}: "

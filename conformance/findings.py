@@ -6,9 +6,10 @@ import re
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conformance.dtypes import np_dtype
+from conformance.errors import field_path
 from conformance.ir import Program
 
 SCHEMA_VERSION = 1
@@ -91,6 +92,31 @@ class CorpusEntry(BaseModel):
 # features (op:<op>) serve expectations only; the op families (matmul, reduction...) sign.
 INCIDENTAL_FEATURES = frozenset({"float32", "float64", "unread_name", "dup_names", "layout", "reduction",
                                  "prevent_cse_false"})
+
+
+class ObservationDigest(BaseModel):
+    """One pipeline's facts in a finding's detail.observations (what reports show)."""
+    model_config = ConfigDict(extra="allow")
+    error: str | None = None
+    saved: list[str] | None = None
+    saved_bytes: int | None = None
+    grads: dict[str, Any] | None = None
+
+
+def observations_problem(detail: dict) -> tuple[str, str] | None:
+    """(field under detail.observations, reason) of the first digest a report could not show;
+    None when every one is well formed. Corpus loading and report loading both refuse on it."""
+    obs = detail.get("observations")
+    if obs is None:
+        return None
+    if not isinstance(obs, dict):
+        return "", "must be an object"
+    for p, d in obs.items():
+        try:
+            ObservationDigest.model_validate(d)
+        except ValidationError as e:
+            return f".{p}.{field_path(e.errors()[0])}", e.errors()[0]["msg"]
+    return None
 
 
 def error_root(detail: dict) -> str | None:

@@ -8,6 +8,7 @@ import re
 
 from conformance.errors import UsageError
 from conformance.files import MiB, InputRefused, read_text
+from conformance.findings import observations_problem
 
 # What a corpus entry's finding may hold where its strings reach generated code and reports:
 # a documented character set (anything else is refused, never pasted).
@@ -48,15 +49,9 @@ def check_finding(f, where: str) -> None:
         raise UsageError(f"{where}.expectation: must match {TOKEN.pattern}")
     if f.tracked is not None and not TOKEN.match(f.tracked):
         raise UsageError(f"{where}.tracked: must match {TOKEN.pattern}")
-    obs = f.detail.get("observations")   # what reports show of each pipeline: the report's own shape
-    if obs is not None:
-        if not isinstance(obs, dict):
-            raise UsageError(f"{where}.detail.observations: must be an object")
-        for p, d in obs.items():
-            saved = d.get("saved") if isinstance(d, dict) else None
-            if not isinstance(d, dict) or (saved is not None and not (isinstance(saved, list)
-                                                                     and all(isinstance(x, str) for x in saved))):
-                raise UsageError(f"{where}.detail.observations.{p}: must be an object whose saved is a list of strings")
+    bad = observations_problem(f.detail)   # what reports show of each pipeline, in the report's own shape
+    if bad is not None:
+        raise UsageError(f"{where}.detail.observations{bad[0]}: {bad[1]}")
     for k, key in enumerate(f.reproduces):   # sibling keys: (check, pipeline, reference, error type)
         w = f"{where}.reproduces[{k}]"
         if len(key) != 4:

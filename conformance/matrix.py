@@ -228,29 +228,26 @@ def run_shard(cell: Cell, i: int, out: Path, py: str, budget: float | None = Non
     """One shard of a cell's campaign into out/<cell>/shard-<i>; its exit status (0, or 1 with findings)."""
     d = shard_dir(out, cell, i)
     if cell.mode == "devices":   # the same programs on the cpu and the device; shard i draws from seed + i
+        what = f"the device comparison (cpu vs {cell.device})"
         cmd = [py, "-m", "conformance.cli", "devices", "--pipelines", ",".join(cell.pipelines), "--device", cell.device,
                "--seed", str(cell.seed + i), "--budget", f"{budget or cell.budget:g}", "--max-examples", "100000",
                "--out", str(d), "--overwrite"]
-        log(f"== cell {cell.name} shard {i}/{cell.shards} (cpu vs {cell.device}): {' '.join(cmd[1:])}")
-        r = subprocess.run(cmd, env=cell_env(cell), cwd=ROOT)
-        if r.returncode not in (0, 1):
-            raise UsageError(f"cell {cell.name!r} shard {i}: the device comparison failed (exit {r.returncode})")
-        return r.returncode
-    cmd = [py, "-m", "conformance.cli", "run", "--pipelines", ",".join(cell.pipelines), "--device", cell.device,
-           "--seed", str(cell.seed), "--shard", f"{i}/{cell.shards}", "--budget", f"{budget or cell.budget:g}",
-           "--known", str(corpus), "--out", str(d), "--quiet",
-           *(["--jobs", str(jobs)] if jobs else []), *(["--resume"] if resume and d.exists() else ["--overwrite"])]
+    else:
+        what = "the campaign"
+        cmd = [py, "-m", "conformance.cli", "run", "--pipelines", ",".join(cell.pipelines), "--device", cell.device,
+               "--seed", str(cell.seed), "--shard", f"{i}/{cell.shards}", "--budget", f"{budget or cell.budget:g}",
+               "--known", str(corpus), "--out", str(d), "--quiet",
+               *(["--jobs", str(jobs)] if jobs else []), *(["--resume"] if resume and d.exists() else ["--overwrite"])]
     log(f"== cell {cell.name} shard {i}/{cell.shards}: {' '.join(cmd[1:])}")
     r = subprocess.run(cmd, env=cell_env(cell), cwd=ROOT)
     if r.returncode not in (0, 1):
-        raise UsageError(f"cell {cell.name!r} shard {i}: the campaign failed (exit {r.returncode}); "
-                         f"its run directory {d} is kept (`matrix run {cell.name} --shard {i}/{cell.shards} --resume`)")
+        raise UsageError(f"cell {cell.name!r} shard {i}: {what} failed (exit {r.returncode}); its run directory {d} "
+                         f"is kept (`matrix run {cell.name} --shard {i}/{cell.shards} --resume`)")
     return r.returncode
 
 
-def gather_corpus(run_dirs: list[Path], dest: Path, corpus: Path = None) -> int:
+def gather_corpus(run_dirs: list[Path], dest: Path, corpus: Path) -> int:
     """Every finding of the given runs and the regression corpus, one entry per name, in dest."""
-    corpus = corpus or CORPUS
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     n = 0
@@ -278,7 +275,7 @@ def recheck_cell(cell: Cell, corpus: Path, out: Path, py: str, log=print) -> Pat
 def nightly(cells: list[Cell], out: Path, budget: float | None, baseline: list[str], jobs: int | None,
             log=print, corpus: Path = None) -> dict:
     """Every cell and shard, then every finding rechecked on every cell, then one report."""
-    t0 = time.monotonic()
+    t0, corpus = time.monotonic(), corpus or CORPUS
     if not baseline and (out / "report" / "report.json").exists():   # last night's report is the baseline
         shutil.rmtree(out / "previous-report", ignore_errors=True)
         (out / "report").rename(out / "previous-report")
@@ -292,7 +289,7 @@ def nightly(cells: list[Cell], out: Path, budget: float | None, baseline: list[s
                 log(f"== cell {c.name}: skipped ({skipped[c.name]})")
                 continue
             for i in range(c.shards):
-                run_shard(c, i, out, py, budget, jobs, log=log, corpus=corpus or CORPUS)
+                run_shard(c, i, out, py, budget, jobs, log=log, corpus=corpus)
         except UsageError as e:
             skipped[c.name] = f"failed: {str(e)[:2000]}"
             log(f"== cell {c.name}: {skipped[c.name]}")

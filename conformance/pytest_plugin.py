@@ -64,20 +64,15 @@ class RematCollector(pytest.Collector):
 
 
 class CorpusItem(pytest.Item):
-    def __init__(self, *, path_: Path, finding, **kw):
+    def __init__(self, *, path_: Path, loaded: tuple, fixed: bool, **kw):
         super().__init__(**kw)
-        self.entry, self.finding = path_, finding
+        self.entry, self.loaded, self.fixed = path_, loaded, fixed   # loaded: (program, inputs, finding)
 
     def runtest(self):
-        from conformance.loading import corpus_fixed_keys, load_program_file
         from conformance.recheck import recheck_entry
         from oracles.expectations import Expectations
-        prog, inputs, f = load_program_file(str(self.entry))
-        if inputs is None:
-            from generators.programs import input_values
-            inputs = input_values(prog, 0)
-        fixed = "|".join(f.key()) in corpus_fixed_keys(self.entry.parent)
-        r = recheck_entry(prog, inputs, f, fixed, f.device, Expectations.load())
+        prog, inputs, f = self.loaded
+        r = recheck_entry(prog, inputs, f, self.fixed, f.device, Expectations.load())
         if r["status"] == "unsupported":
             pytest.skip(f"cannot run here: {r.get('why', '')}")
         if r["status"] == "still failing":
@@ -126,21 +121,21 @@ def pytest_collection_modifyitems(session, config, items):
     names = _selected(config)
     if names is None:
         return
-    from conformance.loading import load_program_file
+    from conformance.loading import corpus_fixed_keys, load_program_file
     corpus = _corpus(config)
+    fixed_keys = corpus_fixed_keys(corpus)
     parent = RematCollector.from_parent(session, name="remat-conformance")
-    added = 0
+    ours = []
     for p in sorted(corpus.glob("*.json")):
         if p.name == "status.json":
             continue
-        _, _, f = load_program_file(str(p))
-        if f is None:
-            continue
-        if f.pipeline in names or any(k[1] in names for k in f.reproduces):
-            items.append(CorpusItem.from_parent(parent, name=f"{f.pipeline}::{f.check}::{p.stem}", path_=p, finding=f))
-            added += 1
+        loaded = load_program_file(str(p))
+        f = loaded[2]
+        if f is not None and (f.pipeline in names or any(k[1] in names for k in f.reproduces)):
+            ours.append(CorpusItem.from_parent(parent, name=f"{f.pipeline}::{f.check}::{p.stem}", path_=p,
+                                               loaded=loaded, fixed="|".join(f.key()) in fixed_keys))
     for n in names:
-        items.append(CampaignItem.from_parent(parent, name=f"{n}::campaign::seed-{config.getoption('--remat-seed')}",
-                                              pipeline=n, corpus=corpus))
-    ours = items[len(items) - added - len(names):]   # reported as collected, so that pytest's summary counts them
+        ours.append(CampaignItem.from_parent(parent, name=f"{n}::campaign::seed-{config.getoption('--remat-seed')}",
+                                             pipeline=n, corpus=corpus))
+    items.extend(ours)   # and reported as collected, so that pytest's summary counts them
     session.ihook.pytest_collectreport(report=pytest.CollectReport(parent.nodeid, "passed", None, ours))

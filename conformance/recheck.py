@@ -57,10 +57,15 @@ def installed_versions() -> dict[str, str]:
 
 
 def recheck_entry(prog, inputs, finding, fixed: bool, device: str, expectations) -> dict:
+    """The status of one corpus entry on the installed versions (`inputs` None: the entry's seed-0
+    inputs); `fixed`: its key is listed under `fixed` in its corpus's status.json."""
     from conformance.campaign import replay_pipelines
     from conformance.runner import InProcessExecutor
     from conformance.verdict import DEVICE_REFERENCE
     from oracles.judge import judge
+    if inputs is None:
+        from generators.programs import input_values
+        inputs = input_values(prog, 0)
     if finding.reference == DEVICE_REFERENCE:   # a CPU-vs-device finding: the devices oracle again
         return _recheck_devices(prog, inputs, finding, InProcessExecutor)
     names = replay_pipelines(finding.key())
@@ -116,21 +121,19 @@ def main(args) -> int:
     expectations = Expectations.load()
     rows = []
     for p, prog, inputs, finding in loaded:
-        if inputs is None:
-            from generators.programs import input_values
-            inputs = input_values(prog, 0)
         fixed = "|".join(finding.key()) in fixed_keys
         r = recheck_entry(prog, inputs, finding, fixed, args.device or finding.device, expectations)
         rows.append({"entry": p.name, "key": list(finding.key()), "listed_fixed": fixed,
                      "first_found_on": finding.versions, **r})
         print(f"{p.name}: {r['status']}" + (f" ({r['why']})" if r.get("why") else ""), flush=True)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in STATUSES}
+    versions = installed_versions()
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f" of {len(rows)} entries; versions: "
-          + ", ".join(f"{k} {v}" for k, v in installed_versions().items()))
+          + ", ".join(f"{k} {v}" for k, v in versions.items()))
     if args.out:
         try:
             atomic_write(Path(args.out), json.dumps({"schema_version": RECHECK_SCHEMA, "corpus": str(d),
-                                                     "versions": installed_versions(), "entries": rows},
+                                                     "versions": versions, "entries": rows},
                                                     indent=1, sort_keys=True))
         except OSError as e:
             raise UsageError(f"--out {args.out}: {e.strerror}") from None

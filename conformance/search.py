@@ -126,12 +126,13 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
         if list(key) in f.reproduces and f.key() in failing and f.core_features() <= feats:
             return f
     if root is not None:
-        for f in findings:
-            if f.key() == tuple(key) and error_root(f.detail) == root:
+        raising = [f for f in findings if (f.check, f.reference, f.error_type) == (key[0], key[2], key[3])
+                   and error_root(f.detail) == root]
+        for f in raising:
+            if f.pipeline == key[1]:
                 return f
-        for f in findings:
-            if (f.check, f.reference, f.error_type) == (key[0], key[2], key[3]) and f.key() in failing \
-                    and error_root(f.detail) == root:
+        for f in raising:
+            if f.key() in failing:
                 return f
     if key[0] == "trace_count" and "+" in key[3]:
         # several counters grew (bwd_calls+fwd_traces+primal_traces): known when known findings

@@ -42,7 +42,7 @@ def test_load_known_takes_one_entry_file_and_skips_a_second_copy(tmp_path):
     ("nope", "no such file or directory"),
     ("status", "fixed: must be an object"),
     ("broken", "invalid JSON"),
-    ("digest", "detail.observations.torch:none: must be an object whose saved is a list of strings"),
+    ("digest", "detail.observations.torch:none.saved[0]: Input should be a valid string"),
 ])
 def test_load_known_refuses_with_the_file_named(tmp_path, bad, says):
     d = tmp_path / "corpus"

@@ -75,6 +75,8 @@ NAMESPACE: dict = {"jax": jax, "jnp": jnp, "lax": jax.lax, "cp": jax.checkpoint_
                    "dt": lambda name: name}
 exec(jax_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
 OPS = compile_table(jax_table.OPS, NAMESPACE)
+
+
 def jax_policy(p):
     """The JAX policy object for an IR policy, from the JAX table."""
     return eval(jax_table.policy_source(p), NAMESPACE)   # noqa: S307 - the harness's own table

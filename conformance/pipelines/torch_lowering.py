@@ -30,10 +30,6 @@ import torch
 import torch._dynamo  # noqa: F401  (graph_break)
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-# Newer torch routes SAC's cached tensors through saved-tensor hooks when asked (residual capture
-# sees them); older releases (2.13) take no such argument, and their SAC cache is out of the hooks' sight.
-SAC_THROUGH_HOOKS = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
-
 from conformance.interpreter import Interpreter
 from conformance.dtypes import DTYPES as FLOAT_DTYPES, np_dtype
 from conformance.batching import record_examples
@@ -42,6 +38,10 @@ from conformance.features import sequential_runs
 from conformance.observation import CustomRuleLog
 from conformance.pipelines import torch_table
 from conformance.pipelines.tables import compile_table
+
+# Newer torch routes SAC's cached tensors through saved-tensor hooks when asked (residual capture
+# sees them); older releases (2.13) take no such argument, and their SAC cache is out of the hooks' sight.
+SAC_THROUGH_HOOKS = "respect_saved_tensors_hooks" in inspect.signature(checkpoint).parameters
 
 DTYPES = {name: getattr(torch, name) for name in FLOAT_DTYPES}   # (conformance.dtypes)
 

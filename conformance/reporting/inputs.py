@@ -11,7 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from conformance.errors import field_path
 from conformance.files import InputRefused, read_text
+from conformance.findings import observations_problem
 
 REPORT_SCHEMA_VERSION = 1
 # Input schema versions this harness reads (run.json, results.jsonl records, findings.json entries).
@@ -56,8 +58,7 @@ class _Result(BaseModel):
     t: float = 0.0
 
 
-def _loc(err) -> str:
-    return "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in err["loc"]).lstrip(".") or "<root>"
+_loc = field_path
 
 
 def _read_json(path: Path) -> Any:
@@ -78,27 +79,10 @@ def _exists(p: Path) -> bool:
     return p.exists() or p.is_symlink()
 
 
-class _Digest(BaseModel):
-    """One pipeline's digest in a finding's detail.observations (what the report shows)."""
-    model_config = ConfigDict(extra="allow")
-    error: str | None = None
-    saved: list[str] | None = None
-    saved_bytes: int | None = None
-    grads: dict[str, Any] | None = None
-
-
 def _check_observations(f, path: Path, where: str) -> None:
-    obs = f.detail.get("observations")
-    if obs is None:
-        return
-    if not isinstance(obs, dict):
-        raise ReportInputError(str(path), f"{where}.detail.observations", "must be an object")
-    for p, d in obs.items():
-        try:
-            _Digest.model_validate(d)
-        except ValidationError as e:
-            raise ReportInputError(str(path), f"{where}.detail.observations.{p}.{_loc(e.errors()[0])}",
-                                   e.errors()[0]["msg"]) from None
+    bad = observations_problem(f.detail)
+    if bad is not None:
+        raise ReportInputError(str(path), f"{where}.detail.observations{bad[0]}", bad[1])
 
 
 def _check_version(path: Path, where: str, sv) -> None:
