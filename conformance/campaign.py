@@ -20,6 +20,7 @@ from conformance.files import read_text
 from conformance.issue_text import issue_text_or_reason
 from conformance.findings import CorpusEntry, Finding
 from conformance.loading import corpus_entry_stem
+from conformance.options import SHRINK_STEPS
 from conformance.search import (RESULTS_SCHEMA, Searcher, merge_finding, needed_pipelines,  # noqa: F401
                                 replay_pipelines, same_behaviour)
 from conformance.store import Store
@@ -39,7 +40,7 @@ class Options:
     seed: int = 0
     device: str = "cpu"
     shrink_seconds: float = 60.0
-    shrink_steps: int = 250
+    shrink_steps: int = SHRINK_STEPS
     round_size: int = 40
     max_shrinks_per_key: int = 3
     generator: Config = field(default_factory=Config)

@@ -19,7 +19,7 @@ from conformance import __version__
 from conformance.loading import load_program_file
 from conformance.pipelines import FAMILY_SHARES, REFERENCES
 from conformance.errors import UsageError
-from conformance.options import positive, seed, shard, share, swarm_dimension
+from conformance.options import SHRINK_STEPS, positive, seed, shard, share, swarm_dimension
 from conformance.reporting import command as report_command
 from conformance.repro import command as repro_command
 from conformance import devices_command, matrix_command, recheck as recheck_command
@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "known: programs failing their way are counted, not shrunk or reported as new; repeatable")
     r.add_argument("--expectations", default=None, help="expectations JSON (default: the packaged file)")
     r.add_argument("--shrink-seconds", type=positive(float, "--shrink-seconds"), default=45.0)
-    r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=250)
+    r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=SHRINK_STEPS,
+                   help=f"Hypothesis shrink steps of a new behaviour before the IR reductions (default {SHRINK_STEPS})")
     r.add_argument("--max-stmts", type=positive(int, "--max-stmts"), default=6, help="generator: a program draws at most 2 x N ops and region/block openings")
     r.add_argument("--require", action="append", default=[], metavar="DIMENSION", type=swarm_dimension,
                    help="generator: a swarm dimension on in every program (repeatable), e.g. --require scan "

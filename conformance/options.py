@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 import math
 
+# Hypothesis shrink steps of a new behaviour before the IR reductions (conformance.search).
+SHRINK_STEPS = 10
+
 
 def positive(kind, name):
     def conv(s):
