@@ -88,11 +88,17 @@ PAIRWISE_CHECKS = ("residuals", "custom_rule", "trace_count")
 
 
 def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
-    """The pipelines one verdict needs: its own and its reference; for value, error and policy
-    verdicts also the value reference, the baseline and the same-semantics references."""
+    """The pipelines one verdict needs: its own and its reference; for an error against the
+    expectations also the value reference; for value, status-equivalence and policy verdicts the
+    value reference, the baseline and the same-semantics references."""
     check, pipeline, reference, _ = key
     if check in PAIRWISE_CHECKS and reference in all_names and pipeline in all_names:
         return [reference, pipeline]
+    if check == "error" and reference == "expectations":
+        # a pipeline's own error verdict reads its run, the expectations and the value reference
+        # (which, failing the same way, carries the finding); status differences with the other
+        # references fold into it (oracles.judge) and do not change its key
+        return list(dict.fromkeys(n for n in (registry.value_reference(), pipeline) if n in all_names))
     names = [registry.value_reference()]
     b = registry.baseline_of(pipeline)
     if b and b in all_names:

@@ -7,11 +7,15 @@ import json
 import numpy as np
 import time
 from collections import Counter
+from pathlib import Path
+
+import pytest
 
 from conformance import pipelines as registry
 from conformance.campaign import Options
 from conformance.findings import Finding, decode_inputs
 from conformance.ir import load_program
+from conformance.loading import load_program_file
 from conformance.reduce import SIMPLEST_POLICY, candidates
 from conformance.runner import InProcessExecutor
 from conformance.search import REDUCE_STEPS, Searcher, Target, needed_pipelines
@@ -252,3 +256,19 @@ def test_custom_rule_blocks_are_inlined_and_ops_bypassed():
     # plain code: exp bypassed, its reader (the output) reads its argument v2
     bypassed = [c.to_json_obj() for c in candidates(load_program(PROG))]
     assert any(b["outputs"] == ["v1", "v2"] and all(s.get("op") != "exp" for s in b["body"]) for b in bypassed)
+
+
+@pytest.mark.parametrize("entry", ["error-jax_remat3-7d6b302d", "error-jax_remat3+cvjp3-905855a5",
+                                   "error-ref_f64-bfa081b4"])
+def test_an_error_against_the_expectations_is_judged_the_same_on_the_pipelines_its_shrink_runs(entry):
+    """A shrink step of an error-vs-expectations finding runs only the pipeline and the value
+    reference: on those, the program fails that key exactly as on the whole run set."""
+    prog, inputs, f = load_program_file(str(Path(__file__).parent / "regressions" / f"{entry}.json"))
+    everything = registry.run_set([f.pipeline]) if not registry.is_reference(f.pipeline) else list(registry.REFERENCES)
+    few = needed_pipelines(f.key(), everything)
+    assert few == list(dict.fromkeys([registry.value_reference(), f.pipeline])), few
+    keys = []
+    for names in (everything, few):
+        obs = InProcessExecutor().run(prog, inputs, names)
+        keys.append({v.key() for v in judge(prog, obs, Expectations.load(), "cpu").failures() if v.check == "error"})
+    assert f.key() in keys[0] and f.key() in keys[1], keys
