@@ -75,6 +75,11 @@ def test_a_stacked_residual_canonicalises_per_iteration():
     # a stack one iteration short matches only the iterations it holds
     res = canonicalise([np.array([[1.0, 2.0]])], values, idx)
     assert [r.cls for r in res] == [["a@0"]]
+    # an iteration's value whose leading axis has one element is that value, in its own layout,
+    # not a stack of its rows (the view-layout check read such a saved slice as a reshaped view)
+    one = {"v@0": np.array([[5.0, 6.0]]), "w@0": np.array([5.0, 6.0, 7.0])}
+    res = canonicalise([np.array([[5.0, 6.0]])], one, {})
+    assert [(r.cls, r.shape, r.exact) for r in res] == [(["v@0"], [1, 2], ["v@0"])]
 
 
 def test_scan_runs_alike_in_every_pipeline_and_saves_each_iteration():
