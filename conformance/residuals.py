@@ -57,8 +57,8 @@ def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
         parts = [(whole, cls)]
         # (a stack of iteration values first: a scan's ys equals one), unless the whole is itself an
         # iteration's value in its own layout (a [1, ...] value of a loop: not a stack of its rows)
-        own = any(ITER_SEP in i and _close(whole, np.asarray(values[i])) for i in cls)
-        if iterated and whole.ndim >= 1 and not own:
+        if iterated and whole.ndim >= 1 and not any(ITER_SEP in i and _close(whole, np.asarray(values[i]))
+                                                     for i in cls):
             slices = [(x, _cls(x, values)) for x in whole]
             if all(c for _, c in slices) and any(ITER_SEP in i for _, c in slices for i in c):
                 parts = slices
