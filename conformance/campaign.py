@@ -21,6 +21,7 @@ from conformance.issue_text import issue_text_or_reason
 from conformance.findings import CorpusEntry, Finding
 from conformance.loading import corpus_entry_stem
 from conformance.options import SHRINK_STEPS
+from conformance.roots import record_variant, stamp, variant_values
 from conformance.search import (RESULTS_SCHEMA, Searcher, merge_finding, needed_pipelines,  # noqa: F401
                                 replay_pipelines, same_behaviour)
 from conformance.store import Store
@@ -92,7 +93,7 @@ class Campaign:
         have = {f.tracked for f in self.findings if f.tracked}
         for f in known:
             if f.tracked not in have:
-                self.findings.append(f.model_copy(update={"count": 0}))
+                self.findings.append(stamp(f.model_copy(update={"count": 0, "variants": {}})))
 
     def new_findings(self) -> list[Finding]:
         return [f for f in self.findings if f.tracked is None]
@@ -206,9 +207,13 @@ class Campaign:
             if self.store.append_result(rec):    # False: already recorded (a replayed shrink)
                 self._account(rec)
                 by_sig = {f.signature: f for f in self.findings}
-                for sig in rec.get("known_signatures", []):
+                keys = rec.get("known_keys") or [None] * len(rec.get("known_signatures", []))
+                for sig, key in zip(rec.get("known_signatures", []), keys):
                     if sig in by_sig:
                         by_sig[sig].count += 1
+                        if key:   # the variant this program showed of the known behaviour
+                            record_variant(by_sig[sig], variant_values([key[1]], key[3], rec.get("features", [])),
+                                           rec["t"])
                 if rec.get("known_signatures") and time.monotonic() - self._findings_written >= FINDINGS_EVERY:
                     self._write_findings()   # counts only: at most every few seconds
             else:
@@ -219,6 +224,7 @@ class Campaign:
             self.shrinking.pop(searcher, None)
             f = Finding.model_validate(ev["finding"])
             f.first_seen = round(self.elapsed(), 3)
+            stamp(f)
             kept, changed = merge_finding(self.findings, f)
             if changed:
                 self._write_corpus(kept)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -36,6 +36,33 @@ def decode_inputs(enc: dict[str, InputValue]) -> dict[str, np.ndarray]:
     return out
 
 
+# A root's class: a framework bug, a documented (intended) difference, a question upstream must
+# decide, or a limit of this harness (kept as a test of it). Rules suggest one (conformance.roots);
+# a person confirms it in the corpus entry.
+TRIAGE_CLASSES = ("bug", "documented", "question", "harness")
+TriageClass = Literal[TRIAGE_CLASSES]
+
+
+class Triage(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+    class_: TriageClass = Field(alias="class")
+    reason: str
+    links: list[str] = Field(default_factory=list)
+    confirmed: bool = False          # False: suggested by the rules, not yet read by a person
+
+
+class Seen(BaseModel):
+    """One variant of a root behaviour: how many programs showed it, and when it was first seen."""
+    model_config = ConfigDict(extra="forbid")
+    count: int = 0
+    first_seen: float | None = None  # seconds into the campaign
+
+
+# What a finding lists its variants by (conformance.roots.VARIANT_DIMENSIONS derives from this).
+VARIANT_DIMENSIONS = ("pipelines", "labels", "policies", "features")
+
+
 class Finding(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = SCHEMA_VERSION
@@ -65,6 +92,12 @@ class Finding(BaseModel):
     # The regression-corpus entry (`run --known`) this finding stands for; None for a behaviour
     # this campaign found. A tracked finding's count is the programs of this run that showed it.
     tracked: str | None = None
+    # The root behaviour (conformance.roots.root_key of the shrunk program), its variants by
+    # dimension (pipelines, labels, policies, features -> Seen), its title and its class.
+    root: str = ""
+    title: str = ""
+    variants: dict[str, dict[str, Seen]] = Field(default_factory=dict)
+    triage: Triage | None = None
 
     def behaviour_pipelines(self) -> list[str]:
         """Where this behaviour reproduces: its own pipeline and its siblings'."""
@@ -84,6 +117,31 @@ class CorpusEntry(BaseModel):
     inputs: dict[str, InputValue]
     finding: Finding | None = None
     versions: dict[str, str] = Field(default_factory=dict)
+
+
+ROOT_SCHEMA_VERSION = 2
+
+
+class CorpusVariant(CorpusEntry):
+    """One program of a root: a finding of one of its variants (pipeline, label, policy...)."""
+    name: str                        # the file name of the entry it was, or a new name
+    finding: Finding
+
+
+class CorpusRoot(BaseModel):
+    """A regression-corpus root: one behaviour, its class, and every program known to show it.
+    The first variant is the representative (its program is the one a repro and an issue show)."""
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = ROOT_SCHEMA_VERSION
+    root: str                        # a short slug, the entry's file name without .json
+    title: str                       # the behaviour, as an upstream issue would title it
+    triage: Triage
+    reference_why: str = ""          # what the reference is and why it is the reference
+    replaces: list[str] = Field(default_factory=list)   # the corpus entries it was regrouped from
+    variants: list[CorpusVariant] = Field(min_length=1)
+
+    def representative(self) -> CorpusVariant:
+        return self.variants[0]
 
 
 # Features a shrunk program keeps by accident rather than because the behaviour needs them

@@ -61,60 +61,132 @@ def check_finding(f, where: str) -> None:
             raise UsageError(f"{w}: unknown check, pipeline or reference, or an error type outside {TOKEN.pattern}")
 
 
-def load_program_file(path: str, limits=None):
-    """(program, inputs or None, finding or None) from a corpus entry or a bare program file."""
-    from conformance.findings import SCHEMA_VERSION, CorpusEntry, decode_inputs
-    from conformance.batching import value_shape
-    from conformance.ir import ProgramError, load_program
-    from pydantic import ValidationError
+def _read_json(path: str):
     try:
         text = read_text(path, 16 * MiB)
     except InputRefused as e:
         raise UsageError(str(e)) from None
     try:
-        obj = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise UsageError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
     except (RecursionError, ValueError) as e:   # nesting, or an integer of thousands of digits
         raise UsageError(f"{path}: {'nesting too deep' if isinstance(e, RecursionError) else e}") from None
+
+
+def _is_root(obj) -> bool:
+    return isinstance(obj, dict) and "variants" in obj
+
+
+def _validation_error(path: str, e, prefix: str = "") -> UsageError:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    return UsageError(f"{path}: {prefix}{loc}: {err['msg']}")
+
+
+def _load_entry(path: str, obj: dict, limits, prefix: str = ""):
+    """(program, inputs, finding or None) of one corpus entry's object (`prefix`: where it sits in
+    the file, for a root's variants)."""
+    from conformance.findings import SCHEMA_VERSION, CorpusEntry, decode_inputs
+    from conformance.batching import value_shape
+    from conformance.ir import ProgramError, load_program
+    from pydantic import ValidationError
+    try:
+        prog = load_program(obj["program"], limits)
+    except ProgramError as e:
+        raise UsageError(f"{path}: {prefix}program.{e.field}: {e.reason}") from None
+    try:
+        entry = CorpusEntry.model_validate({k: v for k, v in obj.items() if k != "name"} if prefix else obj)
+    except ValidationError as e:
+        raise _validation_error(path, e, prefix) from None
+    for where, sv in (("schema_version", entry.schema_version),
+                      ("finding.schema_version", entry.finding.schema_version if entry.finding else SCHEMA_VERSION)):
+        if sv != SCHEMA_VERSION:
+            raise UsageError(f"{path}: {prefix}{where}: {sv!r} is not readable (this harness reads {SCHEMA_VERSION})")
+    if entry.finding is not None:
+        check_finding(entry.finding, f"{path}: {prefix}finding")
+    types = {i.id: i for i in prog.inputs}
+    if set(entry.inputs) != set(types):
+        raise UsageError(f"{path}: {prefix}inputs: ids {sorted(entry.inputs)} do not match the program's {sorted(types)}")
+    for k, v in entry.inputs.items():
+        shape = list(value_shape(prog, types[k]))
+        if v.dtype != types[k].dtype or v.shape != shape:
+            raise UsageError(f"{path}: {prefix}inputs.{k}: shape/dtype {v.shape}/{v.dtype} do not match the "
+                             f"program's {shape}/{types[k].dtype}")
+        flat = _flatten(v.data)
+        if flat is None or len(flat) != math.prod(v.shape) or not all(math.isfinite(x) for x in flat):
+            raise UsageError(f"{path}: {prefix}inputs.{k}.data: must hold {math.prod(v.shape)} finite numbers "
+                             f"in the shape {v.shape}")
+    try:
+        inputs = decode_inputs(entry.inputs)
+    except ValueError as e:   # ragged nesting
+        raise UsageError(f"{path}: {prefix}inputs: data not nested as the declared shape ({e})") from None
+    return prog, inputs, entry.finding
+
+
+def _load_root(path: str, obj: dict, limits):
+    """A corpus root's variants: [(name, program, inputs, finding)], each finding carrying the
+    root's title and class."""
+    from conformance.findings import ROOT_SCHEMA_VERSION, CorpusRoot
+    from pydantic import ValidationError
+    variants = obj.get("variants")
+    if not isinstance(variants, list) or not variants or not all(isinstance(v, dict) for v in variants):
+        raise UsageError(f"{path}: variants: must be a non-empty list of corpus entries")
+    loaded = []
+    for k, v in enumerate(variants):
+        if "program" not in v or "finding" not in v:
+            raise UsageError(f"{path}: variants[{k}]: a variant needs a program and a finding")
+        loaded.append(_load_entry(path, v, limits, f"variants[{k}]."))
+    try:
+        root = CorpusRoot.model_validate(obj)
+    except ValidationError as e:
+        raise _validation_error(path, e) from None
+    if root.schema_version != ROOT_SCHEMA_VERSION:
+        raise UsageError(f"{path}: schema_version: {root.schema_version!r} is not readable "
+                         f"(a corpus root here is {ROOT_SCHEMA_VERSION})")
+    for field, value in (("root", root.root), *((f"variants[{k}].name", v.name) for k, v in enumerate(root.variants))):
+        if not TOKEN.match(value) or not value:
+            raise UsageError(f"{path}: {field}: must match {TOKEN.pattern}")
+    out = []
+    for v, (prog, inputs, finding) in zip(root.variants, loaded):
+        finding = finding.model_copy(update={"title": root.title, "triage": root.triage})
+        out.append((v.name, prog, inputs, finding))
+    return root, out
+
+
+def load_program_file(path: str, limits=None):
+    """(program, inputs or None, finding or None) from a corpus entry, a corpus root (its
+    representative variant) or a bare program file."""
+    from conformance.ir import ProgramError, load_program
+    obj = _read_json(path)
+    if _is_root(obj):
+        _, variants = _load_root(path, obj, limits)
+        return variants[0][1:]
     if isinstance(obj, dict) and "program" in obj:
-        try:
-            prog = load_program(obj["program"], limits)
-        except ProgramError as e:
-            raise UsageError(f"{path}: program.{e.field}: {e.reason}") from None
-        try:
-            entry = CorpusEntry.model_validate(obj)
-        except ValidationError as e:
-            err = e.errors()[0]
-            loc = ".".join(str(x) for x in err["loc"])
-            raise UsageError(f"{path}: {loc}: {err['msg']}") from None
-        for where, sv in (("schema_version", entry.schema_version),
-                          ("finding.schema_version", entry.finding.schema_version if entry.finding else SCHEMA_VERSION)):
-            if sv != SCHEMA_VERSION:
-                raise UsageError(f"{path}: {where}: {sv!r} is not readable (this harness reads {SCHEMA_VERSION})")
-        if entry.finding is not None:
-            check_finding(entry.finding, f"{path}: finding")
-        types = {i.id: i for i in prog.inputs}
-        if set(entry.inputs) != set(types):
-            raise UsageError(f"{path}: inputs: ids {sorted(entry.inputs)} do not match the program's {sorted(types)}")
-        for k, v in entry.inputs.items():
-            shape = list(value_shape(prog, types[k]))
-            if v.dtype != types[k].dtype or v.shape != shape:
-                raise UsageError(f"{path}: inputs.{k}: shape/dtype {v.shape}/{v.dtype} do not match the "
-                                 f"program's {shape}/{types[k].dtype}")
-            flat = _flatten(v.data)
-            if flat is None or len(flat) != math.prod(v.shape) or not all(math.isfinite(x) for x in flat):
-                raise UsageError(f"{path}: inputs.{k}.data: must hold {math.prod(v.shape)} finite numbers "
-                                 f"in the shape {v.shape}")
-        try:
-            inputs = decode_inputs(entry.inputs)
-        except ValueError as e:   # ragged nesting
-            raise UsageError(f"{path}: inputs: data not nested as the declared shape ({e})") from None
-        return prog, inputs, entry.finding
+        return _load_entry(path, obj, limits)
     try:
         return load_program(obj, limits), None, None
     except ProgramError as e:
         raise UsageError(f"{path}: {e.field}: {e.reason}") from None
+
+
+def load_corpus_variants(path: str, limits=None):
+    """Every program of a corpus file: [(name, program, inputs, finding)] (one for a plain entry,
+    named by its file; a root's variants, representative first)."""
+    from pathlib import Path
+    obj = _read_json(path)
+    if _is_root(obj):
+        return _load_root(path, obj, limits)[1]
+    prog, inputs, finding = load_program_file(path, limits)
+    return [(Path(path).stem, prog, inputs, finding)]
+
+
+def load_corpus_root(path: str, limits=None):
+    """(CorpusRoot or None for a plain entry, its variants as load_corpus_variants gives them)."""
+    obj = _read_json(path)
+    if _is_root(obj):
+        return _load_root(path, obj, limits)
+    return None, load_corpus_variants(path, limits)
 
 
 def _flatten(data) -> list[float] | None:
@@ -156,8 +228,8 @@ def corpus_entry_stem(check: str, pipeline: str, program_hash: str) -> str:
 def load_known(paths: list[str], limits=None):
     """The findings of regression-corpus entries (`run --known`): each path a corpus entry or a
     directory of them. A directory's status.json lists fixed keys under "fixed": those entries
-    are not known behaviours (a recurrence is a regression) and are left out. Each finding is
-    returned with `tracked` set to its file's name."""
+    are not known behaviours (a recurrence is a regression) and are left out. A corpus root gives
+    every variant's finding. Each finding is returned with `tracked` set to its file's name."""
     from pathlib import Path
     out, names = [], set()
     for path in paths:
@@ -172,11 +244,13 @@ def load_known(paths: list[str], limits=None):
         else:
             raise UsageError(f"--known: {p}: no such file or directory")
         for f in files:
-            _, _, finding = load_program_file(str(f), limits)
-            if finding is None:
-                raise UsageError(f"{f}: finding: a known behaviour needs a corpus entry with a finding")
-            if "|".join(finding.key()) in fixed or f.name in names:
+            if f.name in names:
                 continue
             names.add(f.name)
-            out.append(finding.model_copy(update={"tracked": f.name}))
+            for _, _, _, finding in load_corpus_variants(str(f), limits):
+                if finding is None:
+                    raise UsageError(f"{f}: finding: a known behaviour needs a corpus entry with a finding")
+                if "|".join(finding.key()) in fixed or f.stem in fixed:
+                    continue
+                out.append(finding.model_copy(update={"tracked": f.name}))
     return out

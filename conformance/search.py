@@ -40,6 +40,7 @@ from conformance import pipelines as registry
 from conformance.findings import Finding, error_root, make_finding
 from conformance.ir import Program
 from conformance.reduce import candidates
+from conformance.roots import family_key, labels_seen, merge_variants, pipelines_seen, root_features, root_key
 from conformance.verdict import CHECK_RANK, Verdict
 from generators.programs import Config, cases, input_values
 from generators.swarm import focus_features
@@ -149,6 +150,20 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
         for f in raising:
             if f.key() in failing:
                 return f
+    # The root level: a finding of the same check and pipeline and reference families (twins:
+    # eager and :jit, remat3 and remat3+cvjp3...) whose root features the program has, and that
+    # has seen this label (a label seen for the first time is shrunk once, then folds in by its
+    # root); an error, one that raised the same in the family.
+    fam = family_key(*key[:3])
+    for f in findings:
+        if family_key(f.check, f.pipeline, f.reference) != fam:
+            continue
+        if key[0] == "error":
+            if root is not None and error_root(f.detail) == root:
+                return f
+        elif ((key[3] or "-") in labels_seen(f) and set(root_features(f.features)) <= feats
+              and any(k[0] == key[0] and k[1] in pipelines_seen(f) for k in failing | {tuple(key)})):
+            return f
     if key[0] == "trace_count" and "+" in key[3]:
         # several counters grew (bwd_calls+fwd_traces+primal_traces): known when known findings
         # of some of those counters each (bwd_calls+fwd_traces, primal_traces) cover them all
@@ -162,9 +177,12 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
 
 
 def same_behaviour(f: Finding, g: Finding) -> bool:
-    """One root behaviour: the same key shrunk to the same or nested feature sets, or raising the
-    same error (findings.error_root), or each one's shrunk program fails the other's verdict
-    (siblings: pipeline variants)."""
+    """One root behaviour: the same root (conformance.roots.root_key: check, pipeline and reference
+    families, and what the shrunk program cannot lose, or the same raise), or the same key shrunk
+    to the same or nested feature sets, or raising the same error (findings.error_root), or each
+    one's shrunk program fails the other's verdict (siblings: pipeline variants)."""
+    if f.root and f.root == g.root:
+        return True
     nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
     if f.key() == g.key():
         return nested or (error_root(f.detail) is not None and error_root(f.detail) == error_root(g.detail))
@@ -178,12 +196,15 @@ def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
         if not same_behaviour(g, f):
             continue
         g.count += 1
-        for key in f.reproduces:
+        merge_variants(g, f)
+        for key in f.reproduces + ([list(f.key())] if f.key() != g.key() else []):
             if key not in g.reproduces:
                 g.reproduces.append(key)
         if g.key() == f.key() and f.core_features() < g.core_features():
-            # g's list already holds f's keys; a tracked behaviour stays tracked
-            f.count, f.reproduces, f.tracked = g.count, g.reproduces, g.tracked
+            # g's list already holds f's keys; a tracked behaviour stays tracked, and so do its
+            # title and class
+            f.count, f.reproduces, f.tracked, f.variants = g.count, g.reproduces, g.tracked, g.variants
+            f.title, f.triage = g.title or f.title, g.triage if g.tracked else f.triage
             findings[k] = f
             return f, True
         return g, False
@@ -388,11 +409,12 @@ class Searcher:
         failures = j.failures()
         feats = prog.features()
         failing = {v.key() for v in failures}
-        sigs, new = [], []
+        sigs, known_keys, new = [], [], []
         for v in sorted(failures, key=lambda v: (CHECK_RANK[v.check], v.pipeline)):
             f = self.known(v, feats, failing)
             if f is not None:
                 sigs.append(f.signature)
+                known_keys.append(list(v.key()))
             else:
                 new.append(v)
         rec = {
@@ -400,7 +422,7 @@ class Searcher:
             "hash": h[0], "seed": seed, "size": prog.size(), "features": sorted(feats), "ran": names,
             "status": "fail" if failures else ("expected" if any(v.status == "expected" for v in j.verdicts) else "pass"),
             "verdicts": [[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts],
-            "known_signatures": sigs, "new": [list(v.key()) for v in new],
+            "known_signatures": sigs, "known_keys": known_keys, "new": [list(v.key()) for v in new],
             "expectations": j.expectation_hits,
             "errors": {n: o.error.type for n, o in obs.items() if o.error is not None},
         }
@@ -500,6 +522,7 @@ class Searcher:
         _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
         f.detail = {**f.detail, "observations": obs_digest({**t.observations, **obs}, t.key[1])}
         f.reproduces = sibling_keys(j, t.key)
+        f.root = root_key(f)
         if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
             pending = self.deferred[t.origin][0]
             pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from types import SimpleNamespace
 
-from conformance.findings import Finding, signature, signature_features
+from conformance.findings import Finding, Seen, signature, signature_features
 from conformance.search import Searcher
 from conformance.verdict import Verdict
 
@@ -37,33 +37,45 @@ def test_signature_strips_dtype_ops_and_incidental_features():
     assert signature("gradient", "p", "r", "", []) == "gradient|p|r|-|"
 
 
-def test_same_key_is_known_only_where_the_program_has_the_findings_core_features():
+def test_same_key_is_known_only_where_the_program_has_the_findings_root_features():
+    f = _finding(features=("checkpoint", "names", "policy:nothing", "op:sin", "float32"))
+    s = _searcher([f])
+    assert s.known(_verdict(), {"checkpoint", "names", "policy:nothing", "nesting", "float64"}, {KEY}) is f
+    # a program lacking a root feature is another candidate behaviour: shrunk again
+    assert s.known(_verdict(), {"checkpoint", "policy:nothing"}, {KEY}) is None
+    # policy kinds, dtypes and op families are variants of the root, not part of it
+    assert s.known(_verdict(), {"checkpoint", "names", "policy:ops", "bfloat16", "matmul"}, {KEY}) is f
+
+
+def test_a_label_or_twin_is_known_once_seen_in_the_root():
     f = _finding()
     s = _searcher([f])
-    assert s.known(_verdict(), {"checkpoint", "policy:nothing", "nesting", "float64"}, {KEY}) is f
-    # a program lacking a core feature is another candidate behaviour: shrunk again
-    assert s.known(_verdict(), {"checkpoint", "policy:ops"}, {KEY}) is None
-    # incidental features of the finding are not required
-    assert s.known(_verdict(), {"checkpoint", "policy:nothing"}, {KEY}) is f
+    feats = {"checkpoint", "policy:nothing"}
+    extra = ("residuals", "jax:remat3", "jax:remat2", "extra")
+    assert s.known(_verdict(extra), feats, {extra}) is None          # a new label: shrunk once
+    f.variants = {"labels": {"extra": Seen(count=1)}}
+    assert s.known(_verdict(extra), feats, {extra}) is f             # then it folds into the root
 
 
 def test_a_key_shrunk_max_times_is_counted_under_the_closest_finding():
-    a = _finding(features=("checkpoint", "policy:nothing"))
-    b = _finding(features=("checkpoint", "policy:ops", "nested_checkpoint"))
+    a = _finding(features=("checkpoint", "names", "policy:nothing"))
+    b = _finding(features=("checkpoint", "policy:ops", "nested_checkpoint", "scan"))
     feats = {"checkpoint", "policy:save_only_names", "nested_checkpoint"}
     assert _searcher([a, b], {KEY: 2}).known(_verdict(), feats, {KEY}) is None
     assert _searcher([a, b], {KEY: 3}).known(_verdict(), feats, {KEY}) is b    # shares 2 core features
     assert _searcher([a, b], {KEY: 1}, max_shrinks=1).known(_verdict(), {"checkpoint"}, {KEY}) is a   # fewer extras
 
 
-def test_a_sibling_key_is_known_only_with_the_findings_own_key_failing_too():
+def test_a_twin_key_is_known_only_with_a_pipeline_of_the_finding_failing_too():
     f = _finding(reproduces=[SIB])
     s = _searcher([f])
     feats = {"checkpoint", "policy:nothing"}
     assert s.known(_verdict(SIB), feats, {KEY, SIB}) is f
-    assert s.known(_verdict(SIB), feats, {SIB}) is None            # the program fails only the sibling
     other = ("residuals", "jax:remat3+cvjp3", "jax:remat2", "other")
-    assert s.known(_verdict(other), feats, {KEY, other}) is None   # not a reproduced sibling
+    assert s.known(_verdict(other), feats, {KEY, other}) is f      # a twin, with the finding's own failing
+    assert s.known(_verdict(other), feats, {other}) is None         # only the twin fails: shrunk once
+    plain = _finding()
+    assert _searcher([plain]).known(_verdict(SIB), feats, {SIB}) is None
 
 
 ERR = ("error", "torch:eager-sac", "expectations", "RuntimeError")

@@ -1,0 +1,147 @@
+"""Root behaviours: pipeline families, root keys, variants, folding, suggested classes, and corpus
+roots on disk (tools/corpus_root.py). No framework runs."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conformance.errors import UsageError
+from conformance.findings import Finding, signature
+from conformance.loading import load_corpus_variants, load_known, load_program_file
+from conformance.roots import pipeline_family, root_key, stamp, suggest_triage
+from conformance.search import merge_finding
+
+
+def _finding(check="residuals", pipeline="jax:remat3", reference="jax:remat2", label="other",
+             features=("checkpoint", "policy:nothing"), detail=None):
+    return Finding(signature=signature(check, pipeline, reference, label, features), check=check, pipeline=pipeline,
+                   reference=reference, error_type=label, features=list(features), program={},
+                   program_hash="0" * 16, detail=detail or {})
+
+
+@pytest.mark.parametrize("name,family", [
+    ("jax:remat3", "jax:remat3"), ("jax:remat3:jit", "jax:remat3"), ("jax:remat3+cvjp3:jit", "jax:remat3"),
+    ("jax:remat3+cjvp3", "jax:remat3"), ("jax:remat2:jit", "jax:remat2"), ("ref:f64", "values"),
+    ("jax:none", "values"), ("torch:none", "values"), ("torch:compile-inductor", "torch:compile"),
+    ("torch:compile-aot_eager+default-partitioner:prefer", "torch:compile"),
+    ("torch:compile-aot_eager:budget-0", "torch:compile:budget-0"), ("torch:eager-sac:prefer", "torch:eager-sac"),
+    ("expectations", "expectations")])
+def test_pipeline_families_fold_twins_and_keep_options(name, family):
+    assert pipeline_family(name) == family
+
+
+def test_labels_policies_dtypes_and_twins_are_variants_of_one_root():
+    a = _finding(label="other", features=("checkpoint", "names", "policy:nothing", "float32"))
+    b = _finding(pipeline="jax:remat3+cvjp3:jit", reference="jax:remat2:jit", label="extra",
+                 features=("checkpoint", "names", "policy:everything", "bfloat16", "matmul"))
+    assert root_key(a) == root_key(b) == "residuals|jax:remat3|jax:remat2|checkpoint+names"
+    # a feature the minimal program cannot lose keeps roots apart
+    assert root_key(_finding(features=("checkpoint", "policy:nothing"))) != root_key(a)
+    # another check, another reference family: another root
+    assert root_key(_finding(check="custom_rule", features=a.features)) != root_key(a)
+
+
+def test_an_error_roots_on_what_it_raised_or_on_its_features_when_nothing_was_raised():
+    got = {"got": {"type": "StoreException", "message": "Store occupied at 0x7f12 after 3 tries"}}
+    e1 = _finding("error", "jax:remat3+cvjp3", "expectations", "StoreException", ("checkpoint", "nonsmooth"), got)
+    e2 = _finding("error", "jax:remat3:jit", "expectations", "StoreException", ("custom_jvp", "policy:dots"), got)
+    assert root_key(e1) == root_key(e2)
+    none = _finding("error", "jax:remat3", "expectations", "none", ("custom_vjp", "symbolic_zeros"),
+                    {"got": None, "expected": {"type": ".*", "regex": "symbolic"}})
+    assert root_key(none) == "error|jax:remat3|expectations|none:custom_vjp+symbolic_zeros"
+
+
+def test_folding_records_each_variant_with_counts_and_first_seen():
+    findings: list[Finding] = []
+    a = stamp(_finding(label="other", features=("checkpoint", "policy:nothing")))
+    a.first_seen = 10.0
+    a.variants = {}
+    stamp(a)
+    merge_finding(findings, a)
+    b = stamp(_finding(pipeline="jax:remat3:jit", reference="jax:remat2:jit", label="extra",
+                       features=("checkpoint", "policy:dots", "float16")))
+    b.first_seen = 20.0
+    b.variants = {}
+    stamp(b)
+    kept, changed = merge_finding(findings, b)
+    assert kept is a and not changed and len(findings) == 1
+    assert a.count == 2
+    assert set(a.variants["labels"]) == {"other", "extra"}
+    assert a.variants["labels"]["extra"].first_seen == 20.0
+    assert set(a.variants["pipelines"]) == {"jax:remat3", "jax:remat3:jit"}
+    assert set(a.variants["policies"]) == {"nothing", "dots"}
+    assert a.variants["features"]["float16"].count == 1
+    assert ["residuals", "jax:remat3:jit", "jax:remat2:jit", "extra"] in a.reproduces
+
+
+@pytest.mark.parametrize("finding,cls", [
+    (_finding("gradient", "torch:compile-aot_eager", "ref:f64", ""), "bug"),
+    (_finding("error", "jax:remat3", "expectations", "StoreException", detail={
+        "got": {"type": "StoreException", "message": "Store occupied"}}), "bug"),
+    (_finding("error", "jax:remat3", "expectations", "none", detail={"got": None}), "question"),
+    (_finding("residuals", "jax:remat3", "jax:remat2", "extra"), "question"),
+    (_finding("residuals", "torch:compile-aot_eager", "torch:eager-sac", "missing"), "bug"),
+    (_finding("crash", "torch:compile-inductor", "expectations", "crash:SIGSEGV"), "bug"),
+])
+def test_rules_suggest_a_class_a_person_confirms(finding, cls):
+    t = suggest_triage(finding)
+    assert t.class_ == cls and not t.confirmed and t.reason.startswith("suggested:")
+
+
+def _write_root(tmp_path, variants, **kw):
+    from tools.corpus_root import make_root, write_root
+    entries = []
+    for k, v in enumerate(variants):
+        p = tmp_path / f"e{k}.json"
+        p.write_text(json.dumps(v))
+        entries.append(p)
+    obj = make_root(kw.get("slug", "one-root"), "remat3 saves what nothing reads", "question",
+                    "a residual difference under an opt-in flag", ["https://example.invalid/1"], entries)
+    return write_root(tmp_path, kw.get("slug", "one-root"), obj, entries, remove=True), entries
+
+
+def _corpus_entries(n):
+    from pathlib import Path
+    reg = Path(__file__).parent / "regressions"
+    out = []
+    for p in sorted(reg.glob("*.json")):
+        if p.name == "status.json":
+            continue
+        obj = json.loads(p.read_text())
+        out += obj["variants"] if "variants" in obj else [obj]
+        if len(out) >= n:
+            return [{k: v for k, v in e.items() if k != "name"} for e in out[:n]]
+    raise AssertionError("the corpus has too few entries")
+
+
+def test_a_corpus_root_keeps_every_variant_and_loads_as_its_representative(tmp_path):
+    entries = _corpus_entries(3)
+    path, old = _write_root(tmp_path, entries)
+    assert not any(p.exists() for p in old)   # --remove: the entries it replaced are gone
+    obj = json.loads(path.read_text())
+    assert obj["replaces"] == ["e0.json", "e1.json", "e2.json"] and obj["triage"]["class"] == "question"
+    variants = load_corpus_variants(str(path))
+    assert [v[0] for v in variants] == ["e0", "e1", "e2"]
+    assert [v[3].program_hash for v in variants] == [e["finding"]["program_hash"] for e in entries]
+    prog, _, f = load_program_file(str(path))
+    assert prog.content_hash() == entries[0]["finding"]["program_hash"]
+    assert f.title == "remat3 saves what nothing reads" and f.triage.class_ == "question"
+    known = load_known([str(tmp_path)])
+    assert len(known) == 3 and {k.tracked for k in known} == {"one-root.json"}
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda o: o.update(variants=[]), "variants: must be a non-empty list"),
+    (lambda o: o["triage"].update({"class": "feature"}), "triage.class"),
+    (lambda o: o["variants"][1]["inputs"].clear(), "variants[1].inputs: ids"),
+    (lambda o: o.update(root="bad slug!"), "root: must match"),
+])
+def test_a_damaged_root_is_refused_naming_the_field(tmp_path, damage, says):
+    path, _ = _write_root(tmp_path, _corpus_entries(2))
+    obj = json.loads(path.read_text())
+    damage(obj)
+    path.write_text(json.dumps(obj))
+    with pytest.raises(UsageError) as e:
+        load_corpus_variants(str(path))
+    assert str(e.value).startswith(str(path)) and says in str(e.value)
