@@ -1,11 +1,15 @@
 """Expectations as data: known divergences and expected errors.
 
 Each entry is keyed by pipeline (glob), framework version range (packaging specifiers),
-device, dtype and required program features, and says one of
+device, dtype and program features (all of `features`, none of `absent_features`, at least one
+of `any_features` where given), and says one of
   raises(type, regex)        the pipeline must raise an error matching both,
   diverges(check, reason)    a failure of `check` is known and reported as expected,
   unsupported(reason)        the pipeline does not handle such programs.
 Entries that never match, or whose divergence no longer happens, are reported as stale.
+An entry may say what kind of claim it is (`triage`, as a corpus root's: class bug, documented,
+question or harness, a reason and links): a `question` entry encodes a behaviour upstream has
+not documented (a proposal, a probe), not a documented one. Without it the entry is unclassified.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from conformance.files import InputRefused, read_text
+from conformance.findings import Triage
 from conformance.verdict import Check
 
 DEFAULT_FILE = Path(__file__).with_name("expectations.json")
@@ -58,6 +63,7 @@ class Entry(BaseModel):
     dtypes: list[str] | None = None
     features: list[str] = Field(default_factory=list)        # all required
     absent_features: list[str] = Field(default_factory=list)  # none allowed
+    any_features: list[str] = Field(default_factory=list)     # at least one, where given
     # framework flags the run must have had (e.g. {"jax_custom_vjp3": false}): what a framework
     # requires of a program is declared by the flags it needs, so every pipeline run with those
     # flags (test-only ones included) matches
@@ -66,6 +72,9 @@ class Entry(BaseModel):
     diverges: Diverges | None = None
     unsupported: Unsupported | None = None
     verified_by: str | None = None   # how the claim was checked (a script, a test)
+    # what kind of claim it is ({"class": "bug"|"documented"|"question"|"harness", "reason": ...});
+    # None: unclassified (entries written before the field)
+    triage: Triage | None = None
 
     @model_validator(mode="after")
     def _one(self):
@@ -118,6 +127,8 @@ class Entry(BaseModel):
         if not set(self.features) <= features:
             return False
         if set(self.absent_features) & features:
+            return False
+        if self.any_features and not set(self.any_features) & features:
             return False
         return True
 

@@ -138,6 +138,50 @@ def test_remat3_symbolic_zeros_entry_matches_the_seed_and_names_its_corpus_test(
         assert e in PACKAGED.matching(name, versions, "cpu", {"float32"}, feats), name
     for name in ("jax:remat2", "jax:none", "torch:eager-sac"):
         assert e not in PACKAGED.matching(name, versions, "cpu", {"float32"}, feats), name
+    # ...and says, as data, that it is a question: the error it declares was proposed (jax PR
+    # #40309, closed unmerged), not documented
+    assert e.triage is not None and e.triage.class_ == "question" and e.triage.confirmed
+    assert "proposed" in e.triage.reason and "not a documented" in e.triage.reason
+    assert any("40309" in link for link in e.triage.links)
+
+
+def test_an_entry_may_name_its_triage_class_and_older_entries_load_without_one():
+    from pydantic import ValidationError
+
+    from oracles.expectations import Entry
+    base = {"id": "t", "pipelines": ["jax:*"], "diverges": {"check": "gradient", "reason": "r"}}
+    assert Entry.model_validate(base).triage is None
+    for cls in ("bug", "documented", "question", "harness"):
+        e = Entry.model_validate({**base, "triage": {"class": cls, "reason": "why"}})
+        assert e.triage.class_ == cls and e.model_dump(mode="json")["triage"]["class"] == cls
+    for bad in ({"class": "maybe", "reason": "why"}, {"class": "bug"}, {"class": "bug", "reason": "r", "x": 1}):
+        with pytest.raises(ValidationError):
+            Entry.model_validate({**base, "triage": bad})
+    # the packaged file: every class given is one of the four
+    assert {e.triage.class_ for e in PACKAGED.entries if e.triage} <= {"bug", "documented", "question", "harness"}
+
+
+def test_any_features_needs_one_of_them():
+    from oracles.expectations import Entry
+    e = Entry.model_validate({"id": "t", "pipelines": ["torch:*"], "features": ["checkpoint"],
+                              "any_features": ["inplace", "random"], "diverges": {"check": "error", "reason": "r"}})
+    m = lambda feats: e.matches("torch:eager-sac", {}, "cpu", {"float32"}, set(feats))   # noqa: E731
+    assert m({"checkpoint", "inplace"}) and m({"checkpoint", "random"}) and m({"checkpoint", "inplace", "random"})
+    assert not m({"checkpoint"}) and not m({"random"})
+    assert Entry.model_validate({"id": "t", "pipelines": ["x"], "diverges": {"check": "error", "reason": "r"}}
+                                ).matches("x", {}, "cpu", {"float32"}, set())   # none given: no condition
+
+
+def test_eager_sac_mutated_cache_covers_dropout():
+    """CPU dropout mutates its own output (empty_like, bernoulli_): eager SAC with a policy that
+    caches it raises the documented mutated-cache error (corpus entry error-torch_eager-sac-f89e9b26)."""
+    p = prog([{"kind": "checkpoint", "args": ["x"], "results": ["d"], "prevent_cse": True, "policy": {"kind": "everything"},
+               "body": [op("dropout", ["x"], "d", p=0.5, seed=0)]}], outputs=["d"],
+             inputs=[{"id": "x", "shape": [4], "dtype": "float32", "diff": True}])
+    assert "random" in p.features() and "inplace" not in p.features()
+    obs = verify("torch-eager-sac-mutated-cache", p, ["ref:f64", "jax:none", "torch:none", "torch:eager-sac"],
+                 "torch:eager-sac", "error")
+    assert "has been mutated" in obs["torch:eager-sac"].error.message
 
 
 def _higher_order_custom_rule(nondiff):

@@ -1393,15 +1393,18 @@ def _v(key=K):
     return Verdict(check=key[0], pipeline=key[1], reference=key[2], status="fail", error_type=key[3])
 
 
-def test_known_same_key_and_the_findings_core_features():
-    f = _finding(features=("checkpoint", "policy:nothing", "float32"))
+def test_known_same_key_and_the_findings_root_features():
+    f = _finding(features=("checkpoint", "names", "policy:nothing", "float32"))
     s = _searcher([f])
-    assert s.known(_v(), {"checkpoint", "policy:nothing"}, {K}) is f
-    assert s.known(_v(), {"checkpoint"}, {K}) is None
-    assert s.known(_v(SIBLING), {"checkpoint", "policy:nothing"}, {K, SIBLING}) is None   # not a sibling of f
-    # the first finding whose core features the program has
+    assert s.known(_v(), {"checkpoint", "names", "policy:nothing"}, {K}) is f
+    assert s.known(_v(), {"checkpoint", "names", "policy:dots"}, {K}) is f    # a policy kind is a variant
+    assert s.known(_v(), {"checkpoint", "policy:nothing"}, {K}) is None       # lacks a root feature
+    feats = {"checkpoint", "names", "policy:nothing"}
+    assert s.known(_v(SIBLING), feats, {K, SIBLING}) is f      # a twin, the finding's own pipeline failing too
+    assert s.known(_v(SIBLING), feats, {SIBLING}) is None      # only the twin fails: shrunk once
+    # the first finding whose root features the program has
     g = _finding(features=("checkpoint",))
-    assert _searcher([g, f]).known(_v(), {"checkpoint", "policy:nothing"}, {K}) is g
+    assert _searcher([g, f]).known(_v(), feats, {K}) is g
 
 
 def test_known_a_sibling_key_with_the_findings_own_key_failing():
@@ -1409,14 +1412,15 @@ def test_known_a_sibling_key_with_the_findings_own_key_failing():
     s = _searcher([f])
     feats = {"checkpoint", "policy:nothing"}
     assert s.known(_v(SIBLING), feats, {K, SIBLING}) is f
-    assert s.known(_v(SIBLING), feats, {SIBLING}) is None
-    assert s.known(_v(SIBLING), {"checkpoint"}, {K, SIBLING}) is None
+    assert s.known(_v(SIBLING), feats, {SIBLING}) is f          # a twin its shrunk program reproduces on
+    assert s.known(_v(SIBLING), {"checkpoint"}, {K, SIBLING}) is f
+    assert s.known(_v(SIBLING), {"scan"}, {K, SIBLING}) is None
 
 
 def test_known_after_the_shrink_limit_counts_under_the_closest_finding():
-    a = _finding(features=("checkpoint", "policy:nothing"))
-    b = _finding(features=("checkpoint", "policy:ops", "nested_checkpoint", "depth3"))
-    c = _finding(features=("checkpoint", "policy:dots", "nested_checkpoint"))
+    a = _finding(features=("checkpoint", "names", "policy:nothing"))
+    b = _finding(features=("checkpoint", "policy:ops", "nested_checkpoint", "depth3", "while_loop"))
+    c = _finding(features=("checkpoint", "policy:dots", "nested_checkpoint", "scan"))
     feats = {"checkpoint", "policy:save_only_names", "nested_checkpoint"}
     assert _searcher([a, b, c], {K: 2}).known(_v(), feats, {K}) is None
     # b and c share 2 core features with the program; c has fewer extras
@@ -1474,8 +1478,8 @@ def test_trace_count_oracle_judges_growth_in_one_execution_mode():
     more = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(2, 1, 1), "body[1]": log(0, 2, 1)})
     v = trace_counts.compare(more, ref, True)
     assert (v.status, v.error_type, v.reference) == ("fail", "fwd_traces+primal_traces", "jax:remat2")
-    assert v.detail["blocks"] == {"body[0]": {"primal_traces": {"got": 2, "reference": 1}},
-                                  "body[1]": {"fwd_traces": {"got": 2, "reference": 1}}}
+    assert v.detail["blocks"] == {"body[0]": {"primal_traces": {"got": 2, "reference": 1}, "total": {"got": 3, "reference": 2}},
+                                  "body[1]": {"fwd_traces": {"got": 2, "reference": 1}, "total": {"got": 2, "reference": 1}}}
     assert trace_counts.compare(more, ref, False).status == "skipped"
     # a fwd rule that runs where the reference's never ran is custom_rule's fwd_ran, not a count
     idle = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(1, 0, 0)})
@@ -1488,14 +1492,54 @@ def test_trace_count_oracle_judges_growth_in_one_execution_mode():
     both = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 2, 1), "body[0].fwd[0]": log(2, 0, 0)})
     v = trace_counts.compare(both, ref, True)
     assert (v.status, v.error_type) == ("fail", "fwd_traces")
-    assert v.detail == {"blocks": {"body[0]": {"fwd_traces": {"got": 2, "reference": 1}}},
-                        "explained": {"body[0].fwd[0]": {"primal_traces": {"got": 2, "reference": 1}}}}
+    assert v.detail == {"blocks": {"body[0]": {"fwd_traces": {"got": 2, "reference": 1}, "total": {"got": 2, "reference": 1}}},
+                        "explained": {"body[0].fwd[0]": {"primal_traces": {"got": 2, "reference": 1},
+                                                         "total": {"got": 2, "reference": 1}}}}
     # ...but not where only the outer block's bwd ran more (bwd does not run fwd's code), nor a sibling path
     bwd_only = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 1, 2), "body[0].fwd[0]": log(2, 0, 0)})
     assert trace_counts.compare(bwd_only, ref, True).error_type == "bwd_calls+primal_traces"
     ref10 = Observation(pipeline="jax:remat2", custom_rules={"body[1]": log(0, 1, 1), "body[10]": log(1, 0, 0)})
     sib = Observation(pipeline="jax:remat3", custom_rules={"body[1]": log(0, 2, 1), "body[10]": log(2, 0, 0)})
     assert trace_counts.compare(sib, ref10, True).error_type == "fwd_traces+primal_traces"
+
+
+def test_trace_count_oracle_judges_the_total_runs_of_a_blocks_code_not_each_counter():
+    from oracles import trace_counts
+    log = lambda p, f, b, r=0: CustomRuleLog(primal_traces=p, fwd_traces=f, bwd_calls=b, rem_traces=r)
+    ref = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(2, 1, 1)})
+    # traces that only moved between primal and fwd (remat2: primal 2, fwd 1; remat3+cvjp3: 1, 2): no growth
+    moved = Observation(pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 2, 1)})
+    assert trace_counts.compare(moved, ref, True).status == "pass"
+    # ...nor into a rem rule, nor moved and fewer in all
+    assert trace_counts.compare(Observation(pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 1, 1, 1)}),
+                                ref, True).status == "pass"
+    assert trace_counts.compare(Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 2, 1)}),
+                                ref, True).status == "pass"
+    # a moved and grown total fails, naming the counters that grew, with every differing counter and the totals
+    grown = Observation(pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 3, 1)})
+    v = trace_counts.compare(grown, ref, True)
+    assert (v.status, v.error_type) == ("fail", "fwd_traces")
+    assert v.detail == {"blocks": {"body[0]": {"primal_traces": {"got": 1, "reference": 2},
+                                               "fwd_traces": {"got": 3, "reference": 1},
+                                               "total": {"got": 4, "reference": 3}}}}
+    # bwd runs other code: its growth is not offset by fewer primal runs
+    bwd = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(1, 1, 2)})
+    v = trace_counts.compare(bwd, ref, True)
+    assert (v.status, v.error_type) == ("fail", "bwd_calls")
+    assert v.detail["blocks"]["body[0]"] == {"primal_traces": {"got": 1, "reference": 2}, "bwd_calls": {"got": 2, "reference": 1},
+                                             "total": {"got": 2, "reference": 3}}
+    # a fwd that runs where the reference's never ran stays custom_rule's fwd_ran, out of both totals
+    idle = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(2, 0, 0)})
+    assert trace_counts.compare(Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(2, 3, 1)}),
+                                idle, True).status == "pass"
+    # an inner block is judged on its own total where the outer block's traces only moved
+    ref = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(2, 1, 1), "body[0].fwd[0]": log(2, 1, 0)})
+    both_moved = Observation(pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 2, 1),
+                                                                        "body[0].fwd[0]": log(1, 2, 0)})
+    assert trace_counts.compare(both_moved, ref, True).status == "pass"
+    inner = Observation(pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 2, 1), "body[0].fwd[0]": log(2, 2, 0)})
+    v = trace_counts.compare(inner, ref, True)
+    assert (v.status, v.error_type, list(v.detail["blocks"])) == ("fail", "fwd_traces", ["body[0].fwd[0]"])
 
 
 def test_min_elements_policy_decides_by_the_first_inputs_size_in_every_adapter():

@@ -117,6 +117,28 @@ def test_eager_sac_refuses_a_mutated_cached_tensor():
     assert "torch-eager-sac-mutated-cache" in j.expectation_hits
 
 
+def test_eager_sac_refuses_a_cached_dropout_output():
+    """(expectation torch-eager-sac-mutated-cache, feature random) The mutation need not be the
+    user's: CPU dropout mutates its own output (empty_like, then bernoulli_ and div_ in place), so a
+    policy that caches it (everything) makes eager SAC raise the same documented error
+    (create_selective_checkpoint_contexts, allow_cache_entry_mutation); the judge calls it expected.
+    The program is corpus entry error-torch_eager-sac-f89e9b26's."""
+    prog = validate(Program(
+        inputs=[Input(id="x", shape=[4], dtype="float32")],
+        body=[Checkpoint(args=["x"], results=["d"], policy=Everything(),
+                         body=[Op(op="dropout", args=["x"], params={"p": 0.5, "seed": 0}, out="d")])],
+        outputs=["d"]))
+    assert {"random", "checkpoint"} <= set(prog.features()) and "inplace" not in prog.features()
+    inp = inputs_for(prog)
+    names = ["torch:none", "torch:eager-sac", "torch:compile-aot_eager", "ref:f64", "jax:none", "jax:remat2"]
+    obs = {n: P.get(n).run(prog, inp) for n in names}
+    assert "has been mutated" in obs["torch:eager-sac"].error.message
+    assert obs["torch:none"].ok() and obs["torch:compile-aot_eager"].ok()
+    j = judge(prog, obs, Expectations.load())
+    assert not [v for v in j.verdicts if v.status == "fail"], [v for v in j.verdicts if v.status == "fail"]
+    assert "torch-eager-sac-mutated-cache" in j.expectation_hits
+
+
 def test_inplace_on_a_saved_tensor_raises():
     """(expectation torch-inplace-on-saved) sin saves its input; mutating it afterwards is an error
     in every eager PyTorch pipeline, a plain value in JAX."""
