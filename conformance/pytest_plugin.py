@@ -121,7 +121,7 @@ def pytest_collection_modifyitems(session, config, items):
     names = _selected(config)
     if names is None:
         return
-    from conformance.loading import corpus_fixed_keys, load_program_file
+    from conformance.loading import corpus_fixed_keys, load_corpus_root
     corpus = _corpus(config)
     fixed_keys = corpus_fixed_keys(corpus)
     parent = RematCollector.from_parent(session, name="remat-conformance")
@@ -129,11 +129,14 @@ def pytest_collection_modifyitems(session, config, items):
     for p in sorted(corpus.glob("*.json")):
         if p.name == "status.json":
             continue
-        loaded = load_program_file(str(p))
-        f = loaded[2]
-        if f is not None and (f.pipeline in names or any(k[1] in names for k in f.reproduces)):
-            ours.append(CorpusItem.from_parent(parent, name=f"{f.pipeline}::{f.check}::{p.stem}", path_=p,
-                                               loaded=loaded, fixed="|".join(f.key()) in fixed_keys))
+        root, variants = load_corpus_root(str(p))
+        for name, *loaded in variants:   # every program of a root: its variants
+            f = loaded[2]
+            if f is not None and (f.pipeline in names or any(k[1] in names for k in f.reproduces)):
+                label = f"{p.stem}/{name}" if root is not None else p.stem
+                ours.append(CorpusItem.from_parent(parent, name=f"{f.pipeline}::{f.check}::{label}", path_=p,
+                                                   loaded=tuple(loaded),
+                                                   fixed="|".join(f.key()) in fixed_keys or p.stem in fixed_keys))
     for n in names:
         ours.append(CampaignItem.from_parent(parent, name=f"{n}::campaign::seed-{config.getoption('--remat-seed')}",
                                              pipeline=n, corpus=corpus))

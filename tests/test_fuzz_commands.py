@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from conformance import cli
 from oracles.expectations import DEFAULT_FILE, Expectations, ExpectationsError
+from tests.corpus_files import variant_path
 
 FIX = Path(__file__).parent / "fixtures"
 REG = Path(__file__).parent / "regressions"
@@ -70,7 +71,7 @@ def test_replay_options(tmp_path_factory, capsys, option, value):
        pipeline=st.sampled_from([None, "jax:remat3", "torch:eager-sac", "nope", ""]))
 def test_repro_options(tmp_path_factory, capsys, value, framework, pipeline):
     out = tmp_path_factory.mktemp("repro") / "r.py"
-    args = ["repro", str(REG / "fixed-optimize-remat-sz.json"), "--seed", value, "--framework", framework,
+    args = ["repro", str(variant_path("fixed-optimize-remat-sz.json")), "--seed", value, "--framework", framework,
             "--out", str(out)] + (["--pipeline", pipeline] if pipeline is not None else [])
     rc = cli.main(args)
     captured = capsys.readouterr()

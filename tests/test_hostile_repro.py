@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from conformance.errors import UsageError
 from conformance.loading import load_program_file
 from conformance.repro import generate
+from tests.corpus_files import variant_path
 
-ENTRY = json.loads((Path(__file__).parent / "regressions" / "error-jax_remat3-7d6b302d.json").read_text())
+ENTRY = json.loads(variant_path("error-jax_remat3-7d6b302d.json").read_text())
 PAYLOAD = "__import__('os').system('touch PWNED')"
 PIECES = ['"', "'", '"""', "'''", "\\", "\r", "\n", "\u2028", "\x00", "\ud800", "#", "{", "}", "{{", "x",
           ")", "(", ";", PAYLOAD]

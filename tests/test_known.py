@@ -12,30 +12,33 @@ from conformance.errors import UsageError
 from conformance.loading import load_known
 from conformance.search import merge_finding
 from tests.test_dedup import KEY, _finding
+from tests.corpus_files import root_files, variant_path, variants
 
 REG = Path(__file__).parent / "regressions"
 
 
-def test_load_known_names_each_entry_and_leaves_out_fixed_keys():
+def test_load_known_names_each_root_and_leaves_out_fixed_keys_and_roots():
     known = load_known([str(REG)])
     fixed = set(json.loads((REG / "status.json").read_text())["fixed"])
-    files = {p.name for p in REG.glob("*.json") if p.name != "status.json"}
+    files = {p.name for p in root_files()}
     assert {f.tracked for f in known} <= files and known
-    assert not [f for f in known if "|".join(f.key()) in fixed]
-    # every entry is known unless its key is fixed
-    assert len(known) == len(files) - sum(
-        1 for p in REG.glob("*.json") if p.name != "status.json"
-        and "|".join(json.loads(p.read_text())["finding"][k] for k in ("check", "pipeline", "reference",
-                                                                      "error_type")) in fixed)
+    assert not [f for f in known if "|".join(f.key()) in fixed or f.tracked.removesuffix(".json") in fixed]
+    # every variant of every root is known unless its key or its root is fixed
+    want = [(root.name, v) for name, (root, v) in variants().items()
+            if root.stem not in fixed and "|".join(v["finding"][k] for k in ("check", "pipeline", "reference",
+                                                                             "error_type")) not in fixed]
+    assert len(known) == len(want)
+    assert sorted(f.tracked for f in known) == sorted(r for r, _ in want)
 
 
 def test_load_known_takes_one_entry_file_and_skips_a_second_copy(tmp_path):
-    one = next(p for p in sorted(REG.glob("*.json")) if p.name != "status.json")
+    one = next(p for p in root_files() if len(json.loads(p.read_text())["variants"]) > 1)
     other = tmp_path / "d"
     other.mkdir()
     shutil.copy(one, other / one.name)
     known = load_known([str(one), str(other)])
-    assert [f.tracked for f in known] == [one.name]
+    assert {f.tracked for f in known} == {one.name}
+    assert len(known) == len(json.loads(one.read_text())["variants"])
 
 
 @pytest.mark.parametrize("bad, says", [
@@ -47,7 +50,7 @@ def test_load_known_takes_one_entry_file_and_skips_a_second_copy(tmp_path):
 def test_load_known_refuses_with_the_file_named(tmp_path, bad, says):
     d = tmp_path / "corpus"
     d.mkdir()
-    shutil.copy(next(p for p in sorted(REG.glob("*.json")) if p.name != "status.json"), d / "a.json")
+    shutil.copy(variant_path(next(iter(variants()))), d / "a.json")
     if bad == "status":
         (d / "status.json").write_text('{"fixed": ["x"]}')
     if bad == "broken":

@@ -6,7 +6,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from conformance.loading import load_program_file
+from conformance.loading import load_corpus_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 REG = ROOT / "tests" / "regressions"
@@ -29,9 +29,9 @@ def test_replays_the_corpus_and_runs_the_properties_from_another_checkout(tmp_pa
     for p in REG.glob("*.json"):
         if p.name == "status.json":
             continue
-        f = load_program_file(str(p))[2]
-        if f.pipeline == "jax:remat3" or any(k[1] == "jax:remat3" for k in f.reproduces):
-            want.add((f.pipeline, f.check, p.stem))
+        for name, _, _, f in load_corpus_variants(str(p)):
+            if f.pipeline == "jax:remat3" or any(k[1] == "jax:remat3" for k in f.reproduces):
+                want.add((f.pipeline, f.check, f"{p.stem}/{name}"))
     assert want and want <= set(ids), sorted(want - set(ids))[:5]
     assert any(c.find("skipped") is not None and "open:" in c.find("skipped").get("message", "") for c in cases)
     camp = ids[("jax:remat3", "campaign", "seed-0")]
@@ -58,8 +58,8 @@ def test_the_property_test_fails_on_a_behaviour_the_corpus_does_not_track(tmp_pa
 def test_collects_by_entry_point_name_without_autoload_and_counts_its_tests(tmp_path):
     import os
     want = 1 + sum(1 for p in REG.glob("*.json") if p.name != "status.json"
-                   and (lambda f: f.pipeline == "jax:remat2" or any(k[1] == "jax:remat2" for k in f.reproduces))(
-                       load_program_file(str(p))[2]))
+                   for _, _, _, f in load_corpus_variants(str(p))
+                   if f.pipeline == "jax:remat2" or any(k[1] == "jax:remat2" for k in f.reproduces))
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "remat_conformance", "-p", "no:cacheprovider", "--co", "-q",
                         "--remat-pipelines", "jax:remat2"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})

@@ -23,6 +23,7 @@ from oracles.expectations import Expectations
 from oracles.judge import judge
 
 import tests.mutants  # noqa: F401  (registers the mutant pipelines)
+from tests.corpus_files import variant_path
 
 
 def op(o, args, out):
@@ -263,7 +264,7 @@ def test_custom_rule_blocks_are_inlined_and_ops_bypassed():
 def test_an_error_against_the_expectations_is_judged_the_same_on_the_pipelines_its_shrink_runs(entry):
     """A shrink step of an error-vs-expectations finding runs only the pipeline and the value
     reference: on those, the program fails that key exactly as on the whole run set."""
-    prog, inputs, f = load_program_file(str(Path(__file__).parent / "regressions" / f"{entry}.json"))
+    prog, inputs, f = load_program_file(str(variant_path(f"{entry}.json")))
     everything = registry.run_set([f.pipeline]) if not registry.is_reference(f.pipeline) else list(registry.REFERENCES)
     few = needed_pipelines(f.key(), everything)
     assert few == list(dict.fromkeys([registry.value_reference(), f.pipeline])), few

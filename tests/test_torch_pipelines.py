@@ -21,6 +21,7 @@ from generators.programs import Config, cases, input_values  # noqa: E402
 from oracles import cross_framework as X  # noqa: E402
 from oracles import gradients as G  # noqa: E402
 from oracles import residuals as R  # noqa: E402
+from tests.corpus_files import variant_path
 
 TORCH = [n for n in P.SPECS if P.framework_of(n) == "torch"]
 EAGER = ["torch:none", "torch:eager-sac", "torch:eager-sac:prefer"]
@@ -201,7 +202,7 @@ DOCUMENTED_ERRORS = {"torch-eager-sac-mutated-cache": ("inplace", "has been muta
 def unknown_failures(prog, observations) -> list:
     """The errors of these observations that are none of the TRACKED_ERRORS."""
     from pathlib import Path
-    assert all((Path(__file__).parent / "regressions" / f).is_file() for f in TRACKED_ERRORS)
+    assert all(variant_path(f).is_file() for f in TRACKED_ERRORS)
     feats = prog.features()
     known = list(TRACKED_ERRORS.values()) + list(DOCUMENTED_ERRORS.values())
     return [(n, o.error) for n, o in observations.items() if o.error is not None and not any(
@@ -448,7 +449,7 @@ def test_option_pipelines_agree_with_eager_sac(name, make):
     # (but the bug the corpus tracks, residuals-torch_compile-aot_eager_budget-0-cbb41799: budget 0 saves
     # the graph's inputs only, dropping whatever the policy saves, under any saving policy)
     tracked = {("residuals", "torch:compile-aot_eager:budget-0", "torch:eager-sac", "missing")}
-    assert (Path(__file__).parent / "regressions" / "residuals-torch_compile-aot_eager_budget-0-cbb41799.json").is_file()
+    assert variant_path("residuals-torch_compile-aot_eager_budget-0-cbb41799.json").is_file()
     new = [v for v in mine if v.status == "fail" and v.key() not in tracked]
     assert not new, [(v.key(), v.detail) for v in new]
     ran = {(v.check, v.reference) for v in mine if v.status == "pass"}
