@@ -17,7 +17,9 @@ from typing import Callable
 from conformance import __version__
 from conformance import pipelines as registry
 from conformance.files import read_text
-from conformance.issue_text import issue_text_or_reason
+from conformance.issue_text import (CLASS_HEADINGS, behaviour_title, by_class, class_label, class_rank,
+                                    first_seen_text, issue_text_or_reason, triage_of, triage_text, variants_of,
+                                    variants_text)
 from conformance.findings import CorpusEntry, Finding
 from conformance.loading import corpus_entry_stem
 from conformance.options import SHRINK_STEPS
@@ -298,6 +300,29 @@ def shrink_distribution(c: Campaign) -> dict:
             "median_original": statistics.median(o for _, o in c.shrink_sizes)}
 
 
+def _md_text(s: str) -> str:
+    """A string shown in a Markdown line or table cell: no line breaks, no cell separators."""
+    return " ".join(str(s).split()).replace("|", "\\|")
+
+
+def _class_sections(ranked: list[Finding]) -> list[str]:
+    """Findings grouped by class, bugs first, numbered as the tables below: each by its title, its
+    class (suggested or confirmed) and why, its variants with counts, and when it was first seen."""
+    lines: list[str] = []
+    number = {id(f): i for i, f in enumerate(ranked, 1)}
+    for cls, fs in by_class(ranked):
+        lines += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(fs)})", ""]
+        for f in fs:
+            seen = ", ".join(x for x in (f"{f.count} program(s)", first_seen_text(f),
+                                         f"shrunk to {f.size} statement(s) from {f.original_size}") if x)
+            lines += [f"{number[id(f)]}. **{_md_text(behaviour_title(f))}**",
+                      f"   - class: {_md_text(triage_text(triage_of(f)))}",
+                      f"   - variants: {_md_text(variants_text(variants_of(f)))}",
+                      f"   - {seen}; [{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}"]
+        lines.append("")
+    return lines[:-1]
+
+
 def summary_markdown(c: Campaign, run_info: dict) -> str:
     lines = ["# remat-conformance campaign summary", ""]
     lines.append(f"- harness {__version__}; seed {c.opts.seed}; device {c.opts.device}; "
@@ -316,16 +341,19 @@ def summary_markdown(c: Campaign, run_info: dict) -> str:
                      f"90th percentile {d['p90']:g}, max {d['max']} (originals: median {d['median_original']:g})")
     if c.harness_errors:
         lines.append(f"- harness errors: {c.harness_errors} (bugs of this tool: see results.jsonl)")
-    lines += ["", "## Findings", ""]
-    ranked = sorted(c.new_findings(), key=lambda f: (CHECK_RANK.get(f.check, 9), -f.count))
+    ranked = sorted(c.new_findings(), key=lambda f: (class_rank(f), CHECK_RANK.get(f.check, 9), -f.count))
+    lines += ["", "## Findings by class (bugs first)", ""]
     if not ranked:
         lines.append("None.")
     else:
-        lines.append("| # | check | pipeline | reference | error type | programs | shrunk size | features |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines += _class_sections(ranked)
+        lines += ["", "## Findings", ""]
+        lines.append("| # | class | check | pipeline | reference | error type | programs | shrunk size | features |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for i, f in enumerate(ranked, 1):
-            lines.append(f"| {i} | {f.check} | `{f.pipeline}` | `{f.reference}` | {f.error_type or '-'} | {f.count} | "
-                         f"{f.size} (from {f.original_size}) | {', '.join(f.features)} |")
+            lines.append(f"| {i} | {class_label(triage_of(f))} | {f.check} | `{f.pipeline}` | `{f.reference}` | "
+                         f"{f.error_type or '-'} | {f.count} | {f.size} (from {f.original_size}) | "
+                         f"{', '.join(f.features)} |")
         # one root behaviour per finding; where its shrunk program reproduces
         shown = [p for p in c.opts.pipelines if not registry.is_reference(p)]
         lines += ["", "## Behaviours by pipeline (x: the finding's shrunk program fails there the same way)", ""]
@@ -335,11 +363,16 @@ def summary_markdown(c: Campaign, run_info: dict) -> str:
             where = set(f.behaviour_pipelines())
             lines.append(f"| {i} | {f.check} {f.error_type or ''} vs `{f.reference}` | "
                          + " | ".join("x" if p in where else "" for p in shown) + " |")
-    tracked = c.tracked_seen()
+    tracked = sorted(c.tracked_seen(), key=lambda f: (class_rank(f), f.tracked))
     if tracked:
         lines += ["", "## Tracked behaviours seen (`--known`: not new)", ""]
-        lines += [f"- `{f.tracked}`: [{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}: "
-                  f"{f.count} programs" for f in sorted(tracked, key=lambda f: f.tracked)]
+        for cls, fs in by_class(tracked):
+            lines += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(fs)})", ""]
+            lines += [f"- `{f.tracked}`: **{_md_text(behaviour_title(f))}** ({_md_text(triage_text(triage_of(f)))}); "
+                      f"[{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}: {f.count} programs; "
+                      f"variants: {_md_text(variants_text(variants_of(f)))}" for f in fs]
+            lines.append("")
+        lines.pop()
     checks = [ch for ch in CHECKS if ch not in ("crash", "timeout")]
     lines += ["", "## Status by pipeline and check", ""]
     lines.append("| pipeline | programs run | " + " | ".join(checks) + " |")

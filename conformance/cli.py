@@ -243,11 +243,17 @@ def _run(args) -> int:
     print(f"checked {camp.checked} programs in {camp.elapsed():.0f}s; {len(new)} distinct findings"
           + (f", {len(camp.tracked_seen())} known behaviours seen" if known else "")
           + (" (interrupted; resume with --resume)" if camp.interrupted else ""))
-    for f in sorted(new, key=lambda f: f.signature):
-        print(f"  [{f.check}] {f.pipeline} vs {f.reference} {f.error_type or ''} x{f.count}: "
-              f"{', '.join(sorted(f.core_features()))}")
-    for f in sorted(camp.tracked_seen(), key=lambda f: f.tracked):
-        print(f"  known {f.tracked}: [{f.check}] {f.pipeline} x{f.count}")
+    from conformance.issue_text import (behaviour_title, by_class, class_label, class_rank, triage_of, variants_of,
+                                        variants_text)
+    for cls, fs in by_class(sorted(new, key=lambda f: f.signature)):   # bugs first, then questions...
+        print(f" {cls}:")
+        for f in fs:
+            print(f"  {behaviour_title(f)} [{class_label(triage_of(f))}]: [{f.check}] {f.pipeline} vs {f.reference} "
+                  f"{f.error_type or ''} x{f.count}: {', '.join(sorted(f.core_features()))}; "
+                  f"{variants_text(variants_of(f), ('pipelines', 'labels', 'policies'), 4)}")
+    for f in sorted(camp.tracked_seen(), key=lambda f: (class_rank(f), f.tracked)):   # bugs first
+        print(f"  known {f.tracked}: {behaviour_title(f)} [{class_label(triage_of(f))}]: [{f.check}] {f.pipeline} "
+              f"x{f.count}")
     print(f"wrote {store.dir}/ (summary.md, findings.json, results.jsonl, corpus/)")
     if camp.interrupted:
         return 130

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conformance.errors import UsageError
 from conformance.store import atomic_write
-from conformance.loading import corpus_fixed_keys, load_program_file
+from conformance.loading import corpus_fixed_keys
 
 COMMAND = "recheck"
 RECHECK_SCHEMA = 1
@@ -109,27 +109,60 @@ def _recheck_devices(prog, inputs, finding, executor) -> dict:
     return {"status": status, "failures": fails}
 
 
+def _describe(root, variants) -> dict:
+    """What recheck shows of a corpus file beside its status: the behaviour's title, its class
+    (suggested or confirmed) and why, and its variants with counts (a root: of all its programs)."""
+    from conformance.issue_text import (behaviour_title, root_variants, triage_json, triage_of, triage_text,
+                                        variants_json, variants_text)
+    f = variants[0][3]
+    t = triage_of(f)
+    vs = root_variants(v[3] for v in variants)
+    return {"root": root.root if root is not None else None, "title": behaviour_title(f), "class": t.class_,
+            "triage": triage_json(t), "triage_text": triage_text(t), "programs": len(variants),
+            "variants": variants_json(vs), "variants_text": variants_text(vs, ("pipelines", "labels", "policies")),
+            "first_seen": f.first_seen}
+
+
 def main(args) -> int:
+    from conformance.issue_text import CLASS_HEADINGS, CLASS_ORDER
+    from conformance.loading import load_corpus_root
     from oracles.expectations import Expectations
     d = Path(args.dir)
     files = entry_files(d)
     fixed_keys = corpus_fixed_keys(files[0].parent)
-    loaded = [(p, *load_program_file(str(p))) for p in files]   # validate every entry before running any
-    for p, _, _, finding in loaded:
+    loaded = []
+    for p in files:   # validate every entry before running any
+        root, variants = load_corpus_root(str(p))
+        _, prog, inputs, finding = variants[0]   # a root's representative
         if finding is None:
             raise UsageError(f"{p}: a corpus entry needs a finding (a bare program has nothing to recheck)")
+        loaded.append((p, prog, inputs, finding, _describe(root, variants)))
+    # grouped by class, bugs first (then questions, documented behaviours, harness limits)
+    rank = {c: k for k, c in enumerate(CLASS_ORDER)}
+    loaded.sort(key=lambda x: (rank.get(x[4]["class"], len(rank)), x[0].name))
     expectations = Expectations.load()
     rows = []
-    for p, prog, inputs, finding in loaded:
+    heading = None
+    for p, prog, inputs, finding, about in loaded:
+        if about["class"] != heading:
+            heading = about["class"]
+            print(f"== {CLASS_HEADINGS.get(heading, heading)}", flush=True)
         fixed = "|".join(finding.key()) in fixed_keys
         r = recheck_entry(prog, inputs, finding, fixed, args.device or finding.device, expectations)
         rows.append({"entry": p.name, "key": list(finding.key()), "listed_fixed": fixed,
-                     "first_found_on": finding.versions, **r})
+                     "first_found_on": finding.versions, **about, **r})
         print(f"{p.name}: {r['status']}" + (f" ({r['why']})" if r.get("why") else ""), flush=True)
+        print(f"    {about['title']} [{about['triage_text']}]; "
+              + (f"{about['programs']} programs; " if about["programs"] > 1 else "")
+              + f"variants: {about['variants_text']}"
+              + (f"; first seen {about['first_seen']:.0f} s into the campaign that found it"
+                 if about["first_seen"] is not None else ""), flush=True)
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in STATUSES}
     versions = installed_versions()
     print(", ".join(f"{n} {s}" for s, n in counts.items() if n) + f" of {len(rows)} entries; versions: "
           + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    by_class = {c: sum(1 for r in rows if r["class"] == c) for c in CLASS_ORDER}
+    print("by class: " + ", ".join(f"{n} {c}" for c, n in by_class.items() if n))
     if args.out:
         try:
             atomic_write(Path(args.out), json.dumps({"schema_version": RECHECK_SCHEMA, "corpus": str(d),

@@ -40,6 +40,9 @@ def hostile_run(tmp_path, payload):
         f["features"] = f["features"] + [payload]
         f["versions"] = {**f["versions"], "jax": payload}
         f["flags"] = {payload: payload}
+        f["title"] = payload   # the behaviour's title, its class's reason and links, its variants
+        f["triage"] = {"class": "bug", "reason": payload, "links": [payload], "confirmed": False}
+        f["variants"] = {"labels": {payload: {"count": 2}}, payload: {payload: {"count": 1}}}
         f["detail"] = {**f["detail"], "note": payload,
                        "observations": {payload: {"error": payload, "saved": [payload], "grads": {payload: 1.0}}}}
     (d / "findings.json").write_text(json.dumps(fs))

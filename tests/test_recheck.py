@@ -7,10 +7,12 @@ from pathlib import Path
 
 from conformance.findings import CorpusEntry
 from conformance.issue_text import issue_text_or_reason
+from tests.corpus_files import variant_path
 
 ROOT = Path(__file__).resolve().parents[1]
 REG = ROOT / "tests" / "regressions"
-# two quick JAX entries: a residual difference and a custom-rule observation
+# two quick JAX programs of the corpus's roots (as plain corpus entries): a residual difference and a
+# custom-rule observation
 OPEN = ["residuals-jax_remat3-a9721056.json", "custom_rule-jax_remat3-7e255af8.json"]
 
 
@@ -23,13 +25,13 @@ def test_recheck_says_still_failing_changed_and_regressed(tmp_path):
     d = tmp_path / "corpus"
     d.mkdir()
     for n in OPEN:
-        (d / n).write_text((REG / n).read_text())
+        (d / n).write_text(variant_path(n).read_text())
     # an entry whose recorded key is not what its program does now: "changed"
-    e = json.loads((REG / OPEN[0]).read_text())
+    e = json.loads(variant_path(OPEN[0]).read_text())
     e["finding"]["error_type"] = "extra"
     (d / "residuals-jax_remat3-changed0.json").write_text(json.dumps(e))
     # an entry listed as fixed that fails again: "regressed"
-    key = json.loads((REG / OPEN[1]).read_text())["finding"]
+    key = json.loads(variant_path(OPEN[1]).read_text())["finding"]
     (d / "status.json").write_text(json.dumps({"fixed": {"|".join(
         [key["check"], key["pipeline"], key["reference"], key["error_type"]]): "test"}}))
     r = recheck(d, "--out", str(tmp_path / "recheck.json"))
@@ -50,7 +52,7 @@ def test_recheck_refuses_bad_input_and_keeps_results(tmp_path):
     assert "holds no corpus entries" in recheck(tmp_path / "empty").stderr
     d = tmp_path / "bad"
     d.mkdir()
-    (d / "a.json").write_text((REG / OPEN[0]).read_text())
+    (d / "a.json").write_text(variant_path(OPEN[0]).read_text())
     (d / "b.json").write_text("{not json")
     (tmp_path / "keep.json").write_text("earlier result")
     r = recheck(d, "--out", str(tmp_path / "keep.json"))
@@ -58,20 +60,31 @@ def test_recheck_refuses_bad_input_and_keeps_results(tmp_path):
     assert (tmp_path / "keep.json").read_text() == "earlier result"   # nothing ran, nothing overwritten
 
 
-def test_every_corpus_entry_has_an_issue_text_a_maintainer_can_paste():
-    for p in sorted(REG.glob("*.json")):
-        if p.name == "status.json":
-            continue
-        f = CorpusEntry.model_validate(json.loads(p.read_text())).finding
-        t = issue_text_or_reason(f)
-        lines = t.splitlines()
-        assert lines[0].startswith(f"# {f.pipeline}: ") and len(lines[0]) < 200, (p.name, lines[0])
-        exp = next(x for x in lines if x.startswith("Expected"))
-        act = next(x for x in lines if x.startswith("Actual: "))
-        assert exp and act and "- Versions: " in t and "- Flags: " in t, p.name
-        src = t.split("```python\n", 1)[1].split("\n```", 1)[0]
-        compile(src, p.name, "exec")   # the inline repro is Python that runs as pasted
-        assert "could not be written" not in t
+def test_recheck_groups_entries_by_class_bugs_first(tmp_path, capsys):
+    """Entries print under their class, bugs first, each with its title, class and variants; the
+    JSON rows carry them. (Every corpus entry's issue text: tests/test_issue_text.py.)"""
+    import argparse
+    from conformance.recheck import main
+    from tests.test_issue_text import _root
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / OPEN[1]).write_text(variant_path(OPEN[1]).read_text())   # a suggested question
+    _root(tmp_path, "documented", entries=[variant_path(OPEN[0])])   # confirmed classes, in corpus/
+    _root(tmp_path, "bug", entries=[variant_path(OPEN[0]), variant_path("residuals-jax_remat3-f055f5d8.json")])
+    assert main(argparse.Namespace(dir=str(d), out=str(tmp_path / "r.json"), device=None, strict=False)) == 0
+    out = capsys.readouterr().out
+    heads = [out.index(h) for h in ("== Bugs", "== Questions for upstream", "== Documented behaviours")]
+    assert heads == sorted(heads), out
+    assert "    remat3 saves other residuals than remat2 (bug) [bug: why bug]; 2 programs; variants: pipelines: " in out
+    assert "[question (suggested): a custom_rule difference under an opt-in implementation" in out, out
+    assert "by class: 1 bug, 1 question, 1 documented" in out
+    rows = json.loads((tmp_path / "r.json").read_text())["entries"]
+    assert [(r["entry"], r["class"]) for r in rows] == [("remat3-bug.json", "bug"), (OPEN[1], "question"),
+                                                        ("remat3-documented.json", "documented")]
+    bug = rows[0]
+    assert bug["root"] == "remat3-bug" and bug["programs"] == 2 and bug["triage"]["confirmed"] is True
+    assert {v["value"] for v in bug["variants"]["labels"]} == {"missing", "extra"}
+    assert bug["status"] == "still failing"
 
 
 def test_a_check_that_did_not_run_is_not_called_fixed(monkeypatch):
@@ -81,7 +94,7 @@ def test_a_check_that_did_not_run_is_not_called_fixed(monkeypatch):
     from conformance.recheck import recheck_entry
     from conformance.runner import InProcessExecutor
     from oracles.expectations import Expectations
-    prog, inputs, f = load_program_file(str(REG / OPEN[0]))
+    prog, inputs, f = load_program_file(str(variant_path(OPEN[0])))
     real = InProcessExecutor.run
 
     def unobserved(self, program, inp, names):
@@ -103,7 +116,7 @@ def test_a_device_finding_is_rechecked_by_the_device_oracle(tmp_path):
     from conformance.recheck import recheck_entry
     from conformance.verdict import DEVICE_REFERENCE
     from oracles.expectations import Expectations
-    prog, inputs, f = load_program_file(str(REG / OPEN[0]))
+    prog, inputs, f = load_program_file(str(variant_path(OPEN[0])))
     g = Finding.model_validate({**f.model_dump(), "reference": DEVICE_REFERENCE, "device": "cuda",
                                 "check": "gradient", "error_type": ""})
     r = recheck_entry(prog, inputs, g, False, "cuda", Expectations.load())

@@ -23,7 +23,7 @@ def test_report_against_baseline(tmp_path):
     st_ = {(x["check"], x["pipeline"]): x["status"] for x in rep["findings"]}
     assert st_ == {("error", "ref:f64"): "new", ("error", "jax:remat3"): "persisting"}
     assert [(x["check"], x["pipeline"]) for x in rep["fixed"]] == [("residuals", "jax:remat3")]
-    # ranked by CHECK_RANK, then new before persisting
+    # ranked by class (both are suggested questions here), CHECK_RANK, then new before persisting
     assert [x["id"] for x in rep["findings"]] == ["F1", "F2"] and rep["findings"][0]["status"] == "new"
     cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
     assert cell[("jax:remat3", "error")]["status"] == "fail" and cell[("jax:remat3", "gradient")]["status"] == "pass"
@@ -36,7 +36,8 @@ def test_report_against_baseline(tmp_path):
     suite = ET.parse(tmp_path / "out" / "junit.xml").getroot()
     assert int(suite.get("failures")) == 2 and len(suite.findall("testcase")) == len(rep["grid"])
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "## New findings" in md and "## Fixed (not seen in this run)" in md and "| `jax:remat3` |" in md
+    assert "## Findings by class (bugs first)" in md and "### Questions for upstream (2: 1 new, 1 persisting)" in md
+    assert "## Fixed (not seen in this run)" in md and "| `jax:remat3` |" in md
     html = (tmp_path / "out" / "report.html").read_text()
     assert 'id="grid"' in html and "data:image/png;base64," in html
     for bad in ('src="http', "href=\"http", "<link", "@import", "src=\"//"):
@@ -225,3 +226,87 @@ def test_report_strict_exits_1_only_on_new_findings(tmp_path, capsys):
     assert cli_main(["report", str(FIX / "run_a"), "--baseline", str(same), "--out", str(tmp_path / "b")]
                     + common) == 0   # every finding persists
     assert "0 new" in capsys.readouterr().out
+
+
+# ---- findings grouped by class, bugs first ---------------------------------------------------------------
+CLASSES = ("harness", "documented", "question", "bug")   # written in the wrong order on purpose
+
+
+def classed_run(tmp_path) -> Path:
+    """run_a with four findings, one of each class (a harness limit first in findings.json, a bug
+    last); the bug's class only suggested, the others confirmed; the bug counted in variants."""
+    d = tmp_path / "classed"
+    shutil.copytree(FIX / "run_a", d)
+    base = json.loads((d / "findings.json").read_text())[0]
+    fs = []
+    for k, cls in enumerate(CLASSES):
+        f = json.loads(json.dumps(base))
+        f["signature"] = f"{f['signature']}#{k}"
+        f["title"] = f"the {cls} behaviour"
+        f["triage"] = {"class": cls, "reason": f"why it is {cls}", "links": [], "confirmed": cls != "bug"}
+        fs.append(f)
+    fs[-1]["variants"] = {"pipelines": {"jax:remat3": {"count": 4, "first_seen": 3.0},
+                                        "jax:remat3:jit": {"count": 2, "first_seen": 9.0}},
+                          "labels": {"other": {"count": 5}, "extra": {"count": 1}},
+                          "policies": {"nothing": {"count": 3}, "dots": {"count": 3, "first_seen": 1.0}}}
+    (d / "findings.json").write_text(json.dumps(fs))
+    return d
+
+
+def test_findings_are_grouped_by_class_bugs_first(tmp_path):
+    rep = build([load_run(classed_run(tmp_path))], with_repro=False)
+    mine = [x for x in rep["findings"] if x["title"].startswith("the ")]
+    assert [x["class"] for x in mine] == ["bug", "question", "documented", "harness"]
+    assert rep["findings"][0]["class"] == "bug" and rep["findings"][0]["id"] == "F1"
+    assert rep["totals"]["by_class"] == {"bug": 1, "question": 1, "documented": 1, "harness": 1}
+    bug = mine[0]
+    assert bug["triage"] == {"class": "bug", "reason": "why it is bug", "links": [], "confirmed": False}
+    assert bug["variants_text"] == ("pipelines: jax:remat3 x4, jax:remat3:jit x2; labels: other x5, extra x1; "
+                                    "policies: dots x3, nothing x3")
+    assert bug["variants"]["pipelines"][0] == {"value": "jax:remat3", "count": 4, "first_seen": 3.0}
+    # an issue text for a bug or a question, none for a documented behaviour or a harness limit
+    assert [x["issue"] is not None for x in mine] == [True, True, False, False]
+    assert mine[2]["no_issue"].startswith("No issue text: ") and "documented" in mine[2]["no_issue"]
+    render.write(rep, tmp_path / "out", with_plots=False)
+    md = (tmp_path / "out" / "report.md").read_text()
+    heads = [md.index(h) for h in ("### Bugs (", "### Questions for upstream (", "### Documented behaviours (",
+                                    "### Harness limits (")]
+    assert heads == sorted(heads), heads
+    titles = [md.index(f"**the {c} behaviour**") for c in ("bug", "question", "documented", "harness")]
+    assert titles == sorted(titles) and heads[0] < titles[0] < heads[1] < titles[1] < heads[2] < titles[2] < heads[3]
+    assert "class: bug (suggested): why it is bug" in md and "class: harness: why it is harness" in md
+    assert "variants: pipelines: jax:remat3 x4, jax:remat3:jit x2; labels: other x5, extra x1" in md
+    html = (tmp_path / "out" / "report.html").read_text()
+    at = [html.index(f'id="class-{c}"') for c in ("bug", "question", "documented", "harness")]
+    assert at == sorted(at) and "the bug behaviour" in html and "(suggested)" in html
+    junit = (tmp_path / "out" / "junit.xml").read_text()
+    assert "the bug behaviour" in junit and "class: bug (suggested)" in junit
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["findings"][0]["class"] == "bug"
+
+
+def test_summary_groups_findings_by_class_bugs_first(tmp_path):
+    """summary.md: bugs, then questions, documented behaviours, harness limits, each by its title,
+    its class (suggested until confirmed) and its variants with counts; tracked behaviours too."""
+    from conformance.campaign import Campaign, Options, summary_markdown
+    from conformance.findings import Finding
+    from conformance.store import Store
+    from oracles.expectations import Expectations
+    fs = [Finding.model_validate(f) for f in json.loads((classed_run(tmp_path) / "findings.json").read_text())]
+    camp = Campaign(Options(pipelines=["jax:remat3"]), Store(tmp_path / "out"), None, Expectations.load())
+    camp.findings = fs + [fs[1].model_copy(update={"tracked": "known-root.json", "count": 2,
+                                                   "title": "a tracked behaviour"})]
+    s = summary_markdown(camp, {"versions": {}})
+    heads = [s.index(h) for h in ("### Bugs (1)", "### Questions for upstream (1)", "### Documented behaviours (1)",
+                                   "### Harness limits (1)")]
+    assert heads == sorted(heads), heads
+    titles = [s.index(f"**the {c} behaviour**") for c in ("bug", "question", "documented", "harness")]
+    assert heads[0] < titles[0] < heads[1] < titles[1] < heads[2] < titles[2] < heads[3] < titles[3]
+    assert "1. **the bug behaviour**" in s and "4. **the harness behaviour**" in s   # numbered as the tables
+    assert "   - class: bug (suggested): why it is bug" in s and "   - class: question: why it is question" in s
+    assert ("   - variants: pipelines: jax:remat3 x4, jax:remat3:jit x2; labels: other x5, extra x1; "
+            "policies: dots x3, nothing x3") in s
+    table = s.split("\n## Findings\n", 1)[1]
+    assert table.index("| 1 | bug (suggested) |") < table.index("| 4 | harness |")
+    assert "## Behaviours by pipeline" in s
+    tracked = s.split("## Tracked behaviours seen", 1)[1]
+    assert "`known-root.json`: **a tracked behaviour** (documented: why it is documented)" in tracked

@@ -4,6 +4,7 @@ inputs reads and validates run directories, build merges them (with baselines) i
 report.json object, render writes it as HTML, Markdown, JUnit and JSON, command is the CLI.
 
 This package sits on top: it may import conformance.findings, conformance.ir,
-conformance.store, oracles, and conformance.repro (for embedded scripts); it must not
-import conformance.cli.
+conformance.store, oracles, conformance.repro (for embedded scripts) and conformance.issue_text
+(the class order, titles and variants every output shows alike); it must not import
+conformance.cli.
 """

@@ -6,7 +6,10 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from conformance.issue_text import (CLASS_ORDER, behaviour_title, class_rank, no_issue_reason, triage_json, triage_of,
+                                    variants_json, variants_of, variants_text, wants_issue)
 from conformance.loading import corpus_entry_stem
+from conformance.roots import merge_variants
 from conformance.verdict import CHECK_RANK, CHECKS
 from conformance.reporting.inputs import READS_SCHEMA, REPORT_SCHEMA_VERSION, ReportInputError, RunData
 
@@ -81,6 +84,22 @@ def _repros(f) -> dict[str, str]:
     return out
 
 
+def _short(f) -> dict:
+    """The short repro (conformance.repro.short) of the finding's own framework, or why there is
+    none (the full scripts in `repro` then stand in for it)."""
+    from conformance.findings import decode_inputs
+    from conformance.ir import Program
+    from conformance.issue_text import short_repro_or_reason
+    try:
+        src, why = short_repro_or_reason(Program.model_validate(f.program),
+                                         decode_inputs(f.inputs) if f.inputs else None, f)
+    except Exception as e:  # noqa: BLE001 - a report still renders without a repro
+        src, why = None, f"{type(e).__name__}: {e}"
+    from conformance import pipelines as registry
+    return {"short_repro": src, "short_repro_why": why or None,
+            "short_repro_framework": registry.framework_of(f.pipeline)}
+
+
 def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
     from conformance import repro
     try:
@@ -92,16 +111,25 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
                  "saved_bytes": d.get("saved_bytes")}
              for p, d in obs.items() if isinstance(d, dict)}
     detail = {k: v for k, v in f.detail.items() if k != "observations"}
+    t = triage_of(f)
+    stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
     return {
+        "title": behaviour_title(f), "class": t.class_, "triage": triage_json(t), "class_rank": class_rank(f),
+        "variants": variants_json(variants_of(f)), "variants_text": variants_text(variants_of(f)),
+        "first_seen": f.first_seen, "root": f.root,
         "status": status, "key": list(f.key()), "check": f.check, "pipeline": f.pipeline, "reference": f.reference,
         "error_type": f.error_type, "signature": f.signature, "features": f.features, "count": f.count,
         "program_hash": f.program_hash, "size": f.size, "original_size": f.original_size,
         "expectation": f.expectation, "tracked": f.tracked, "versions": f.versions, "flags": f.flags, "device": f.device, "cells": cells,
         "pseudo_code": code, "detail": detail, "sides": sides,
-        "repro_command": f"remat-conformance repro corpus/{corpus_entry_stem(f.check, f.pipeline, f.program_hash)}.json --framework "
+        "repro_command": f"remat-conformance repro corpus/{stem}.json --framework "
                          f"{repro.frameworks_for(f)[0]}",
         "repro": _repros(f) if with_repro else {},
-        "issue": f"corpus/{corpus_entry_stem(f.check, f.pipeline, f.program_hash)}.issue.md",
+        **(_short(f) if with_repro else {"short_repro": None, "short_repro_why": "not embedded (--no-repro)",
+                                         "short_repro_framework": None}),
+        # an issue text is written for a bug or a question; a documented behaviour or a harness limit says why not
+        "issue": f"corpus/{stem}.issue.md" if wants_issue(f) else None,
+        "no_issue": None if wants_issue(f) else no_issue_reason(f).strip(),
         "finding": f.model_dump(mode="json"),
     }
 
@@ -170,7 +198,11 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                 keep = f if (f.size or 1 << 30) < (g.size or 1 << 30) else g
                 if keep is f:
                     dir_of[k] = r.dir
-                keep = keep.model_copy(update={"count": g.count + f.count})
+                other = g if keep is f else f
+                keep = keep.model_copy(deep=True)   # the variants of both are counted in the copy
+                keep.variants = variants_of(keep)
+                merge_variants(keep, other.model_copy(update={"variants": variants_of(other)}))
+                keep.count = g.count + f.count
                 merged[k] = keep
             else:
                 merged[k] = f
@@ -194,12 +226,14 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         status = "persisting" if (f.key() in base_keys or f.tracked is not None) else "new"
         findings.append({**_finding_obj(f, status, cells_of[(sig, cell)], with_repro),
                          "run_dir": str(dir_of[(sig, cell)])})
-    findings.sort(key=lambda x: (CHECK_RANK.get(x["check"], 9), x["status"] != "new", -x["count"], x["signature"]))
+    # bugs first (then questions, documented behaviours, harness limits); within a class by check
+    findings.sort(key=lambda x: (x["class_rank"], CHECK_RANK.get(x["check"], 9), x["status"] != "new", -x["count"],
+                                 x["signature"]))
     for i, x in enumerate(findings, 1):
         x["id"] = f"F{i}"
         x["rank"] = i
     fixed, not_run = [], []
-    for k, f in sorted(base_findings.items(), key=lambda kv: (CHECK_RANK.get(kv[0][0], 9), kv[0])):
+    for k, f in sorted(base_findings.items(), key=lambda kv: (class_rank(kv[1]), CHECK_RANK.get(kv[0][0], 9), kv[0])):
         if k in cur_keys:
             continue
         (fixed if f.pipeline in ran else not_run).append(_finding_obj(f, "fixed" if f.pipeline in ran else "not_run",
@@ -223,7 +257,8 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                       "cells": {row: coverage[(ft, row)] for row in rows if ran_on[row]}}
                      for ft, n in sorted(feature_programs.items())]
     # behaviours: each finding is one root behaviour; where its shrunk program fails the same way
-    behaviours = [{"id": x["id"], "check": x["check"], "error_type": x["error_type"], "reference": x["reference"],
+    behaviours = [{"id": x["id"], "title": x["title"], "class": x["class"], "check": x["check"],
+                   "error_type": x["error_type"], "reference": x["reference"],
                    "pipelines": list(dict.fromkeys([x["pipeline"]] + [k[1] for k in x["finding"].get("reproduces", [])]))}
                   for x in findings]
     # saved-residual bytes per policy and pipeline (from the findings' observations)
@@ -257,6 +292,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         "pipelines": rows,
         "grid": grid_rows,
         "totals": {"programs": programs, "findings": len(findings),
+                   "by_class": {c: sum(1 for x in findings if x["class"] == c) for c in CLASS_ORDER},
                    "new": sum(1 for x in findings if x["status"] == "new"),
                    "persisting": sum(1 for x in findings if x["status"] == "persisting"),
                    "fixed": len(fixed), "not_run": len(not_run)},

@@ -10,6 +10,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import conformance
+from conformance.issue_text import CLASS_HEADINGS
 
 TEMPLATES = Path(conformance.__file__).with_name("templates")
 
@@ -91,10 +92,50 @@ def _env():
 
 def render_html(rep: dict, figs: dict[str, str]) -> str:
     grid = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
-    return _env().get_template("report.html.j2").render(rep=rep, figs=figs, grid=grid, colors=_COLORS)
+    from conformance.issue_text import CLASS_ORDER
+    # every class a finding has, in CLASS_ORDER (a report of a newer harness may name another)
+    have = {x.get("class") for x in rep["findings"]}
+    classes = [(c, CLASS_HEADINGS.get(c, str(c)))
+               for c in list(CLASS_ORDER) + sorted(str(c) for c in have - set(CLASS_ORDER))]
+    return _env().get_template("report.html.j2").render(rep=rep, figs=figs, grid=grid, colors=_COLORS, classes=classes)
 
 
 _MARK = {"fail": "❌", "expected": "⚠️", "pass": "✅", "unsupported": "➖", "skipped": "·", "none": " "}
+
+
+def _md(s) -> str:
+    """A string shown inside one Markdown line: no line breaks."""
+    return " ".join(str(s).split())
+
+
+def _by_class(items: list[dict]) -> list[tuple[str, list[dict]]]:
+    """[(class, finding objects)] bugs first; an object of an older report without a class reads "bug"."""
+    from conformance.issue_text import CLASS_ORDER
+    groups: dict[str, list[dict]] = {}
+    for x in items:
+        groups.setdefault(x.get("class") or "bug", []).append(x)
+    return [(c, groups[c]) for c in list(CLASS_ORDER) + sorted(set(groups) - set(CLASS_ORDER)) if c in groups]
+
+
+def _triage_md(x: dict) -> str:
+    t = x.get("triage") or {}
+    reason = str(t.get("reason", "")).removeprefix("suggested: ")
+    label = f"{t.get('class', '?')}" + ("" if t.get("confirmed") else " (suggested)")
+    links = f" (see {', '.join(t['links'])})" if t.get("links") else ""
+    return _md(f"{label}: {reason}{links}")
+
+
+def _md_finding(x: dict) -> str:
+    first = f"; first seen {float(x['first_seen']):.0f} s into the campaign" if x.get("first_seen") is not None else ""
+    issue = (f"; issue text: [{x['issue']}]({x['issue_href']})" if x.get("issue_href")
+             else f"; {_md(x['no_issue'])}" if x.get("no_issue") else "")
+    return (f"- **{x['id']}** {x['status']}: **{_md(x.get('title', ''))}**\n"
+            f"  - class: {_triage_md(x)}\n"
+            f"  - variants: {_md(x.get('variants_text', ''))}\n"
+            f"  - [{x['check']}] `{x['pipeline']}` vs `{x['reference']}`"
+            f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s){first}; "
+            f"features: {', '.join(x['features'])}; flags: `{json.dumps(x['flags'], sort_keys=True)}`; "
+            f"repro: `{x['repro_command']}`{issue}")
 
 
 def render_md(rep: dict) -> str:
@@ -112,17 +153,20 @@ def render_md(rep: dict) -> str:
         L.append(f"| `{r}` | " + " | ".join(
             _MARK[cell[(r, c)]["status"]] + (" " + ",".join(cell[(r, c)]["findings"]) if cell[(r, c)]["findings"] else "")
             for c in rep["checks"]) + " |")
-    for title, items in (("New findings", [x for x in rep["findings"] if x["status"] == "new"]),
-                         ("Persisting findings", [x for x in rep["findings"] if x["status"] == "persisting"]),
-                         ("Fixed (not seen in this run)", rep["fixed"])):
-        L += ["", f"## {title}", ""]
-        if not items:
-            L.append("None.")
-        for x in items:
-            L.append(f"- **{x['id']}** [{x['check']}] `{x['pipeline']}` vs `{x['reference']}`"
-                     f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s); "
-                     f"features: {', '.join(x['features'])}; flags: `{json.dumps(x['flags'], sort_keys=True)}`; "
-                     f"repro: `{x['repro_command']}`" + (f"; issue text: [{x['issue']}]({x['issue_href']})" if x.get("issue_href") else ""))
+    L += ["", "## Findings by class (bugs first)", ""]
+    if not rep["findings"]:
+        L.append("None.")
+    for cls, items in _by_class(rep["findings"]):
+        n_new = sum(1 for x in items if x["status"] == "new")
+        L += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(items)}: {n_new} new, {len(items) - n_new} persisting)", ""]
+        L += [_md_finding(x) for x in items]
+        L.append("")
+    if L[-1] == "":
+        L.pop()
+    L += ["", "## Fixed (not seen in this run)", ""]
+    if not rep["fixed"]:
+        L.append("None.")
+    L += [_md_finding(x) for x in rep["fixed"]]
     from conformance.reporting.versions import markdown as versions_markdown
     L += versions_markdown(rep.get("versions"))
     L += ["", "## Stale expectations", ""]
@@ -140,10 +184,14 @@ def render_junit(rep: dict) -> str:
         if g["findings"]:
             fails += 1
             xs = [by_id[i] for i in g["findings"]]
-            msg = "; ".join(f"{x['id']} vs {x['reference']} {x['error_type']}".strip() for x in xs)
+            xs.sort(key=lambda x: (x.get("class_rank", 0), x["id"]))   # bugs first
+            msg = "; ".join(f"{x['id']} ({x.get('class', 'bug')}) vs {x['reference']} {x['error_type']}".strip()
+                            for x in xs)
             fl = ET.SubElement(tc, "failure", message=msg, type=g["check"])
             fl.text = "\n\n".join(
-                f"{x['id']} [{x['check']}] {x['pipeline']} vs {x['reference']} {x['error_type']} ({x['status']})\n"
+                f"{x['id']} {_md(x.get('title', ''))}\nclass: {_triage_md(x)}\n"
+                f"variants: {_md(x.get('variants_text', ''))}\n"
+                f"[{x['check']}] {x['pipeline']} vs {x['reference']} {x['error_type']} ({x['status']})\n"
                 f"features: {', '.join(x['features'])}\nversions: {json.dumps(x['versions'], sort_keys=True)}\n"
                 f"flags: {json.dumps(x['flags'], sort_keys=True)}\nrepro: {x['repro_command']}\n\n{x['pseudo_code']}"
                 for x in xs)
@@ -175,7 +223,7 @@ def write(rep: dict, out: str | Path, with_plots: bool = True) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for x in rep["findings"]:   # the issue text beside the finding's corpus entry, linked from where the report is
-        p = Path(x["run_dir"]) / x["issue"] if x.get("run_dir") else None
+        p = Path(x["run_dir"]) / x["issue"] if x.get("run_dir") and x.get("issue") else None
         x["issue_href"] = os.path.relpath(p, out) if p is not None and p.exists() else None
     figs = plots(rep) if with_plots else {}
     files = {"report.json": json.dumps(_finite(rep), indent=1, sort_keys=True, default=str, allow_nan=False),
