@@ -19,7 +19,7 @@ from conformance import pipelines as registry
 from conformance.files import read_text
 from conformance.issue_text import (CLASS_HEADINGS, behaviour_title, by_class, class_label, class_rank,
                                     first_seen_text, issue_text_or_reason, triage_of, triage_text, variants_of,
-                                    variants_text)
+                                    variants_text, wants_issue)
 from conformance.findings import CorpusEntry, Finding
 from conformance.loading import corpus_entry_stem
 from conformance.options import SHRINK_STEPS
@@ -252,7 +252,8 @@ class Campaign:
         # named by check, pipeline and program: two findings of one program keep two entries
         stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
         self.store.write_corpus(stem, entry.model_dump(mode="json"))
-        self.store.write_issue(stem, issue_text_or_reason(f))
+        if wants_issue(f):   # bugs and questions: a documented or harness root has no issue text
+            self.store.write_issue(stem, issue_text_or_reason(f))
 
     # -- the search --------------------------------------------------------------------
     def run(self) -> None:

@@ -50,7 +50,7 @@ def main(args) -> int:
     from conformance import __version__
     from conformance import pipelines as registry
     from conformance.findings import CorpusEntry, make_finding
-    from conformance.issue_text import issue_text_or_reason
+    from conformance.issue_text import issue_text_or_reason, wants_issue
     from conformance.loading import corpus_entry_stem
     from conformance.runner import InProcessExecutor
     from conformance.search import RESULTS_SCHEMA
@@ -98,7 +98,8 @@ def main(args) -> int:
             stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
             store.write_corpus(stem, CorpusEntry(program=f.program, inputs=f.inputs, finding=f,
                                                  versions=f.versions).model_dump(mode="json"))
-            store.write_issue(stem, issue_text_or_reason(f))
+            if wants_issue(f):   # bugs and questions: a documented or harness root has no issue text
+                store.write_issue(stem, issue_text_or_reason(f))
         if fails:
             store.write_findings([f.model_dump(mode="json") for f in found.values()])
     findings = list(found.values())

@@ -269,6 +269,14 @@ def _plain_options(obj: dict) -> Iterator[dict]:
             if key == "batch":   # no longer per example: no input holds examples
                 o["inputs"] = [{**i, "batched": False} for i in obj["inputs"]]
             yield o
+    # the simplest differentiation: first-order reverse mode, or reverse over reverse
+    diff = {**obj["diff"]}
+    for plain in ({"order": 1, "mode": "reverse"}, {"order": 2, "mode": "reverse"}):
+        if any(diff.get(k, v) != v for k, v in plain.items()) and plain["order"] <= diff.get("order", 1):
+            yield {**obj, "diff": {**diff, **plain}}
+    for k, i in enumerate(obj["inputs"]):   # an input differentiated after all
+        if not i.get("diff", True):
+            yield {**obj, "inputs": [{**x, "diff": True} if j == k else x for j, x in enumerate(obj["inputs"])]}
     batched = [k for k, i in enumerate(obj["inputs"]) if i.get("batched")]
     for k in batched if len(batched) > 1 else []:   # one input shared instead of per example
         yield {**obj, "inputs": [{**i, "batched": False} if j == k else i for j, i in enumerate(obj["inputs"])]}
@@ -286,7 +294,8 @@ def candidates(prog: Program) -> Iterator[Program]:
     bypassed (a checkpoint name, or an op one of whose arguments has its type); one scan cut to
     one iteration, or inlined when it has one; one cond replaced by one of its branches; one unary op of
     a custom rule replaced by the simplest one; one non-standard rule made standard; one option
-    of a statement or of the diff set to its plain value; one region's policy replaced by the
+    of a statement or of the diff set to its plain value (first-order reverse mode; an input
+    differentiated); one region's policy replaced by the
     simplest kind. Rules whose primal code changed are derived
     again from it, as the generator derives them."""
     obj = prog.to_json_obj()

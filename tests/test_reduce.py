@@ -273,3 +273,14 @@ def test_an_error_against_the_expectations_is_judged_the_same_on_the_pipelines_i
         obs = InProcessExecutor().run(prog, inputs, names)
         keys.append({v.key() for v in judge(prog, obs, Expectations.load(), "cpu").failures() if v.check == "error"})
     assert f.key() in keys[0] and f.key() in keys[1], keys
+
+
+def test_the_differentiation_is_made_first_order_reverse_and_inputs_differentiated():
+    obj = {**json.loads(json.dumps(PROG)), "diff": {"order": 2, "mode": "fwd_over_rev"}}
+    obj["inputs"] = obj["inputs"] + [{"id": "x1", "shape": [2], "dtype": "float32", "diff": False}]
+    obj["body"] = obj["body"] + [op("mul", ["x0", "x1"], "v5")]
+    obj["outputs"] = obj["outputs"] + ["v5"]
+    got = [c.to_json_obj() for c in candidates(load_program(obj))]
+    diffs = [(c["diff"].get("order", 1), c["diff"].get("mode", "reverse")) for c in got]
+    assert (1, "reverse") in diffs and (2, "reverse") in diffs
+    assert any(c["inputs"][1].get("diff", True) and c["diff"] == obj["diff"] for c in got)

@@ -145,3 +145,10 @@ def test_a_damaged_root_is_refused_naming_the_field(tmp_path, damage, says):
     with pytest.raises(UsageError) as e:
         load_corpus_variants(str(path))
     assert str(e.value).startswith(str(path)) and says in str(e.value)
+
+
+def test_a_wrong_gradient_is_one_root_whichever_reference_showed_it():
+    feats = ("custom_vjp", "non_differentiable")
+    a = _finding("gradient", "torch:compile-aot_eager", "torch:none", "", feats)
+    b = _finding("gradient", "torch:compile-inductor", "torch:eager-sac", "cross_value", feats)
+    assert root_key(a) == root_key(b) == "gradient|torch:compile|values|custom_vjp+non_differentiable"
