@@ -16,10 +16,11 @@ import pytest
 from conformance import repro
 from conformance.cli import main as cli_main
 from conformance.loading import load_program_file
+from tests.corpus_files import variant_path
 
 REG = Path(__file__).parent / "regressions"
-SEED = REG / "b324b466757472b7.json"            # real: remat3 + symbolic_zeros fwd with names: must raise, does not
-FIXED = REG / "fixed-optimize-remat-sz.json"     # constructed: raises the documented error (conforms)
+SEED = variant_path("b324b466757472b7.json")            # real: remat3 + symbolic_zeros fwd with names: must raise, does not
+FIXED = variant_path("fixed-optimize-remat-sz.json")     # constructed: raises the documented error (conforms)
 BLOCK = ("import runpy, sys\n"
          "for m in ('conformance', 'oracles', 'generators'):\n"
          "    sys.modules[m] = None   # the project must not be importable from a repro\n"
@@ -54,7 +55,7 @@ def imports(src: str) -> set[str]:
 
 @pytest.mark.parametrize("fw", ["jax", "torch"])
 def test_scripts_import_only_framework_numpy_stdlib(fw):
-    for path in (SEED, FIXED, REG / "error-ref_f64-bfa081b4.json"):
+    for path in (SEED, FIXED, variant_path("error-ref_f64-bfa081b4.json")):
         src = gen(path, fw)
         compile(src, str(path), "exec")
         extra = imports(src) - set(sys.stdlib_module_names) - {fw, "numpy"}
@@ -154,7 +155,7 @@ def test_pseudo_code_is_readable():
 def test_repro_is_inconclusive_exit_3_when_a_side_raises_on_a_value_check(tmp_path):
     """A residuals finding whose program now raises on both sides (constructed: the program of
     an entry the value reference itself rejects) cannot be judged: exit 3, saying why."""
-    obj = json.loads((REG / "error-ref_f64-bfa081b4.json").read_text())
+    obj = json.loads((variant_path("error-ref_f64-bfa081b4.json")).read_text())
     f = obj["finding"]
     f.update(check="residuals", pipeline="jax:remat3", reference="jax:remat2", error_type="other", expectation=None,
              signature="residuals|jax:remat3|jax:remat2|other|", detail={})
@@ -173,7 +174,7 @@ def test_torch_repro_of_a_real_torch_finding_agrees_with_the_harness(tmp_path):
     from conformance.runner import InProcessExecutor
     from oracles.expectations import Expectations
     from oracles.judge import judge
-    path = REG / "residuals-torch_compile-aot_eager-866d56ae.json"
+    path = variant_path("residuals-torch_compile-aot_eager-866d56ae.json")
     prog, inputs, finding = load_program_file(str(path))
     obs = InProcessExecutor().run(prog, inputs, replay_pipelines(finding.key()))
     fails = finding.key() in {v.key() for v in judge(prog, obs, Expectations.load()).failures()}

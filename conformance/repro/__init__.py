@@ -1,5 +1,9 @@
 """`remat-conformance repro`: standalone Python scripts that reproduce one finding.
 
+The default is the short repro (conformance.repro.short: the program as plain framework code,
+the evidence printed with the framework's own tools, exit 1 while it reproduces); the generic
+script below is `repro --full`.
+
 A script imports only the framework (jax or torch), numpy and the standard library. It
 builds the shrunk program as straight-line code from the same lowering tables the
 pipelines compile (checkpoint regions as functions passed to `jax.checkpoint` /
@@ -17,5 +21,6 @@ embed scripts for both; it never imports the CLI.
 from conformance.repro.emit import pseudo_code
 from conformance.repro.plan import ReproError, frameworks_for
 from conformance.repro.script import generate
+from conformance.repro.short import short_repro
 
-__all__ = ["ReproError", "frameworks_for", "generate", "pseudo_code"]
+__all__ = ["ReproError", "frameworks_for", "generate", "pseudo_code", "short_repro"]

@@ -1,6 +1,7 @@
 """The `repro` subcommand."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from conformance import pipelines as registry
@@ -14,7 +15,7 @@ COMMAND = "repro"
 
 
 def configure_parser(subparsers) -> None:
-    p = subparsers.add_parser("repro", help="write a standalone reproducer script for a finding",
+    p = subparsers.add_parser("repro", help="write a short standalone reproducer script for a finding (--full: the generic one)",
                               description="Print (or write) a standalone Python script, importing only the "
                                           "framework and numpy, that reproduces a corpus entry's finding.")
     p.add_argument("file", metavar="ENTRY_OR_PROGRAM", help="corpus entry (corpus/<check>-<pipeline>-<hash8>.json) or bare program JSON")
@@ -23,6 +24,10 @@ def configure_parser(subparsers) -> None:
     p.add_argument("--pipeline", default=None, help="pipeline to run (default: the finding's)")
     p.add_argument("--seed", type=seed, default=0, help="input seed for bare programs (0 <= seed < 2**32)")
     p.add_argument("--out", default=None, help="write the script to FILE (default: stdout)")
+    p.add_argument("--full", action="store_true",
+                   help="write the generic script (every pipeline's settings, the harness's checker) instead of the "
+                        "short one (the program as plain framework code, its evidence, exit 1 while it reproduces); "
+                        "bare programs, another --framework or a --pipeline always get the generic script")
 
 
 def main(args) -> int:
@@ -33,9 +38,18 @@ def main(args) -> int:
     fw = args.framework or frameworks_for(finding)[0]
     if args.pipeline is not None and args.pipeline not in registry.known_names():
         raise UsageError(f"--pipeline: unknown pipeline {args.pipeline!r}; known: {', '.join(registry.known_names())}")
+    src = None
+    own = finding is not None and registry.framework_of(finding.pipeline) == fw
+    if not args.full and own and args.pipeline in (None, finding.pipeline):
+        from conformance.repro.short import short_repro
+        try:
+            src = short_repro(prog, inputs, finding, fw)
+        except ReproError as e:   # no short form: the generic script, said so
+            print(f"note: {args.file}: no short repro ({e}); writing the generic one", file=sys.stderr)
     try:
-        src = generate(prog, inputs, finding, fw, args.pipeline,
-                       filename=Path(args.out).name if args.out else "repro.py")
+        if src is None:
+            src = generate(prog, inputs, finding, fw, args.pipeline,
+                           filename=Path(args.out).name if args.out else "repro.py")
     except ReproError as e:
         raise UsageError(f"{args.file}: {e}") from None
     if args.out:

@@ -1,0 +1,325 @@
+"""The short PyTorch repro: the program as plain PyTorch (torch.utils.checkpoint with a SAC
+policy_fn written out for the region's policy, custom rules as torch.autograd.Function,
+torch.compile for compiled pipelines), the exact inputs, the pipeline and its reference side by
+side with a saved_tensors_hooks listing, a print in the rule, the exception or both gradients,
+and the verdict."""
+from __future__ import annotations
+
+import re
+
+from conformance import pipelines as registry
+from conformance.ir import Checkpoint, walk
+from conformance.ops import NAME_OP, NAME_OPS
+from conformance.pipelines import torch_table
+from conformance.policy import decide, thresholds
+from conformance.repro.emit_torch import TorchEmitter
+from conformance.repro.plan import ReproError, settings
+from conformance.repro.short_common import (array_text, dead_code_removed, error_sentence, fold_returns, header,
+                                             used_helpers)
+
+TAG = '''@torch.library.custom_op("rc::tag", mutates_args=())
+def tag(x: torch.Tensor, name: str) -> torch.Tensor:   # checkpoint_name: an identity op carrying a name
+    NAMED[name] = x.detach().clone()
+    return x.clone()
+
+
+tag.register_fake(lambda x, name: torch.empty_like(x))
+tag.register_autograd(lambda ctx, g: (g, None), setup_context=lambda ctx, inputs, output: None)'''
+
+
+def _packets() -> dict[str, list[tuple[str, bool]]]:
+    by: dict = {}
+    for op, low in torch_table.OPS.items():
+        if op in NAME_OPS:
+            continue
+        for pk in low.policy_ops:
+            by.setdefault(pk, []).append((op, False))
+        for pk in low.batched_ops:
+            by.setdefault(pk, []).append((op, True))
+    return by
+
+
+def policy_fn(policy, names: list[str], fn: str, prefer: bool) -> str:
+    """A SAC policy_fn for one region's policy, decided by the one policy meaning."""
+    if thresholds(policy):
+        raise ReproError("a policy deciding on element counts has no short form (use --full)")
+    pol = "CheckpointPolicy.PREFER_" if prefer else "CheckpointPolicy.MUST_"
+    default = decide(policy, None, None, False, None)
+    ds = {pk: {decide(policy, op, None, b, None) for op, b in kinds} for pk, kinds in _packets().items()}
+    ds = {pk: "save" if "save" in d else "offload" if "offload" in d else "recompute" for pk, d in ds.items()}
+    named = {n: decide(policy, NAME_OP, n, False, None) for n in names}
+    if "offload" in set(ds.values()) | set(named.values()) | {default}:
+        raise ReproError("an offloading policy has no short form (use --full)")
+    other = "recompute" if default == "save" else "save"
+    odd = sorted(pk for pk, d in ds.items() if d != default)
+    odd_names = sorted(n for n, d in named.items() if d != default)
+    word = {"save": "SAVE", "recompute": "RECOMPUTE"}
+    lines = [f"def {fn}(ctx, op, *args, **kwargs):   # {policy.kind}"]
+    if odd_names:
+        lines += ["    if op.overloadpacket is torch.ops.rc.tag:",
+                  f"        return {pol}{word[other]} if args[1] in {tuple(odd_names)!r} else {pol}{word[default]}"]
+    if odd:
+        lines.append(f"    return {pol}{word[other]} if op.overloadpacket in ({', '.join(odd)},) else {pol}{word[default]}")
+    else:
+        lines.append(f"    return {pol}{word[default]}")
+    return "\n".join(lines)
+
+
+class ShortTorchEmitter(TorchEmitter):
+    def __init__(self, prog, probe="", remat_helper=False, prefer=False, hooks=False, compile_inside=None, f64=False):
+        super().__init__(prog)
+        self.probe, self.remat_helper, self.prefer, self.hooks = probe, remat_helper, prefer, hooks
+        self.compile_inside, self.f64 = compile_inside, f64
+
+    def dtype(self, name):
+        return "torch.float64" if self.f64 and name.startswith(("float", "bfloat")) else f"torch.{name}"
+
+    def op_text(self, op, args, params, nondiff):
+        src = super().op_text(op, args, params, nondiff)
+        return re.sub(r"dt\('(\w+)'\)", lambda m: self.dtype(m.group(1)), src)
+
+    def zeros(self, vid):
+        shp, dtype = self.types[vid]
+        return f"torch.zeros({tuple(shp)!r}, dtype={self.dtype(dtype)})"
+
+    @staticmethod
+    def seq(xs):
+        return xs[0] if len(xs) == 1 else "(" + ", ".join(xs) + ")"
+
+    def region(self, s, path, ind, nd):
+        if s.tree != "flat" or s.static_flag:
+            raise ReproError(f"{path}: a region taking a pytree or a static flag has no short form (use --full)")
+        k = self.next_id()
+        fn = f"region_{k}"
+        args, res = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
+        src = [f"def {fn}({', '.join(args)}):   # checkpoint region {path}"]
+        src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {self.seq(res)}"]
+        self.defs.append(fold_returns("\n".join(src)))
+        kw = ", use_reentrant=False"
+        if s.policy.kind != "no_policy":
+            self.defs.append(policy_fn(s.policy, self.names, f"policy_{k}", self.prefer))
+            kw += f", context_fn=partial(create_selective_checkpoint_contexts, policy_{k})"
+            if self.hooks:
+                kw += ", respect_saved_tensors_hooks=True"
+        target = f"torch.compile({fn}, backend={self.compile_inside!r})" if self.compile_inside else fn
+        return [f"{ind}{self.seq(res)} = checkpoint({target}, {', '.join(args)}{kw})   # {path}"]
+
+    def block(self, s, path, ind):
+        if s.tree != "flat" or s.perturbed_branch or s.residual_tree != "tuple" or s.nondiff:
+            raise ReproError(f"{path}: this custom rule's spelling has no short form (use --full)")
+        cls = f"Block{self.next_id()}"
+        _, args, results, resid, cts, _ = self.block_names(s)
+        ret = [self.n[r] if r else "None" for r, a in zip(s.bwd_results, s.args)]
+        src = [f"class {cls}(torch.autograd.Function):   # custom rule {path}", "    @staticmethod",
+               f"    def forward(ctx, {', '.join(args)}):"]
+        if s.symbolic_zeros:
+            src.append("        ctx.set_materialize_grads(False)   # zero cotangents as None")
+        src += self.body(s.fwd, "        ", path + ".fwd", None)
+        if resid:
+            src.append(f"        ctx.save_for_backward({', '.join(resid)})")
+        if s.non_differentiable:
+            src.append(f"        ctx.mark_non_differentiable({', '.join(self.n[r] for r in s.non_differentiable)})")
+        src += [f"        return {', '.join(results)}", "", "    @staticmethod"]
+        if s.once_differentiable:
+            src.append("    @torch.autograd.function.once_differentiable")
+        src.append(f"    def backward(ctx, {', '.join(cts)}):")
+        if self.probe == "events":
+            kinds = ", ".join(f"None if {c} is None else bool({c}.any())" for c in cts)
+            src.append(f'        SEEN.add(f"{cls}.backward: cotangent nonzero {{[{kinds}]}}")')
+        if resid:
+            src.append(f"        {self.seq(resid)}, = ctx.saved_tensors" if len(resid) == 1 else
+                       f"        {', '.join(resid)} = ctx.saved_tensors")
+        if s.symbolic_zeros:
+            src += [f"        {c} = {self.zeros(r)} if {c} is None else {c}" for c, r in zip(cts, s.results)]
+        src += self.body(s.bwd, "        ", path + ".bwd", None)
+        if s.bwd_branch:
+            src += [f"        if bool(torch.sum({cts[0]}) < 0):", f"            {ret[0]} = {ret[0]} * 2"]
+        src.append(f"        return {', '.join(ret)}")
+        self.defs.append(fold_returns("\n".join(src)))
+        return [f"{ind}{', '.join(results)} = {cls}.apply({', '.join(args)})"]
+
+    def jvp_block(self, s, path, ind):
+        raise ReproError("PyTorch has no custom_jvp")
+
+    def function(self):
+        lines = self.body(self.prog.body, "    ", "body", None)
+        outs = [self.n[o] for o in self.prog.outputs]
+        n = len(outs) - self.prog.diff.aux
+        diff = [self.n[i.id] for i in self.prog.diff_inputs()]
+        src = f"def f({', '.join(diff)}):\n" + "\n".join(lines) + "\n    return " + " + ".join(
+            f"torch.sum({o})" for o in outs[:n])
+        return "\n\n\n".join(d.rstrip() for d in self.defs), fold_returns(src)
+
+
+_SIMPLE = ("reentrant", "checks_off", "backward_twice", "dynamic", "graph_break", "sequential")
+
+
+def _side_args(st: dict, vary: set) -> str:
+    parts = []
+    if "backend" in vary:
+        parts.append(f"backend={st['backend']!r}")
+    if "memory_budget" in vary:
+        parts.append(f"budget={st['memory_budget']!r}")
+    if "f64" in vary:
+        parts.append(f"dtype=torch.{'float64' if st['f64'] else 'float32'}")
+    if "remat" in vary:
+        parts.append(f"remat={st['remat']}")
+    return ", ".join(parts)
+
+
+def script(prog, inputs, finding) -> str:
+    from oracles.gradients import tolerance
+    check, pipe, ref = finding.check, finding.pipeline, finding.reference
+    if prog.diff.batch or prog.diff.cotangents != "ones" or prog.diff.aux:
+        raise ReproError("per-example, seeded-cotangent or auxiliary-output programs have no short form (use --full)")
+    if check == "error":
+        others = [p for p in finding.detail.get("status_differs_from") or [] if registry.framework_of(p) == "torch"]
+        ref = others[-1] if others else None
+    elif check not in ("residuals", "custom_rule", "gradient") or not registry.runs_in(ref, "torch"):
+        raise ReproError(f"the {check} check against {ref} has no short form (use --full)")
+    sides = [(p, settings(p, "torch", finding)) for p in ([ref] if ref else []) + [pipe]]
+    for p, st in sides:
+        if any(st.get(k) for k in _SIMPLE) or st.get("policy_state") or st["partitioner"] != "min_cut":
+            raise ReproError(f"{p}: its checkpoint options have no short form (use --full)")
+    rival = sides[-1][1]
+    prog = dead_code_removed(prog)
+    has_ck = any(isinstance(s, Checkpoint) for s, _, _, _ in walk(prog.body))
+    vary = {k for k in ("backend", "memory_budget", "f64", "remat") if len({str(st[k]) for _, st in sides}) > 1
+            or (k == "backend" and rival["backend"] and not rival["compile_inside"])}
+    if not has_ck:
+        vary.discard("remat")
+    if rival["compile_inside"]:
+        vary.discard("backend")
+    probe = "events" if check == "custom_rule" else ""
+    e = ShortTorchEmitter(prog, probe=probe, remat_helper="remat" in vary, prefer=rival["prefer"],
+                          hooks=check == "residuals", compile_inside=rival["backend"] if rival["compile_inside"] else None)
+    defs, fsrc = e.function()
+    names = torch_table.program_names(prog)
+    diff = [e.n[i.id] for i in prog.diff_inputs()]
+    d = ", ".join(diff)
+    n = len(diff)
+    params = ", ".join(x.split("=")[0] + "=" + {"backend": "None", "budget": "1.0", "dtype": "torch.float32",
+                                                  "remat": "True"}[x.split("=")[0]]
+                       for x in _side_args(rival, vary).split(", ") if x)
+    head = [f"def run({params}):"]
+    if "remat" in vary:
+        head += ["    global REMAT", "    REMAT = remat"]
+    if rival["backend"]:
+        head.append("    torch._dynamo.reset()")
+    if "memory_budget" in vary:
+        head.append("    torch._functorch.config.activation_memory_budget = budget")
+    if "dropout" in defs + fsrc:
+        head.append("    torch.manual_seed(0)")
+    xs = f"[x.to({'dtype' if 'f64' in vary else 'torch.float32'}).requires_grad_() for x in ({d},)]" \
+        if "f64" in vary else f"[{d}]"
+    fn = "torch.compile(f, backend=backend) if backend else f" if "backend" in vary else "f"
+    head += [f"    xs = {xs}"] if "f64" in vary else []
+    args = "*xs" if "f64" in vary else d
+    xs_name = "xs" if "f64" in vary else f"[{d}]"
+    grad_line = f"torch.autograd.grad(({fn})({args}), {xs_name})" if "backend" in vary else \
+        f"torch.autograd.grad(f({args}), {xs_name})"
+    if "backend" in vary:
+        head.append(f"    fn = {fn}")
+        grad_line = f"torch.autograd.grad(fn({args}), {xs_name})"
+    call = lambda p, st: f"run({_side_args(st, vary)})   # {p}"   # noqa: E731
+    pre = []
+    if check == "residuals":
+        pre.append("SAVED = []   # what the forward saves for backward (saved_tensors_hooks)")
+        body = head + [
+            "    SAVED.clear()", "    with torch.autograd.graph.saved_tensors_hooks(lambda t: SAVED.append(t) or t, lambda t: t):",
+            f"        loss = {'fn' if 'backend' in vary else 'f'}({args})",
+            f"    torch.autograd.grad(loss, {xs_name})"]
+        if names:
+            body += ["    held = sorted(n for n, v in NAMED.items() if any(t.shape == v.shape and torch.equal(t, v) for t in SAVED))",
+                     "    print(f'  saves {[(tuple(t.shape), t.dtype) for t in SAVED]}; named values among them: {held}')",
+                     "    return held"]
+            what = "the named values saved differ"
+        else:
+            body += ["    held = sum(t.nbytes for t in SAVED)",
+                     "    print(f'  saves {[(tuple(t.shape), t.dtype) for t in SAVED]}: {held} bytes')", "    return held"]
+            what = "more bytes saved" if finding.error_type == "saved_bytes_grew" else "different residuals"
+        cond = "rival > reference" if finding.error_type == "saved_bytes_grew" else "rival != reference"
+        body += ["", "", f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}"]
+        verdict = f'raise SystemExit("REPRODUCES: {what}" if {cond} else 0)   # 0: fixed'
+    elif check == "custom_rule":
+        pre.append("SEEN = set()   # what the custom rules saw")
+        body = head + ["    SEEN.clear()", f"    {grad_line}", "    print(sorted(SEEN))", "    return SEEN.copy()",
+                       "", "", f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}"]
+        verdict = ('raise SystemExit("REPRODUCES: the custom rules saw different cotangents" '
+                   'if not rival <= reference else 0)   # 0: fixed (a compiled run sees only what eager sees)')
+    elif check == "gradient":
+        mode = "tight" if registry.role_of(ref) == registry.BASELINE or registry.framework_of(ref) == "torch" else "loose"
+        if registry.role_of(ref) == registry.VALUE:
+            mode = "loose"
+        rtol, atol = tolerance(prog, mode)
+        loss = f"{'fn' if 'backend' in vary else 'f'}({args})"
+        body = head + [f"    loss = {loss}   # (no grad_fn: every output non-differentiable, the gradients are 0)",
+                       f"    g = torch.autograd.grad(loss, {xs_name}) if loss.requires_grad else "
+                       f"[torch.zeros_like(x) for x in {xs_name}]",
+                       "    print([a.tolist() for a in g])", "    return [a.double() for a in g]", "", "",
+                       f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}",
+                       f"RTOL, ATOL = {rtol:.3g}, {atol:.3g}   # the harness's tolerance",
+                       "bad = [k for k, (a, b) in enumerate(zip(rival, reference))",
+                       "       if not torch.allclose(a, b, rtol=RTOL, atol=ATOL * max(1.0, b.abs().max().item()))]"]
+        verdict = 'raise SystemExit(f"REPRODUCES: gradients {bad} differ beyond the tolerance" if bad else 0)   # 0: fixed'
+    else:   # error
+        stage = _second_order(prog, fn if "backend" in vary else "f", args, xs_name) if prog.diff.order == 2 else [grad_line]
+        body = head + ["    try:"] + [f"        {x}" for x in stage] + [
+            "    except Exception as e:", "        print('  raised', f'{type(e).__name__}: {e}'[:500])", "        return e",
+            "    print('  raised nothing')", "", ""]
+        body += [f"reference = {call(*sides[0])}"] if len(sides) > 1 else []
+        body.append(f"rival = {call(*sides[-1])}")
+        exp = finding.detail.get("expected") if isinstance(finding.detail.get("expected"), dict) else None
+        if exp:
+            typ = "" if exp.get("type", ".*") == ".*" else f"re.search({exp['type']!r}, type(rival).__name__) and "
+            cond = f"not (rival and {typ}re.search({exp.get('regex', '')!r}, str(rival)))"
+            verdict = f'raise SystemExit("REPRODUCES: expected an error, none (or another) raised" if {cond} else 0)'
+        else:
+            et = finding.error_type
+            verdict = (f'raise SystemExit("REPRODUCES: it raises {et}" if type(rival).__name__ == {et!r} else 0)'
+                       f"   # 0: fixed")
+    body_src = "\n".join(body)
+    code_all = defs + fsrc + body_src + verdict
+    imports = []
+    for cond, line in (("re.search(" in code_all, "import re"), ("partial(" in code_all, "from functools import partial"),
+                       (True, "import torch")):
+        if cond:
+            imports.append(line)
+    cp = [x for x in ("CheckpointPolicy", "create_selective_checkpoint_contexts") if x in code_all]
+    if has_ck and "remat" not in vary:
+        cp.insert(0, "checkpoint")
+    if cp:
+        imports.append(f"from torch.utils.checkpoint import {', '.join(cp)}")
+    A = "A." in code_all
+    if A:
+        pre.insert(0, "A = torch.ops.aten")
+    if names:
+        pre.insert(0, "NAMED = {}   # checkpoint name -> its value (the tag op records it)")
+    if "remat" in vary:
+        pre += ["", "", "def checkpoint(fn, *args, **kw):   # REMAT False: the no-checkpoint reference",
+                "    return torch.utils.checkpoint.checkpoint(fn, *args, **kw) if REMAT else fn(*args)"]
+    ins = []
+    for i in prog.inputs:
+        lit = f"torch.tensor({array_text(inputs[i.id], i.dtype)}, dtype=torch.{i.dtype}" + (
+            ", requires_grad=True)" if i.diff else ")   # not differentiated")
+        ins.append(f"{e.n[i.id]} = {lit}")
+    sentence = {"residuals": "{P} saves other tensors for backward than {R} (a saved_tensors_hooks listing).",
+                "custom_rule": "The autograd.Function's backward gets other cotangents under {P} than under {R}.",
+                "gradient": "{P} computes gradients that differ from {R} beyond the tolerance.",
+                "error": ""}[check].format(P=pipe, R=ref) or error_sentence(finding, ref)
+    parts = [header(finding, sentence), "\n".join(imports), TAG if names else "", "\n".join(pre),
+             used_helpers(torch_table.PRELUDE, code_all), "\n".join(ins), defs, fsrc, body_src, verdict]
+    return "\n\n\n".join(x.strip("\n") for x in parts if x.strip()) + "\n"
+
+
+def _second_order(prog, fn, args, xs):
+    mode = prog.diff.mode
+    if mode == "reverse":
+        return [f"gs = torch.autograd.grad({fn}({args}), {xs}, create_graph=True)",
+                f"torch.autograd.grad(sum(g.sum() for g in gs), {xs})"]
+    if mode == "rev_over_fwd":   # grad of the jvp of the loss along ones
+        return ["import torch.autograd.forward_ad as fwAD",
+                "with fwAD.dual_level():",
+                f"    jvp = fwAD.unpack_dual({fn}(*[fwAD.make_dual(x, torch.ones_like(x)) for x in {xs}])).tangent",
+                f"torch.autograd.grad(jvp, {xs})"]
+    raise ReproError(f"second order ({mode}) has no short PyTorch form (use --full)")

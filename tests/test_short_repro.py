@@ -1,0 +1,115 @@
+"""The short repro (`remat-conformance repro ENTRY`, conformance.repro.short): for every corpus
+program, the script runs standalone (its own process, a temporary directory, without the
+project on the path) and exits 1 while the behaviour reproduces (see corpus_cases for the
+expected status); over the corpus it stays short."""
+from __future__ import annotations
+
+import ast
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.repro.plan import ReproError
+from conformance.repro.short import code_lines, short_repro
+
+CORPUS = Path(__file__).parent / "regressions"
+MEDIAN_LINES, MAX_LINES = 30, 60
+ALLOWED_IMPORTS = {"jax", "torch", "numpy", "sys", "re", "functools", "collections"}
+SLOW: set[str] = set()   # ids of cases whose script takes over 20 s (none at present: torch ones take ~6 s)
+
+
+def corpus_cases():
+    """(id, program, inputs, finding, expected exit status) for every program of the corpus:
+    each root's variants (or a plain entry). A short repro exits 1 while the framework still does
+    what the finding describes: 0 for a harness artifact (a root of class `harness`: plain code
+    does not show it) and for a finding key status.json lists as fixed (the behaviour is gone, or
+    a constructed conforming guard); a root listed there as now *expected* (class documented, say)
+    still reproduces in plain code: 1."""
+    from conformance.loading import corpus_fixed_keys, load_corpus_root
+    fixed = corpus_fixed_keys(CORPUS)
+    out = []
+    for path in sorted(CORPUS.glob("*.json")):
+        if path.name == "status.json":
+            continue
+        root, variants = load_corpus_root(str(path))
+        harness = root is not None and root.triage is not None and root.triage.class_ == "harness"
+        for name, prog, inputs, finding in variants:
+            gone = harness or "|".join(finding.key()) in fixed
+            out.append((f"{path.stem}/{name}", prog, inputs, finding, 0 if gone else 1))
+    return out
+
+
+CASES = corpus_cases()
+_SOURCES: dict[str, str] = {}
+
+
+def source(case) -> str:
+    cid, prog, inputs, finding, _ = case
+    if cid not in _SOURCES:
+        _SOURCES[cid] = short_repro(prog, inputs, finding)
+    return _SOURCES[cid]
+
+
+def run_standalone(src: str, tmp_path: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    script = tmp_path / "repro.py"
+    script.write_text(src)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    return subprocess.run([sys.executable, script.name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _param(case):
+    marks = [pytest.mark.slow] if case[0] in SLOW else []
+    return pytest.param(case, id=case[0], marks=marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_short_repro_runs_standalone(case, tmp_path):
+    cid, _, _, finding, want = case
+    r = run_standalone(source(case), tmp_path)
+    assert r.returncode == want, (f"{cid}: exit {r.returncode}, want {want}\n--- stdout\n{r.stdout[-3000:]}"
+                                  f"\n--- stderr\n{r.stderr[-3000:]}")
+    if want == 1:
+        assert "REPRODUCES" in r.stderr, r.stderr[-2000:]
+    assert r.stdout.strip(), f"{cid}: the script printed no evidence"
+
+
+def test_short_repros_are_short():
+    counts = {c[0]: code_lines(source(c)) for c in CASES}
+    assert statistics.median(counts.values()) <= MEDIAN_LINES, sorted(counts.items(), key=lambda kv: kv[1])
+    assert max(counts.values()) <= MAX_LINES, max(counts.items(), key=lambda kv: kv[1])
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c[0]) for c in CASES])
+def test_short_repro_imports_only_the_framework(case):
+    src = source(case)
+    tree = ast.parse(src)
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert mods <= ALLOWED_IMPORTS, mods - ALLOWED_IMPORTS
+    assert "conformance" not in src.replace("remat-conformance", "") and "oracles" not in src
+    assert src.startswith("#!/usr/bin/env python3\n")
+    assert "print(" in src   # the evidence
+
+
+def test_short_repro_refuses_what_it_cannot_write():
+    _, prog, inputs, finding, _ = next(c for c in CASES if c[3].pipeline.startswith("jax:"))
+    with pytest.raises(ReproError, match="bare program"):
+        short_repro(prog, inputs, None)
+    with pytest.raises(ReproError, match="--full"):
+        short_repro(prog, inputs, finding, "torch")
+
+
+def test_cli_repro_is_short_by_default_and_full_on_request(tmp_path):
+    from conformance.cli import main as cli_main
+    path = CORPUS / "remat3-no-zero-propagation.json"
+    short, full = tmp_path / "short.py", tmp_path / "full.py"
+    assert cli_main(["repro", str(path), "--out", str(short)]) == 0
+    assert cli_main(["repro", str(path), "--full", "--out", str(full)]) == 0
+    s, f = short.read_text(), full.read_text()
+    assert code_lines(s) <= MAX_LINES < code_lines(f)
+    assert "raise SystemExit(" in s and "def check_residuals" in f
