@@ -119,10 +119,13 @@ def replay_pipelines(key: tuple) -> list[str]:
 
 
 def sibling_keys(j, key: tuple) -> list[list[str]]:
-    """The keys other than `key` of the same check and error type that judgement `j` fails: the
-    pipelines a finding's program also fails the same way (its `reproduces`)."""
+    """The keys other than `key` that judgement `j` fails of the same check and error type (the
+    pipelines a finding's program also fails the same way), or of the same root family under
+    another label (a wrong gradient against another reference): the finding's `reproduces`."""
+    fam = family_key(*key[:3])
     return sorted([list(v.key()) for v in j.failures()
-                   if v.check == key[0] and (v.error_type or "") == key[3] and v.key() != tuple(key)])
+                   if v.check == key[0] and v.key() != tuple(key)
+                   and ((v.error_type or "") == key[3] or family_key(*v.key()[:3]) == fam)])
 
 
 def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,

@@ -11,7 +11,7 @@ from conformance import pipelines as registry
 from conformance.ir import Checkpoint, walk
 from conformance.ops import NAME_OP, NAME_OPS
 from conformance.pipelines import torch_table
-from conformance.policy import decide, thresholds
+from conformance.policy import NoPolicy, decide, thresholds
 from conformance.repro.emit_torch import TorchEmitter
 from conformance.repro.plan import ReproError, settings
 from conformance.repro.short_common import (array_text, dead_code_removed, error_sentence, fold_returns, header,
@@ -96,7 +96,7 @@ class ShortTorchEmitter(TorchEmitter):
         src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {self.seq(res)}"]
         self.defs.append(fold_returns("\n".join(src)))
         kw = ", use_reentrant=False"
-        if s.policy.kind != "no_policy":
+        if not isinstance(s.policy, NoPolicy):
             self.defs.append(policy_fn(s.policy, self.names, f"policy_{k}", self.prefer))
             kw += f", context_fn=partial(create_selective_checkpoint_contexts, policy_{k})"
             if self.hooks:
@@ -208,7 +208,7 @@ def script(prog, inputs, finding) -> str:
         head.append("    torch._dynamo.reset()")
     if "memory_budget" in vary:
         head.append("    torch._functorch.config.activation_memory_budget = budget")
-    if "dropout" in defs + fsrc:
+    if "random" in prog.features():   # the generator seeded as the harness seeds it
         head.append("    torch.manual_seed(0)")
     xs = f"[x.to({'dtype' if 'f64' in vary else 'torch.float32'}).requires_grad_() for x in ({d},)]" \
         if "f64" in vary else f"[{d}]"
