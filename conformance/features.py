@@ -275,12 +275,15 @@ def sequential_runs(prog: Program) -> dict[int, int]:
 
 
 def _dead_in_early_iterations(prog: Program) -> bool:
-    """A random op in a scan body (of 2 or more iterations) whose value reaches no ys and no carry
-    that a live value of the next iteration reads: every iteration's draw but the last one's is
-    dead code."""
+    """A random op in a scan body whose value reaches no ys and no carry that a live value of the
+    next iteration reads (of 2 or more iterations: every iteration's draw but the last one's is
+    dead code), or, in the last iteration, no ys and no final carry the program reads."""
+    program_live = None
     for s, _, _, _ in walk(prog.body):
-        if not isinstance(s, Scan) or s.length < 2:
+        if not isinstance(s, Scan):
             continue
+        if program_live is None:
+            program_live = live_values(prog)
         body = [st for st, _, _, ctx in walk(s.body) if isinstance(st, Op)]
 
         def closure(live):
@@ -292,10 +295,12 @@ def _dead_in_early_iterations(prog: Program) -> bool:
                         live |= set(st.args)
                         changed = True
             return live
-        last = closure(set(s.ys) | set(s.carry_out))   # the last iteration: its carries are results
+        # the last iteration: its carries are the scan's final results (live when the program reads them)
+        final = {o for o, r in zip(s.carry_out, s.results[:len(s.carry)]) if r in program_live}
+        last = closure(set(s.ys) | final)
         # an earlier iteration: what reaches the ys or a carry the last iteration's live values read
         live = closure(set(s.ys) | {o for c, o in zip(s.carry, s.carry_out) if c in last})
-        if any("random" in O.OPS[st.op].features and st.out not in live for st in body):
+        if any("random" in O.OPS[st.op].features and st.out not in (live if s.length > 1 else last) for st in body):
             return True
     return False
 

@@ -9,7 +9,8 @@ check and is a variant of the root, listed inside it with counts:
   labels     residual symptoms (missing / extra / other / named), trace counters, custom-rule
              fields (perturbed / fwd_ran / symbolic_zero_cts), an error's type;
   policies   the policy kinds a failing program used;
-  features   dtypes and op families (matmul, nonsmooth, cast...) the program happened to have.
+  features   dtypes, op families (matmul, nonsmooth, cast...) and spellings (a rule's static
+             arguments, a residual that is an argument...) the program happened to have.
 Rules suggest a class for a new root (`suggest_triage`); a person confirms it in the corpus.
 """
 from __future__ import annotations
@@ -23,6 +24,12 @@ DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 # with another op alike (a dead matmul or sin in a custom_vjp fwd).
 OP_FAMILIES = frozenset({"matmul", "batch_matmul", "conv", "nonsmooth", "cast", "slicing", "layout", "reduction",
                          "view"})
+# How a construct is spelled rather than what it does: a rule's static arguments, a residual that
+# is an argument or a result, a result nothing reads, seeded cotangents, pytrees. Variants of a
+# root, like the op families; a lax.switch is a cond of three branches.
+SPELLINGS = frozenset({"custom_gradient", "nondiff_args", "residual_is_arg", "residual_is_result", "unused_result", "seeded_cotangents",
+                       "region_pytree", "rule_pytree", "residual_pytree", "static_argnums"})
+SAME_AS = {"switch": "cond"}
 # References that stand for "the values without remat": one family.
 VALUE_FAMILY = "values"
 _VALUE_REFERENCES = ("ref:f64", "jax:none", "torch:none")
@@ -45,12 +52,14 @@ def pipeline_family(name: str) -> str:
 
 
 def is_variant_feature(feature: str) -> bool:
-    return feature.startswith("policy:") or feature in DTYPES or feature in OP_FAMILIES or feature.startswith("op:")
+    return (feature.startswith("policy:") or feature in DTYPES or feature in OP_FAMILIES or feature in SPELLINGS
+            or feature.startswith("op:"))
 
 
 def root_features(features) -> list[str]:
-    """The features a root is keyed on: the signature's, less the variant dimensions."""
-    return [f for f in signature_features(features) if not is_variant_feature(f)]
+    """The features a root is keyed on: the signature's, less the variant dimensions, spellings of
+    one construct read as one."""
+    return sorted({SAME_AS.get(f, f) for f in signature_features(features) if not is_variant_feature(f)})
 
 
 def family_key(check: str, pipeline: str, reference: str) -> tuple[str, str, str]:
@@ -67,8 +76,34 @@ def root_key(f: Finding) -> str:
     raised = error_root(f.detail) if f.check == "error" else None
     what = raised if raised is not None else "+".join(root_features(f.features))
     if f.check == "error" and raised is None:
-        what = f"{f.error_type or 'none'}:{what}"
+        # an error the expectations ask for that did not come: the expectation that asked is the root
+        what = f"{f.error_type or 'none'}:" + (f"expectation {f.expectation}" if f.expectation else what)
     return f"{check}|{pfam}|{rfam}|{what}"
+
+
+def _same_label(check: str, a: str, b: str) -> bool:
+    """Labels of one shrunk behaviour: equal, or (trace_count) naming a counter in common."""
+    if (a or "-") == (b or "-"):
+        return True
+    return check == "trace_count" and bool(set((a or "").split("+")) & set((b or "").split("+")))
+
+
+# Options of a custom rule that the reductions cannot turn off without rewriting the rule: two
+# shrunk programs of one family and label that differ only by these are one root.
+RULE_OPTIONS = frozenset({"symbolic_zeros", "optimize_remat", "nondiff_input", "bwd_none", "once_differentiable",
+                          "perturbed_branch"})
+
+
+def nested_roots(f: Finding, g: Finding) -> bool:
+    """One shrunk program has all the root features of the other and only rule options besides,
+    with the same label in one family: the smaller program is the root, the larger a variant whose
+    options the reductions could not turn off."""
+    if family_key(f.check, f.pipeline, f.reference) != family_key(g.check, g.pipeline, g.reference):
+        return False
+    if f.check == "error" or not _same_label(f.check, f.error_type, g.error_type):
+        return False
+    a, b = set(root_features(f.features)), set(root_features(g.features))
+    return (a <= b or b <= a) and (a ^ b) <= RULE_OPTIONS
 
 
 def labels_seen(f: Finding) -> set[str]:
@@ -84,7 +119,7 @@ def variant_values(pipelines, label: str, features) -> dict[str, list[str]]:
     feats = set(features)
     return {"pipelines": list(dict.fromkeys(pipelines)), "labels": [label or "-"],
             "policies": sorted(f.removeprefix("policy:") for f in feats if f.startswith("policy:")),
-            "features": sorted(f for f in feats if f in DTYPES or f in OP_FAMILIES)}
+            "features": sorted(f for f in feats if f in DTYPES or f in OP_FAMILIES or f in SPELLINGS)}
 
 
 def record_variant(f: Finding, values: dict[str, list[str]], when: float | None, count: int = 1) -> None:

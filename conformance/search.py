@@ -40,7 +40,8 @@ from conformance import pipelines as registry
 from conformance.findings import Finding, error_root, make_finding
 from conformance.ir import Program
 from conformance.reduce import candidates
-from conformance.roots import family_key, labels_seen, merge_variants, pipelines_seen, root_features, root_key
+from conformance.roots import (family_key, labels_seen, merge_variants, nested_roots, pipelines_seen, root_features,
+                             root_key)
 from conformance.verdict import CHECK_RANK, Verdict
 from generators.programs import Config, cases, input_values
 from generators.swarm import focus_features
@@ -184,7 +185,7 @@ def same_behaviour(f: Finding, g: Finding) -> bool:
     families, and what the shrunk program cannot lose, or the same raise), or the same key shrunk
     to the same or nested feature sets, or raising the same error (findings.error_root), or each
     one's shrunk program fails the other's verdict (siblings: pipeline variants)."""
-    if f.root and f.root == g.root:
+    if f.root and f.root == g.root or nested_roots(f, g):
         return True
     nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
     if f.key() == g.key():

@@ -73,8 +73,8 @@ def test_a_smaller_finding_of_a_tracked_behaviour_stays_tracked():
     kept, changed = merge_finding(findings, smaller)
     assert changed and findings == [kept] and kept is smaller
     assert kept.tracked == "entry.json" and kept.count == 1
-    # a finding of another behaviour (no nesting of core features) is new
-    other = _finding(features=("checkpoint", "policy:ops"))
+    # a finding of another behaviour (another construct, no nesting of root features) is new
+    other = _finding(features=("checkpoint", "scan"))
     kept, changed = merge_finding(findings, other)
     assert changed and kept.tracked is None and len(findings) == 2
 

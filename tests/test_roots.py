@@ -152,3 +152,28 @@ def test_a_wrong_gradient_is_one_root_whichever_reference_showed_it():
     a = _finding("gradient", "torch:compile-aot_eager", "torch:none", "", feats)
     b = _finding("gradient", "torch:compile-inductor", "torch:eager-sac", "cross_value", feats)
     assert root_key(a) == root_key(b) == "gradient|torch:compile|values|custom_vjp+non_differentiable"
+
+
+def test_spellings_and_rule_options_fold_but_constructs_keep_roots_apart():
+    from conformance.roots import nested_roots
+    tc = "trace_count"
+    base = _finding(tc, "jax:remat3+cvjp3", "jax:remat2", "primal_traces", ("custom_vjp",))
+    spelled = _finding(tc, "jax:remat3+cvjp3:jit", "jax:remat2:jit", "primal_traces",
+                       ("custom_vjp", "nondiff_args", "custom_gradient", "unused_result"))
+    assert root_key(base) == root_key(spelled)       # spellings are variants
+    cond = _finding(tc, "jax:remat3+cvjp3", "jax:remat2", "fwd_traces", ("cond", "custom_vjp", "nondiff_input"))
+    switch = _finding(tc, "jax:remat3+cvjp3", "jax:remat2", "bwd_calls+fwd_traces",
+                      ("switch", "custom_vjp", "nondiff_input", "symbolic_zeros"))
+    assert nested_roots(cond, switch)                 # a switch is a cond; symbolic_zeros a rule option
+    assert not nested_roots(base, _finding(tc, "jax:remat3+cvjp3", "jax:remat2", "primal_traces",
+                                           ("cond", "custom_vjp")))   # a construct: another root
+    assert not nested_roots(base, _finding(tc, "jax:remat3+cvjp3", "jax:remat2", "bwd_calls",
+                                           ("custom_vjp", "symbolic_zeros")))   # another label
+
+
+def test_a_missing_expected_error_roots_on_the_expectation_that_asked_for_it():
+    a = _finding("error", "jax:remat3", "expectations", "none", ("custom_vjp", "symbolic_zeros", "scan"), {"got": None})
+    b = _finding("error", "jax:remat3:jit", "expectations", "none", ("custom_vjp", "symbolic_zeros", "random"),
+                 {"got": None})
+    a.expectation = b.expectation = "remat3-symbolic-zeros-fwd-remat"
+    assert root_key(a) == root_key(b) == "error|jax:remat3|expectations|none:expectation remat3-symbolic-zeros-fwd-remat"

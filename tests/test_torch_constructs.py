@@ -338,6 +338,25 @@ def test_a_draw_only_a_later_iteration_overwrites_is_dead_random(reads_carry, de
     assert ("dead_random" in prog.features()) == dead
 
 
+@pytest.mark.parametrize("length", [1, 2])
+@pytest.mark.parametrize("final_carry_read", [False, True])
+def test_a_draw_into_a_final_carry_nothing_reads_is_dead_random(length, final_carry_read):
+    """A scan whose ys are read but whose carry, drawn anew each iteration, the program never reads
+    after the loop: every draw into it is dead code (torch.compile drops it and later draws shift:
+    a default campaign, seed 12, flagged torch:compile-aot_eager's gradient for it before the
+    feature saw a dead final carry)."""
+    from conformance.ir import Scan
+    body = [Op(op="dropout", args=["c"], params={"p": 0.25, "seed": 0}, out="d"),
+            Op(op="dropout", args=["x"], params={"p": 0.5, "seed": 1}, out="m"),
+            Op(op="sum", args=["m"], params={"axis": None}, out="y")]
+    outputs = ["ys", "s"] if final_carry_read else ["ys"]
+    prog = validate(Program(inputs=[Input(id="x", shape=[4], dtype="float32")],
+                            body=[Scan(args=["x", "x"], carry=["c"], body=body, carry_out=["d"], ys=["y"],
+                                       results=["s", "ys"], length=length)],
+                            outputs=outputs))
+    assert ("dead_random" in prog.features()) == (not final_carry_read)
+
+
 # ---- checkpoint_sequential ------------------------------------------------------------------------
 def chained_regions_program() -> Program:
     """Two regions without a policy chained on one value, then an op reading the last result: what

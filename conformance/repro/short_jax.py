@@ -313,14 +313,16 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
     if prog.diff.order == 2:
         h = SECOND_ORDER[prog.diff.mode].format(d=d, argn=argn)
         order2.append(f"    out += jax.jit(lambda {d}: {h})({d})" if jit else f"    out += {h}")
+    # what a rule sees and how often it runs is judged on the whole differentiation (second order too)
+    ran = [f"    {call}"] if prog.diff.order == 1 else order2
     if check == "custom_rule":
-        body = _run_head("seen") + ["    SEEN.clear()", f"    {call}", "    print(flags, sorted(SEEN))",
+        body = _run_head("seen") + ["    SEEN.clear()", *ran, "    print(flags, sorted(SEEN))",
                                     "    return SEEN.copy()", "", "", _calls("seen", sides, False)]
         return "\n".join(body), _verdict("rival != reference", "the custom rules saw different things",
                                          "the custom rules saw the same")
     if check == "trace_count":
         rules = list(dict.fromkeys(re.findall(r'SEEN\["(\w+) ', defs)))
-        body = _run_head("runs") + ["    jax.clear_caches()", "    SEEN.clear()", f"    {call}",
+        body = _run_head("runs") + ["    jax.clear_caches()", "    SEEN.clear()", *ran,
                                     "    print(flags, dict(SEEN))", "    return SEEN.copy()", "", "",
                                     _calls("runs", sides, False),
                                     "traces = lambda c, r: c[r + ' primal'] + c[r + ' fwd']   # moved is not more",
@@ -328,9 +330,11 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
                                     "or 0 < reference[r + ' bwd'] < rival[r + ' bwd']]"]
         return "\n".join(body), _verdict("grew", "rules run more often: {grew}", "no rule runs more often")
     if check == "residuals":
-        vjp = f"jax.jit(lambda {d}: jax.vjp(f, {d})[1])({d})" if jit else f"jax.vjp(f, {d})[1]"
+        aux = ", has_aux=True" if prog.diff.aux else ""   # auxiliary outputs are not differentiated
+        vjp = f"jax.jit(lambda {d}: jax.vjp(f, {d}{aux})[1])({d})" if jit else f"jax.vjp(f, {d}{aux})[1]"
+        loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"
         body = _run_head("saved") + [
-            "    print(flags)", f"    print_saved_residuals(f, {d})",
+            "    print(flags)", f"    print_saved_residuals({loss}, {d})",
             f"    leaves = jax.tree.leaves({vjp})   # what the vjp closure holds",
             "    return sorted((str(x.aval), np.round(np.asarray(x, float), 5).tolist()) for x in leaves)",
             "", "", _calls("saved", sides, False, "reference"), 'print("held:", rival, "vs", reference)']
