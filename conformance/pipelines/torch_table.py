@@ -121,8 +121,8 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None, state=
 '''
 
 
-def kinds_of_source() -> str:
-    """Source of a dict: aten overload packet -> [(IR op kind, batched)], from the table."""
+def kinds_of() -> dict[str, list[tuple[str, bool]]]:
+    """aten overload packet -> [(IR op kind, batched)], from the table."""
     by: dict[str, list] = {}
     for op, low in OPS.items():
         if op in NAME_OPS:
@@ -131,7 +131,12 @@ def kinds_of_source() -> str:
             by.setdefault(pk, []).append((op, False))
         for pk in low.batched_ops:
             by.setdefault(pk, []).append((op, True))
-    return "{" + ", ".join(f"{pk}: {v!r}" for pk, v in by.items()) + "}"
+    return by
+
+
+def kinds_of_source() -> str:
+    """Source of kinds_of()'s dict."""
+    return "{" + ", ".join(f"{pk}: {v!r}" for pk, v in kinds_of().items()) + "}"
 
 
 TAG_PACKET = OPS[NAME_OP].policy_ops[0]

@@ -9,7 +9,7 @@ import re
 
 from conformance import pipelines as registry
 from conformance.ir import Checkpoint, walk
-from conformance.ops import NAME_OP, NAME_OPS
+from conformance.ops import NAME_OP
 from conformance.pipelines import torch_table
 from conformance.policy import NoPolicy, decide, thresholds
 from conformance.repro.emit_torch import TorchEmitter
@@ -28,15 +28,7 @@ tag.register_autograd(lambda ctx, g: (g, None), setup_context=lambda ctx, inputs
 
 
 def _packets() -> dict[str, list[tuple[str, bool]]]:
-    by: dict = {}
-    for op, low in torch_table.OPS.items():
-        if op in NAME_OPS:
-            continue
-        for pk in low.policy_ops:
-            by.setdefault(pk, []).append((op, False))
-        for pk in low.batched_ops:
-            by.setdefault(pk, []).append((op, True))
-    return by
+    return torch_table.kinds_of()
 
 
 def policy_fn(policy, names: list[str], fn: str, prefer: bool) -> str:
