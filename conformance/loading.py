@@ -154,39 +154,37 @@ def _load_root(path: str, obj: dict, limits):
     return root, out
 
 
-def load_program_file(path: str, limits=None):
-    """(program, inputs or None, finding or None) from a corpus entry, a corpus root (its
-    representative variant) or a bare program file."""
+def _load_file(path: str, limits=None):
+    """(CorpusRoot or None, [(name, program, inputs or None, finding or None)]) from one read of a
+    corpus root (its variants), a corpus entry or a bare program file (one, named by the file)."""
+    from pathlib import Path
     from conformance.ir import ProgramError, load_program
     obj = _read_json(path)
     if _is_root(obj):
-        _, variants = _load_root(path, obj, limits)
-        return variants[0][1:]
+        return _load_root(path, obj, limits)
     if isinstance(obj, dict) and "program" in obj:
-        return _load_entry(path, obj, limits)
+        return None, [(Path(path).stem, *_load_entry(path, obj, limits))]
     try:
-        return load_program(obj, limits), None, None
+        return None, [(Path(path).stem, load_program(obj, limits), None, None)]
     except ProgramError as e:
         raise UsageError(f"{path}: {e.field}: {e.reason}") from None
+
+
+def load_program_file(path: str, limits=None):
+    """(program, inputs or None, finding or None) from a corpus entry, a corpus root (its
+    representative variant) or a bare program file."""
+    return _load_file(path, limits)[1][0][1:]
 
 
 def load_corpus_variants(path: str, limits=None):
     """Every program of a corpus file: [(name, program, inputs, finding)] (one for a plain entry,
     named by its file; a root's variants, representative first)."""
-    from pathlib import Path
-    obj = _read_json(path)
-    if _is_root(obj):
-        return _load_root(path, obj, limits)[1]
-    prog, inputs, finding = load_program_file(path, limits)
-    return [(Path(path).stem, prog, inputs, finding)]
+    return _load_file(path, limits)[1]
 
 
 def load_corpus_root(path: str, limits=None):
     """(CorpusRoot or None for a plain entry, its variants as load_corpus_variants gives them)."""
-    obj = _read_json(path)
-    if _is_root(obj):
-        return _load_root(path, obj, limits)
-    return None, load_corpus_variants(path, limits)
+    return _load_file(path, limits)
 
 
 def _flatten(data) -> list[float] | None:
