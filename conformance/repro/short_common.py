@@ -182,3 +182,28 @@ def error_sentence(finding, reference) -> str:
     where = f" during {got['stage']}" if got.get("stage") else ""
     return (f"{finding.pipeline} raises {finding.error_type}{where}" +
             (f", where {reference} does not." if reference else "."))
+
+
+class ShortDialect:
+    """What the short emitters add to a dialect's emitter (mixed in before it): dtypes written as the
+    framework's own (`MODULE.float32`; float64 for every float where the script runs in float64),
+    zeros of a value's type, one value bare and several as a tuple."""
+    MODULE = ""            # "jnp", "torch"
+    ZEROS_DTYPE = "{}"     # how the zeros call takes its dtype
+    f64 = False
+
+    def dtype(self, name: str) -> str:
+        return f"{self.MODULE}.float64" if self.f64 and name.startswith(("float", "bfloat")) else f"{self.MODULE}.{name}"
+
+    def op_text(self, op, args, params, nondiff):
+        src = super().op_text(op, args, params, nondiff)
+        return re.sub(r"dt\('(\w+)'\)", lambda m: self.dtype(m.group(1)), src)
+
+    def zeros(self, vid):
+        shp, dtype = self.types[vid]
+        return f"{self.MODULE}.zeros({tuple(shp)!r}, {self.ZEROS_DTYPE.format(self.dtype(dtype))})"
+
+    @staticmethod
+    def seq(xs):   # one value bare, several as a tuple
+        return xs[0] if len(xs) == 1 else "(" + ", ".join(xs) + ")"
+

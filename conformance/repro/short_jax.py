@@ -11,35 +11,21 @@ from conformance.ir import CustomVJP, Op, is_name, walk
 from conformance.pipelines import jax_table
 from conformance.repro.emit_jax import JaxEmitter
 from conformance.repro.plan import ReproError
-from conformance.repro.short_common import (array_text, dead_code_removed, error_sentence, fold_returns, header,
-                                             used_helpers)
+from conformance.repro.short_common import (ShortDialect, array_text, dead_code_removed, error_sentence, fold_returns,
+                                             header, used_helpers)
 
 FLAG_NAMES = ("jax_remat3", "jax_custom_vjp3", "jax_custom_jvp3")
 SZ = "jax.custom_derivatives.SymbolicZero"
 
 
-class ShortJaxEmitter(JaxEmitter):
+class ShortJaxEmitter(ShortDialect, JaxEmitter):
     """Plain JAX: regions and rules as module-level functions; `probe` says what the custom rules
     record in SEEN ("events": distinct facts for custom_rule, "counts": trace counts, "": nothing)."""
+    MODULE, ZEROS_DTYPE = "jnp", "{}"
 
     def __init__(self, prog, probe: str = "", remat_helper: bool = False, f64: bool = False):
         super().__init__(prog)
         self.probe, self.remat_helper, self.f64 = probe, remat_helper, f64
-
-    def dtype(self, name: str) -> str:
-        return "jnp.float64" if self.f64 and name.startswith(("float", "bfloat")) else f"jnp.{name}"
-
-    def op_text(self, op, args, params, nondiff):
-        src = super().op_text(op, args, params, nondiff)
-        return re.sub(r"dt\('(\w+)'\)", lambda m: self.dtype(m.group(1)), src)
-
-    def zeros(self, vid):
-        shp, dtype = self.types[vid]
-        return f"jnp.zeros({tuple(shp)!r}, {self.dtype(dtype)})"
-
-    @staticmethod
-    def seq(xs):   # one value bare, several as a tuple
-        return xs[0] if len(xs) == 1 else "(" + ", ".join(xs) + ")"
 
     def region(self, s, path, ind, nd):
         inner = s.body[0] if len(s.body) == 1 else None

@@ -14,8 +14,8 @@ from conformance.pipelines import torch_table
 from conformance.policy import NoPolicy, decide, thresholds
 from conformance.repro.emit_torch import TorchEmitter
 from conformance.repro.plan import ReproError, settings
-from conformance.repro.short_common import (array_text, dead_code_removed, error_sentence, fold_returns, header,
-                                             used_helpers)
+from conformance.repro.short_common import (ShortDialect, array_text, dead_code_removed, error_sentence, fold_returns,
+                                             header, used_helpers)
 
 TAG = '''@torch.library.custom_op("rc::tag", mutates_args=())
 def tag(x: torch.Tensor, name: str) -> torch.Tensor:   # checkpoint_name: an identity op carrying a name
@@ -57,26 +57,13 @@ def policy_fn(policy, names: list[str], fn: str, prefer: bool) -> str:
     return "\n".join(lines)
 
 
-class ShortTorchEmitter(TorchEmitter):
+class ShortTorchEmitter(ShortDialect, TorchEmitter):
+    MODULE, ZEROS_DTYPE = "torch", "dtype={}"
+
     def __init__(self, prog, probe="", remat_helper=False, prefer=False, hooks=False, compile_inside=None, f64=False):
         super().__init__(prog)
         self.probe, self.remat_helper, self.prefer, self.hooks = probe, remat_helper, prefer, hooks
         self.compile_inside, self.f64 = compile_inside, f64
-
-    def dtype(self, name):
-        return "torch.float64" if self.f64 and name.startswith(("float", "bfloat")) else f"torch.{name}"
-
-    def op_text(self, op, args, params, nondiff):
-        src = super().op_text(op, args, params, nondiff)
-        return re.sub(r"dt\('(\w+)'\)", lambda m: self.dtype(m.group(1)), src)
-
-    def zeros(self, vid):
-        shp, dtype = self.types[vid]
-        return f"torch.zeros({tuple(shp)!r}, dtype={self.dtype(dtype)})"
-
-    @staticmethod
-    def seq(xs):
-        return xs[0] if len(xs) == 1 else "(" + ", ".join(xs) + ")"
 
     def region(self, s, path, ind, nd):
         if s.tree != "flat" or s.static_flag:
