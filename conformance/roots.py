@@ -119,7 +119,7 @@ def variant_values(pipelines, label: str, features) -> dict[str, list[str]]:
     feats = set(features)
     return {"pipelines": list(dict.fromkeys(pipelines)), "labels": [label or "-"],
             "policies": sorted(f.removeprefix("policy:") for f in feats if f.startswith("policy:")),
-            "features": sorted(f for f in feats if f in DTYPES or f in OP_FAMILIES or f in SPELLINGS)}
+            "features": sorted(f for f in feats if is_variant_feature(f) and not f.startswith(("policy:", "op:")))}
 
 
 def record_variant(f: Finding, values: dict[str, list[str]], when: float | None, count: int = 1) -> None:
