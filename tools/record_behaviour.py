@@ -1,6 +1,6 @@
 """Record the harness's behaviour on a fixed set of programs: tests/data/behaviour.json.
 
-The set: every regression-corpus and fixture corpus entry, plus a fixed sample of
+The set: every program of the regression corpus (each root's variants) and the fixture corpora, plus a fixed sample of
 generated programs (stored as programs, so later generator changes do not move it). For
 each case it stores the judge's verdicts and every pipeline's canonical residual digest.
 tests/test_behaviour.py replays the set and asserts the same. Re-record only on purpose
@@ -45,15 +45,15 @@ def sample_programs(n: int, seed: int):
 
 
 def new_cases():
-    from conformance.loading import load_program_file
+    from conformance.loading import load_corpus_variants
     from generators.programs import input_values
     cases = []
     entries = sorted(ROOT.glob("tests/regressions/*.json")) + sorted(ROOT.glob("tests/fixtures/*/corpus/*.json"))
     for p in entries:
         if p.name == "status.json":
             continue
-        prog, inputs, _ = load_program_file(str(p))
-        cases.append(("entry:" + str(p.relative_to(ROOT)), prog, inputs, ENTRY_PIPELINES))
+        for name, prog, inputs, _ in load_corpus_variants(str(p)):
+            cases.append((f"entry:{p.relative_to(ROOT)}:{name}", prog, inputs, ENTRY_PIPELINES))
     for k, (prog, seed) in enumerate(sample_programs(N_SAMPLE, 7)):
         cases.append((f"sample:{k}", prog, input_values(prog, seed), SAMPLE_PIPELINES))
     for k, (prog, seed) in enumerate(sample_programs(N_COMPILED, 99)):
