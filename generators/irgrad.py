@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from conformance.ir import Op
-from conformance.ops import ACC_OP, OPS, SCALE_OP
+from conformance.ir.nodes import Op
+from conformance.ir.ops import ACC_OP, OPS, SCALE_OP
 
 
 class Vjp:
-    """What a derivative rule (conformance.ops OpDecl.vjp) works with."""
+    """What a derivative rule (conformance.ir.ops OpDecl.vjp) works with."""
 
     def __init__(self, types: dict, results: list[str], cts: list[str], fwd_ids: set[str], fresh: Callable[[], str]):
         self.types, self.fresh = types, fresh

@@ -1,11 +1,11 @@
 """Hypothesis strategies for framework-neutral checkpoint policies, one branch per policy kind
-declared in `conformance.policy.KINDS`."""
+declared in `conformance.ir.policy.KINDS`."""
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from conformance import ops as O
-from conformance.policy import KINDS
+from conformance.ir import ops as O
+from conformance.ir.policy import KINDS
 from generators.draws import BOOL, draw_int
 
 NAME_POOL = ("a", "b", "c")

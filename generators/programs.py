@@ -20,17 +20,17 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
-from conformance import ops as O
-from conformance.batching import value_shape
-from conformance.ir import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, Program, free_vars, validate
-from conformance.policy import KINDS, NoPolicy
+from conformance.ir import ops as O
+from conformance.ir.batching import value_shape
+from conformance.ir.nodes import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, free_vars
+from conformance.ir.policy import KINDS, NoPolicy
+from conformance.ir.program import Program, validate
 from generators.draws import BOOL, draw_int, flag, perms, span
-from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
-from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
 from generators.frames import Frame, Val, chain
+from generators.irgrad import jvp_ops, residuals_of, scale_result, vjp_ops
+from generators.policies import MAX_OPERAND_BACK, NAME_POOL, draw_policy_plan, make_policy
 from generators.structure import Structure
-from generators.swarm import (FOCUS_TRIES, Config, Swarm, draw_swarm, focused, op_families, swarm_dimensions,  # noqa: F401
-                              swarms)
+from generators.swarm import FOCUS_TRIES, Config, Swarm, draw_swarm, focused, op_families, swarm_dimensions, swarms  # noqa: F401
 
 # Dimensions come from a small vocabulary (the first choice, the shrink target, is not 1, so
 # that shrunk programs do not all broadcast size-1 axes); eager JAX compiles one kernel per
@@ -152,7 +152,7 @@ class _Gen(Structure):
         return c[-2 - draw_int(self.draw, 0, min(len(c) - 1, MAX_OPERAND_BACK) - 1, "operand")]
 
     def consumable(self, v) -> bool:
-        """Whether an in-place op may mutate v (conformance.typecheck's rule, and more): an op's
+        """Whether an in-place op may mutate v (conformance.ir.typecheck's rule, and more): an op's
         output in the open frame that nothing has read, no view, and kept by no backward (its
         producer's derivative does not read it), outside custom rules and conds."""
         f, op = self.frame, self.producer.get(v.id)
@@ -303,7 +303,9 @@ class _Gen(Structure):
         # optimize_remat: with symbolic_zeros it is documented as unsupported (every pipeline
         # must raise NotImplementedError), and a program where every block raises checks
         # nothing else.
-        g.spelling = SPELLINGS[draw_int(draw, 0, len(SPELLINGS) - 1, "spelling")] if sw["rule_spellings"] else SPELLINGS[0]
+        g.spelling = (
+            SPELLINGS[draw_int(draw, 0, len(SPELLINGS) - 1, "spelling")] if sw["rule_spellings"] else SPELLINGS[0]
+        )
         plain = g.spelling == SPELLINGS[0]   # the other spellings have none of the options below
         g.residual_tree = RESIDUAL_TREES[0]
         if sw["residual_trees"] and not g.spelling.startswith("custom_gradient"):

@@ -8,9 +8,21 @@ Mixed into the generator (generators.programs._Gen), whose state these methods r
 """
 from __future__ import annotations
 
-from conformance import ops as O
-from conformance.ir import (BOUND_ID_FIELDS, ID_LISTS_FIELDS, READ_ID_FIELDS, Cond, CustomJVP, CustomVJP, Input, Op, Scan, free_vars,
-                            walk)
+from conformance.ir import ops as O
+from conformance.ir.nodes import (
+    BOUND_ID_FIELDS,
+    ID_LISTS_FIELDS,
+    READ_ID_FIELDS,
+    Cond,
+    CustomJVP,
+    CustomVJP,
+    Input,
+    Op,
+    Scan,
+    free_vars,
+    walk,
+)
+from conformance.ir.program import Program as _P
 from generators.draws import BOOL, draw_int
 from generators.frames import Frame, Val, chain
 from generators.swarm import SCAN_LENGTHS
@@ -154,12 +166,13 @@ def _other_branch(first: list, op: str, suffix: str) -> tuple[list, dict]:
     """A copy of a cond's first branch (as JSON) with every id it defines renamed (+suffix) and
     every elementwise nonlinear op of its plain code (outside custom rules, whose rules are
     derived from theirs) replaced by `op`. Returns (statements, the renaming)."""
-    from conformance.ir import Program as _P
     stmts = _P.model_validate({"inputs": [], "body": first, "outputs": []}).body
     defined = set()
     for s, _, _, ctx in walk(stmts):
         defined.update([s.out] if isinstance(s, Op) else list(s.results))
-        defined.update(getattr(s, "cts", []) + getattr(s, "tangents", []) + getattr(s, "carry", []) + getattr(s, "xs", []))
+        defined.update(
+            getattr(s, "cts", []) + getattr(s, "tangents", []) + getattr(s, "carry", []) + getattr(s, "xs", [])
+        )
     rename = {i: i + suffix for i in defined}
     plain = {s.out for s, _, _, ctx in walk(stmts) if isinstance(s, Op) and ctx == "main" and _in_plain(stmts, s)}
 

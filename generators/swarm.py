@@ -9,10 +9,9 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from conformance import ops as O
-from conformance.policy import KINDS
+from conformance.ir import ops as O
+from conformance.ir.policy import KINDS
 from generators.draws import draw_int, flag
-
 
 LOOP_SPELLINGS = ("scan", "fori_loop", "while_loop", "vmap")   # how a scan is spelled (first: lax.scan)
 
@@ -22,8 +21,13 @@ class Config:
     """What the generator may produce. Profiles and pipelines narrow it; a feature switched off
     here is off in every program, whatever the swarm draws."""
     max_stmts: int = 6        # a program draws at most 2 * max_stmts ops and region/block openings
-    max_depth: int = 3        # regions nested at most this deep
-    dtypes: tuple[str, ...] = ("float32", "float64", "bfloat16", "float16")   # inputs' dtypes (the first: the plain one), casts' targets
+    max_depth: int = 3  # regions nested at most this deep
+    dtypes: tuple[str, ...] = (
+        "float32",
+        "float64",
+        "bfloat16",
+        "float16",
+    )  # inputs' dtypes (the first: the plain one), casts' targets
     custom_vjp: bool = True
     custom_jvp: bool = True
     checkpoint: bool = True
@@ -155,8 +159,8 @@ def swarms(cfg: Config | None = None) -> st.SearchStrategy:
 
 
 # ---- focus: constructs a campaign aims to generate in every run ----------------------------------
-# feature (conformance.features) -> the swarm dimensions a program needs on to have it. A campaign
-# round focuses on the features earlier rounds did not generate (conformance.search.Coverage): half
+# feature (conformance.ir.features) -> the swarm dimensions a program needs on to have it. A campaign
+# round focuses on the features earlier rounds did not generate (conformance.engine.search.Coverage): half
 # of its programs each aim at one of them, with these dimensions on, drawing until one has it
 # (at most FOCUS_TRIES). Policy kinds and dtypes are added from their declarations.
 _LOOPS = ("scan", "loop_spellings")

@@ -13,23 +13,38 @@ Pure functions over observations; they import no framework.
   checkpoint regions that an enclosing policy saves (`policy_named`), which both
   frameworks must keep if their backward reads them. A class that also holds a value
   any pipeline may keep for reasons of its own (a program input, a value outside every
-  region, a region's or custom_vjp block's argument or result: `conformance.ir.region_context`) is left out, since value-equal aliases would
-  otherwise make a partitioner's legitimate choice (save the input, recompute its
-  broadcast) look like a dropped named residual. Across frameworks (not between eager and
-  compiled PyTorch), so is a class read by an elementwise nonlinear op (sin, square, ...) under a policy that can save unnamed values
-  (`derivative_factor_reads`): JAX then saves that op's derivative factor (cos(x)) and its
-  backward no longer reads x, where PyTorch's sin saves x itself. Without the program, all
-  named classes are compared (strict; use it between pipelines of one framework).
+  region, a region's or custom_vjp block's argument or result: `conformance.ir.nodes.region_context`)
+  is left out, since value-equal aliases would otherwise make a partitioner's legitimate choice
+  (save the input, recompute its broadcast) look like a dropped named residual. Across frameworks (not between eager and
+  compiled PyTorch), so is a class read by an elementwise nonlinear op (sin, square, ...) under a
+  policy that can save unnamed values (`derivative_factor_reads`): JAX then saves that op's
+  derivative factor (cos(x)) and its backward no longer reads x, where PyTorch's sin saves x
+  itself. Without the program, all named classes are compared (strict; use it between pipelines of one framework).
 """
 from __future__ import annotations
 
-from conformance.ir import (DERIVATIVE_CTX, Checkpoint, Cond, CustomVJP, Jit, Op, Program, Scan, base_id, checkpoint_name_of,
-                            input_elements, is_name, live_values, region_context, walk)
-from conformance.ops import OPS
-from conformance.observation import Observation
-from conformance.policy import decide, judged_by_meaning, saves_unnamed
+from conformance.ir.nodes import (
+    DERIVATIVE_CTX,
+    Checkpoint,
+    Cond,
+    CustomVJP,
+    Jit,
+    Op,
+    Scan,
+    base_id,
+    checkpoint_name_of,
+    input_elements,
+    is_name,
+    live_values,
+    region_context,
+    walk,
+)
+from conformance.ir.observation import Observation
+from conformance.ir.ops import OPS
+from conformance.ir.policy import decide, judged_by_meaning, saves_unnamed
+from conformance.ir.program import Program
+from conformance.ir.verdict import Verdict
 from oracles import gradients, residuals
-from conformance.verdict import Verdict
 
 
 def compare_grads(program: Program, torch_obs: Observation, jax_obs: Observation,
@@ -54,9 +69,15 @@ def policy_named(program: Program, names_only: bool = True) -> set[str]:
     def visit(body, stack):
         for s in body:
             if isinstance(s, Op):
-                if (is_name(s) or not names_only) and stack and judged_by_meaning(stack, bool(program.diff.batch)) and any(
+                if (
+                    (is_name(s) or not names_only)
+                    and stack
+                    and judged_by_meaning(stack, bool(program.diff.batch))
+                    and any(
                         decide(p, s.op, checkpoint_name_of(s), False, input_elements(s, types)) != "recompute"
-                        for p in stack):
+                        for p in stack
+                    )
+                ):
                     out.add(s.out)
             elif isinstance(s, Checkpoint):
                 visit(s.body, stack + [s.policy])

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from conformance.ir import Program
-from conformance.observation import Observation
-from conformance.verdict import DEVICE_REFERENCE, Verdict
+from conformance.ir.observation import Observation
+from conformance.ir.program import Program
+from conformance.ir.verdict import DEVICE_REFERENCE, Verdict
 from oracles import gradients
 
 
@@ -25,17 +25,37 @@ def compare_devices(program: Program, pipeline: str, cpu: Observation, dev: Obse
                         detail={"reason": cpu.unsupported or dev.unsupported})]
     if (cpu.error is None) != (dev.error is None):
         err = dev.error or cpu.error
-        return [Verdict(check="error", pipeline=pipeline, reference=DEVICE_REFERENCE, status="fail", error_type=err.type,
-                        detail={"raised_on": "device" if dev.error else "cpu", "got": err.model_dump(),
-                                "status_differs_from": [f"{pipeline} on the {'cpu' if dev.error else 'device'}"]})]
+        return [
+            Verdict(
+                check="error",
+                pipeline=pipeline,
+                reference=DEVICE_REFERENCE,
+                status="fail",
+                error_type=err.type,
+                detail={
+                    "raised_on": "device" if dev.error else "cpu",
+                    "got": err.model_dump(),
+                    "status_differs_from": [f"{pipeline} on the {'cpu' if dev.error else 'device'}"],
+                },
+            )
+        ]
     if cpu.error is not None:   # both raise: status equal (the campaign judges whether either should)
         return [Verdict(check="error", pipeline=pipeline, reference=DEVICE_REFERENCE, status="pass")]
     v = gradients.compare(program, dev, cpu, "tight")
     v.pipeline, v.reference = pipeline, DEVICE_REFERENCE
     out = [v]
     if cpu.residuals is None or dev.residuals is None:
-        out.append(Verdict(check="residuals", pipeline=pipeline, reference=DEVICE_REFERENCE, status="skipped",
-                           detail={"reason": "residuals not observed on " + ("the cpu" if cpu.residuals is None else "the device")}))
+        out.append(
+            Verdict(
+                check="residuals",
+                pipeline=pipeline,
+                reference=DEVICE_REFERENCE,
+                status="skipped",
+                detail={
+                    "reason": "residuals not observed on " + ("the cpu" if cpu.residuals is None else "the device")
+                },
+            )
+        )
         return out
     a = Counter(r.describe() for r in cpu.residuals)
     b = Counter(r.describe() for r in dev.residuals)

@@ -17,15 +17,13 @@ import fnmatch
 import json
 import re
 from pathlib import Path
-from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from conformance.files import InputRefused, read_text
-from conformance.findings import Triage
-from conformance.verdict import Check
+from conformance.ir.verdict import Check, Triage
 
 DEFAULT_FILE = Path(__file__).with_name("expectations.json")
 
@@ -158,7 +156,9 @@ class Expectations:
         except json.JSONDecodeError as e:
             raise ExpectationsError(str(path), f"line {e.lineno}", e.msg) from None
         except (RecursionError, ValueError) as e:
-            raise ExpectationsError(str(path), "<file>", "nesting too deep" if isinstance(e, RecursionError) else str(e)) from None
+            raise ExpectationsError(
+                str(path), "<file>", "nesting too deep" if isinstance(e, RecursionError) else str(e)
+            ) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
             raise ExpectationsError(str(path), "entries", "expected an object with a list 'entries'")
         if obj.get("schema_version", 1) != 1:

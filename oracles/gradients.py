@@ -10,12 +10,13 @@ import math
 
 import numpy as np
 
-from conformance.dtypes import DTYPES, LOW_PRECISION, coarsest
-from conformance.batching import value_lengths
-from conformance.ir import DERIVATIVE_CTX, Op, Program, iteration_values, unrolled_size, walk
-from conformance.ops import OPS
-from conformance.observation import Observation
-from conformance.verdict import Verdict
+from conformance.ir.batching import value_lengths
+from conformance.ir.dtypes import DTYPES, LOW_PRECISION, coarsest
+from conformance.ir.nodes import DERIVATIVE_CTX, Op, iteration_values, unrolled_size, walk
+from conformance.ir.observation import Observation
+from conformance.ir.ops import OPS
+from conformance.ir.program import Program
+from conformance.ir.verdict import Verdict
 from oracles.missing import skip_unless
 
 # (rtol, atol) per dtype and comparison; atol is scaled by the reference's magnitude.
@@ -80,7 +81,9 @@ def near_kink(program: Program, values: dict | None) -> list[str]:
 
 def has_nonsmooth(program: Program) -> bool:
     """Whether an op declared nonsmooth runs outside a custom_vjp bwd (near_kink's scope)."""
-    return any(isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].nonsmooth for s, _, _, ctx in walk(program.body))
+    return any(
+        isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].nonsmooth for s, _, _, ctx in walk(program.body)
+    )
 
 
 def _dtype(program: Program) -> str:

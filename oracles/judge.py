@@ -44,10 +44,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from conformance import pipelines as registry
-from conformance.ir import DERIVATIVE_CTX, CustomJVP, CustomVJP, Program, live_values, walk
-from conformance.observation import ErrorInfo, Observation
-from conformance.verdict import Verdict, symptom_check
+from conformance.ir.nodes import DERIVATIVE_CTX, CustomJVP, CustomVJP, live_values, walk
+from conformance.ir.observation import ErrorInfo, Observation
+from conformance.ir.program import Program
+from conformance.ir.verdict import Verdict, symptom_check
+from conformance.pipelines import registry
 from oracles import cross_framework, gradients, memory_budget, residual_report, residuals, trace_counts
 from oracles.expectations import Entry, Expectations
 from oracles.missing import missing, skip_unless
@@ -105,7 +106,10 @@ def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozens
                 ("symbolic_zero_cts", "ct_kinds") if a.bwd_calls and b.bwd_calls else ())
             for fld in flds:
                 if any(x not in getattr(b, fld) for x in getattr(a, fld)):
-                    diffs.setdefault(path, {})[fld] = {"got": sorted(getattr(a, fld)), "reference": sorted(getattr(b, fld))}
+                    diffs.setdefault(path, {})[fld] = {
+                        "got": sorted(getattr(a, fld)),
+                        "reference": sorted(getattr(b, fld)),
+                    }
             continue
         if bool(a.fwd_traces) != bool(b.fwd_traces):
             # One pipeline ran the fwd rule, the other only the primal function.
@@ -179,9 +183,11 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             elif mode == "budget":
                 checks = [memory_budget.compare(obs, rref)]
             else:
-                checks = [_draws_differ(feats, obs, rref)
-                          or cross_framework.compare_grads(program, obs, rref, values=values, values_missing=values_missing),
-                          cross_framework.compare_residuals(obs, rref, program, across=mode == "cross")]
+                checks = [
+                    _draws_differ(feats, obs, rref)
+                    or cross_framework.compare_grads(program, obs, rref, values=values, values_missing=values_missing),
+                    cross_framework.compare_residuals(obs, rref, program, across=mode == "cross"),
+                ]
                 if mode == "eager":   # what rules received, where the compiled pipeline ran them eagerly
                     checks.append(compare_custom_rules(obs, rref, jvp_blocks, observed_only=True))
             for v in checks:

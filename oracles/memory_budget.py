@@ -7,8 +7,8 @@ recompiles) are not comparable: skipped.
 """
 from __future__ import annotations
 
-from conformance.observation import Observation
-from conformance.verdict import Verdict
+from conformance.ir.observation import Observation
+from conformance.ir.verdict import Verdict
 from oracles.missing import skip_unless
 
 SYMPTOM = "saved_bytes_grew"

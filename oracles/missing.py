@@ -11,8 +11,8 @@ with `detail.reason` saying which pipeline lacks what (a coverage table counts t
 """
 from __future__ import annotations
 
-from conformance.observation import Observation
-from conformance.verdict import Verdict, symptom_check
+from conformance.ir.observation import Observation
+from conformance.ir.verdict import Verdict, symptom_check
 
 
 def missing(obs: Observation, what: str) -> str | None:

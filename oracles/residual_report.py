@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from conformance.observation import Observation
-from conformance.verdict import Verdict
+from conformance.ir.observation import Observation
+from conformance.ir.verdict import Verdict
 from oracles.missing import skip_unless
 
 REFERENCE = "vjp"

@@ -9,15 +9,24 @@ from collections import Counter
 
 import numpy as np
 
-from conformance import pipelines as registry
-from conformance.dtypes import LOW_PRECISION, match_tol
-from conformance.ir import (DERIVATIVE_CTX, Op, Program, base_id, checkpoint_name_of, input_elements, primal_ops,
-                            region_context, walk)
-from conformance.interpreter import output_cotangents
-from conformance.ops import OPS, dropout_mask
-from conformance.observation import Observation, Residual
-from conformance.policy import decide, judged_by_meaning, saves_unnamed
-from conformance.verdict import Verdict
+from conformance.ir.dtypes import LOW_PRECISION, match_tol
+from conformance.ir.interpreter import output_cotangents
+from conformance.ir.nodes import (
+    DERIVATIVE_CTX,
+    Op,
+    base_id,
+    checkpoint_name_of,
+    input_elements,
+    primal_ops,
+    region_context,
+    walk,
+)
+from conformance.ir.observation import Observation, Residual
+from conformance.ir.ops import OPS, dropout_mask
+from conformance.ir.policy import decide, judged_by_meaning, saves_unnamed
+from conformance.ir.program import Program
+from conformance.ir.verdict import Verdict
+from conformance.pipelines import registry
 from oracles.missing import missing, skip_unless
 
 

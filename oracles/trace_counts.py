@@ -29,8 +29,8 @@ behaviour, and is listed under `explained` instead.
 """
 from __future__ import annotations
 
-from conformance.observation import Observation
-from conformance.verdict import Verdict
+from conformance.ir.observation import Observation
+from conformance.ir.verdict import Verdict
 from oracles.missing import skip_unless
 
 COUNTERS = ("primal_traces", "fwd_traces", "bwd_calls", "rem_traces")

@@ -8,8 +8,8 @@ RECORDED_CHECKS = {"gradient", "residuals", "custom_rule", "error", "crash", "ti
 
 
 def behaviour(prog, inputs, pipelines: str) -> dict:
-    from conformance.cli import parse_pipelines
-    from conformance.runner import InProcessExecutor
+    from conformance.cli.main import parse_pipelines
+    from conformance.engine.runner import InProcessExecutor
     from oracles.expectations import Expectations
     from oracles.judge import judge
     names = parse_pipelines(pipelines)

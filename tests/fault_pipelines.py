@@ -23,11 +23,9 @@ import time
 
 import numpy as np
 
-from conformance import pipelines as registry
-from conformance.observation import ErrorInfo, Observation
-from conformance.pipelines import base
+from conformance.ir.observation import ErrorInfo, Observation
+from conformance.pipelines import base, registry
 from conformance.pipelines.base import Pipeline
-
 
 HANG_MARK_ENV = "REMAT_FAULT_HANG_MARK"   # a file fault:hang creates once it hangs
 
@@ -124,7 +122,7 @@ class Fault(Pipeline):
             stage = "backward"
             with base.timed(obs.timings, "backward"):
                 vjp_fn(jnp.ones((), y.dtype))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:2000], stage=stage)
         return obs
 

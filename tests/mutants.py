@@ -1,8 +1,8 @@
 """Deliberately broken pipelines (test-only). Each proves one oracle can fail. The PyTorch ones
 (tests/torch_mutants.py) are built on first use, so that a JAX campaign does not import torch."""
-from conformance.observation import ErrorInfo
-from conformance.pipelines import derive, register_instance, register_lazy
-from conformance.pipelines.jax_pipelines import JaxRemat
+from conformance.ir.observation import ErrorInfo
+from conformance.pipelines.jax.pipelines import JaxRemat
+from conformance.pipelines.registry import derive, register_instance, register_lazy
 
 
 def _perturb(obs, off, field="grads"):
@@ -68,8 +68,8 @@ class MisreportCustomRule(JaxRemat):
 class IgnorePolicy(JaxRemat):
     """Saves everything whatever the policy says (a silently ignored policy)."""
     def _run(self, program, inputs, obs):
-        from conformance.policy import Everything
-        from conformance.ir import Checkpoint, walk
+        from conformance.ir.nodes import Checkpoint, walk
+        from conformance.ir.policy import Everything
         saved = {}
         for s, *_ in walk(program.body):
             if isinstance(s, Checkpoint):
@@ -102,7 +102,7 @@ class PerturbGradientBeyondLoose(PerturbGradient):
 class ExtraUnnamedResidual(JaxRemat):
     """Reports one unnamed residual more than it saved."""
     def _run(self, program, inputs, obs):
-        from conformance.observation import Residual
+        from conformance.ir.observation import Residual
         super()._run(program, inputs, obs)
         if obs.residuals is not None and obs.error is None:
             obs.residuals.append(Residual(cls=[], shape=[5], dtype="float32", bytes=20))
@@ -225,18 +225,27 @@ LIKE = {"torch:mutant-perturb-gradient": ("torch:eager-sac", {}),
 # The error type each mutant's finding must carry, and sibling keys (check, reference, error type)
 # its shrunk program must also fail: the loose float64-reference check for a 10% gradient error.
 ERROR_TYPE = {
-    "jax:mutant-drop-named-residual": "missing", "jax:mutant-perturb-gradient": "",
-    "jax:mutant-swallow-error": "none", "jax:mutant-raise-on-matmul": "RuntimeError",
-    "jax:mutant-misreport-custom-rule": "perturbed", "jax:mutant-ignore-policy": "saved_against_policy",
+    "jax:mutant-drop-named-residual": "missing",
+    "jax:mutant-perturb-gradient": "",
+    "jax:mutant-swallow-error": "none",
+    "jax:mutant-raise-on-matmul": "RuntimeError",
+    "jax:mutant-misreport-custom-rule": "perturbed",
+    "jax:mutant-ignore-policy": "saved_against_policy",
     "jax:mutant-silent-wrong-where-it-must-raise": "",
-    "jax:mutant-perturb-gradient-beyond-loose": "", "jax:mutant-extra-unnamed-residual": "other",
-    "jax:mutant-misreport-symbolic-zeros": "symbolic_zero_cts", "jax:mutant-wrong-error-where-it-must-raise": "TypeError",
-    "jax:mutant-misreport-fwd-ran": "fwd_ran", "jax:mutant-extra-named-residual": "extra",
+    "jax:mutant-perturb-gradient-beyond-loose": "",
+    "jax:mutant-extra-unnamed-residual": "other",
+    "jax:mutant-misreport-symbolic-zeros": "symbolic_zero_cts",
+    "jax:mutant-wrong-error-where-it-must-raise": "TypeError",
+    "jax:mutant-misreport-fwd-ran": "fwd_ran",
+    "jax:mutant-extra-named-residual": "extra",
     "jax:mutant-wrong-message-where-it-must-raise": "ValueError",
-    "jax:mutant-report-one-residual-fewer": "count", "jax:mutant-report-wrong-name": "names",
-    "jax:mutant-trace-fwd-twice": "fwd_traces", "jax:mutant-drop-iteration-residual": "missing",
+    "jax:mutant-report-one-residual-fewer": "count",
+    "jax:mutant-report-wrong-name": "names",
+    "jax:mutant-trace-fwd-twice": "fwd_traces",
+    "jax:mutant-drop-iteration-residual": "missing",
     "jax:mutant-perturb-hvp": "",
-    "torch:mutant-perturb-gradient": "cross_value", "torch:mutant-compiled-perturb-gradient": "cross_value",
+    "torch:mutant-perturb-gradient": "cross_value",
+    "torch:mutant-compiled-perturb-gradient": "cross_value",
 }
 ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64", "")],
               "torch:mutant-compiled-perturb-gradient": [("gradient", "jax:remat2", "cross_value")]}

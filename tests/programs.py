@@ -1,5 +1,5 @@
 """Small hand-written programs shared by the harness's own tests."""
-from conformance.ir import load_program
+from conformance.ir.program import load_program
 
 
 def prog(body, inputs=None, outputs=None, order=1):
@@ -38,8 +38,20 @@ def seed_program(dtype="float32"):
 
 def named_chain():
     """x -> matmul W -> sin -> name a -> cos -> name b, in a region saving only 'a'."""
-    body = [region(["x", "w"], [op("matmul", ["x", "w"], "m"), op("sin", ["m"], "s"), op("name", ["s"], "na", name="a"),
-                                op("cos", ["na"], "c"), op("name", ["c"], "nb", name="b"), op("mul", ["nb", "na"], "y")],
-                   ["y"], {"kind": "save_only_names", "names": ["a"]})]
+    body = [
+        region(
+            ["x", "w"],
+            [
+                op("matmul", ["x", "w"], "m"),
+                op("sin", ["m"], "s"),
+                op("name", ["s"], "na", name="a"),
+                op("cos", ["na"], "c"),
+                op("name", ["c"], "nb", name="b"),
+                op("mul", ["nb", "na"], "y"),
+            ],
+            ["y"],
+            {"kind": "save_only_names", "names": ["a"]},
+        )
+    ]
     return prog(body, inputs=[{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True},
                               {"id": "w", "shape": [3, 2], "dtype": "float64", "diff": True}], outputs=["y"])

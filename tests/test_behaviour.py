@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conformance.findings import InputValue, decode_inputs
-from conformance.ir import load_program
+from conformance.engine.findings import InputValue, decode_inputs
+from conformance.ir.program import load_program
 from tests.behaviour import RECORDED_CHECKS, behaviour
 
 CASES = json.loads((Path(__file__).parent / "data" / "behaviour.json").read_text())["cases"]

@@ -7,13 +7,14 @@ import time
 from collections import Counter
 from types import SimpleNamespace
 
-from conformance import pipelines as registry
-from conformance.campaign import Campaign, Options, summary_markdown
-from conformance.findings import Finding
-from conformance.progress import Progress, status_line
-from conformance.runner import InProcessExecutor
-from conformance.search import Shares, merge_finding, same_behaviour, shard_of
-from conformance.store import Store
+from conformance.cli.progress import Progress, status_line
+from conformance.engine.campaign import Campaign, summary_markdown
+from conformance.engine.findings import Finding
+from conformance.engine.options import Options
+from conformance.engine.runner import InProcessExecutor
+from conformance.engine.search import Shares, merge_finding, same_behaviour, shard_of
+from conformance.engine.store import Store
+from conformance.pipelines import registry
 from generators.programs import Config
 from oracles.expectations import Expectations
 from tests.mutants import ExtraUnnamedResidual, PerturbGradient
@@ -159,7 +160,7 @@ def test_two_findings_of_one_program_keep_two_corpus_entries(tmp_path):
 def test_a_campaign_checks_what_its_coverage_rounds_generate(tmp_path):
     """Round r of a campaign checks the programs Coverage generates for it alone (the same seed, the
     same focus), so the focus of a round depends on nothing the campaign found."""
-    from conformance.search import Coverage
+    from conformance.engine.search import Coverage
     opts = Options(pipelines=list(registry.REFERENCES), budget=600, max_examples=12, round_size=4, seed=5,
                    shrink_steps=5, generator=Config(max_stmts=2))
     store = Store(tmp_path / "out")
@@ -182,7 +183,7 @@ def test_a_replay_runs_the_findings_own_reference():
     """A :jit rival's run set brings jax:remat2 (eager) only; its trace-count finding against
     jax:remat2:jit is judged against that reference on replay (else it is skipped, 'fixed': the
     CI gate, seed 4343)."""
-    from conformance.search import replay_pipelines
+    from conformance.engine.search import replay_pipelines
     names = replay_pipelines(("trace_count", "jax:remat3+cvjp3:jit", "jax:remat2:jit", "primal_traces"))
     assert "jax:remat2:jit" in names and names[-1] == "jax:remat3+cvjp3:jit"
     assert "jax:remat2:jit" not in replay_pipelines(("gradient", "jax:remat3", "jax:remat2", ""))

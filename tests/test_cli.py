@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.loading import corpus_entry_stem
+from conformance.engine.loading import corpus_entry_stem
 from tests.programs import seed_program
 
 CLI = [sys.executable, "-m", "conformance.cli"]
@@ -55,7 +55,9 @@ def test_non_empty_out_needs_overwrite(tmp_path):
 
 def test_bad_expectations_file_is_named(tmp_path):
     bad = tmp_path / "exp.json"
-    bad.write_text(json.dumps({"entries": [{"id": "x", "pipelines": ["jax:*"], "raises": {"type": "(", "regex": "a"}}]}))
+    bad.write_text(
+        json.dumps({"entries": [{"id": "x", "pipelines": ["jax:*"], "raises": {"type": "(", "regex": "a"}}]})
+    )
     assert_usage_error(run("run", "--expectations", str(bad), "--out", str(tmp_path / "o")), str(bad), "entries[0]",
                        "bad regex")
 
@@ -172,7 +174,9 @@ def test_run_known_counts_tracked_behaviours_instead_of_reporting_them(tmp_path)
                        capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads((rep_dir / "report.json").read_text())
-    assert rep["findings"] and {(x["status"], x["tracked"] is not None) for x in rep["findings"]} == {("persisting", True)}
+    assert rep["findings"] and {(x["status"], x["tracked"] is not None) for x in rep["findings"]} == {
+        ("persisting", True)
+    }
     assert rep["totals"]["new"] == 0
     # a fixed key is no known behaviour: its recurrence is new again
     key = "|".join([found[0]["check"], found[0]["pipeline"], found[0]["reference"], found[0]["error_type"]])

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.loading import corpus_entry_stem, load_known
+from conformance.engine.loading import corpus_entry_stem, load_known
 from tests.conftest import GATE_SEED
 from tests.corpus_files import variant_path, variants
 

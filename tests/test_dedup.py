@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from types import SimpleNamespace
 
-from conformance.findings import Finding, Seen, signature, signature_features
-from conformance.search import Searcher
-from conformance.verdict import Verdict
+from conformance.engine.findings import Finding, Seen, signature, signature_features
+from conformance.engine.search import Searcher
+from conformance.ir.verdict import Verdict
 
 KEY = ("residuals", "jax:remat3", "jax:remat2", "other")
 SIB = ("residuals", "jax:remat3:jit", "jax:remat2:jit", "other")
@@ -80,7 +80,9 @@ def test_a_twin_key_is_known_only_with_a_pipeline_of_the_finding_failing_too():
 
 ERR = ("error", "torch:eager-sac", "expectations", "RuntimeError")
 ERR_COMPILED = ("error", "torch:compile-aot_eager", "expectations", "RuntimeError")
-MUTATED = {"got": {"type": "RuntimeError", "message": "Tensor cached during selective activation checkpoint has been mutated"}}
+MUTATED = {
+    "got": {"type": "RuntimeError", "message": "Tensor cached during selective activation checkpoint has been mutated"}
+}
 
 
 def _raising(key, features, detail):
@@ -93,22 +95,26 @@ def test_one_raise_under_another_policy_or_pipeline_is_the_same_error_finding():
     """The same error (type and message) is one root however the program reached it: eager SAC's
     mutated-cache error under policy:everything, then under policy:min_elements; and the compiled
     pipeline raising it where a graph break ran the region eagerly (stop 27's CI gate)."""
-    from conformance.findings import error_root
+    from conformance.engine.findings import error_root
     f = _raising(ERR, ("checkpoint", "policy:everything", "random"), MUTATED)
     s = _searcher([f])
     feats = {"checkpoint", "policy:min_elements", "random", "dead_random"}
     v = Verdict(check="error", pipeline=ERR[1], reference=ERR[2], status="fail", error_type=ERR[3], detail=MUTATED)
     assert s.known(v, feats, {ERR}) is f
-    w = Verdict(check="error", pipeline=ERR_COMPILED[1], reference=ERR[2], status="fail", error_type=ERR[3], detail=MUTATED)
+    w = Verdict(
+        check="error", pipeline=ERR_COMPILED[1], reference=ERR[2], status="fail", error_type=ERR[3], detail=MUTATED
+    )
     assert s.known(w, feats | {"cond"}, {ERR, ERR_COMPILED}) is f
-    assert s.known(w, feats, {ERR_COMPILED}) is None            # eager does not raise it here: another root
-    other = {"got": {"type": "RuntimeError", "message": "element 0 of tensors does not require grad and has no grad_fn"}}
+    assert s.known(w, feats, {ERR_COMPILED}) is None  # eager does not raise it here: another root
+    other = {
+        "got": {"type": "RuntimeError", "message": "element 0 of tensors does not require grad and has no grad_fn"}
+    }
     v2 = Verdict(check="error", pipeline=ERR[1], reference=ERR[2], status="fail", error_type=ERR[3], detail=other)
     assert s.known(v2, feats, {ERR}) is None                     # another message: another root
     # numbers and addresses do not make roots differ; a too short message tells nothing
     a = {"got": {"type": "ValueError", "message": "Expected cotangent type float32[2] but got float32<host>[2]"}}
     b = {"got": {"type": "ValueError", "message": "Expected cotangent type float32[2,2] but got float32<host>[2,2]"}}
     assert error_root(a) == error_root(b) and error_root({"got": {"type": "E", "message": "boom"}}) is None
-    from conformance.search import same_behaviour
+    from conformance.engine.search import same_behaviour
     g = _raising(ERR, ("checkpoint", "policy:min_elements", "random"), MUTATED)
     assert same_behaviour(f, g) and not same_behaviour(f, _raising(ERR, ("checkpoint", "policy:min_elements"), other))

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance.ir import Checkpoint, Input, Op, Program, validate
-from conformance.observation import ErrorInfo
-from conformance.policy import SaveOnlyNames
-from conformance.runner import InProcessExecutor
-from conformance.verdict import DEVICE_REFERENCE
+from conformance.engine.runner import InProcessExecutor
+from conformance.ir.nodes import Checkpoint, Input, Op
+from conformance.ir.observation import ErrorInfo
+from conformance.ir.policy import SaveOnlyNames
+from conformance.ir.program import Program, validate
+from conformance.ir.verdict import DEVICE_REFERENCE
 from generators.programs import input_values
 from oracles.devices import compare_devices
 
@@ -20,9 +21,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _program():
-    body = [Checkpoint(args=["x"], body=[Op(op="sin", args=["x"], out="a"), Op(op="name", args=["a"], params={"name": "n"}, out="b"),
-                                         Op(op="cos", args=["b"], out="c")],
-                       results=["c"], policy=SaveOnlyNames(names=["n"]))]
+    body = [
+        Checkpoint(
+            args=["x"],
+            body=[
+                Op(op="sin", args=["x"], out="a"),
+                Op(op="name", args=["a"], params={"name": "n"}, out="b"),
+                Op(op="cos", args=["b"], out="c"),
+            ],
+            results=["c"],
+            policy=SaveOnlyNames(names=["n"]),
+        )
+    ]
     return validate(Program(inputs=[Input(id="x", shape=[3], dtype="float32")], body=body, outputs=["c"]))
 
 
@@ -84,8 +94,25 @@ def test_cuda_cell_agrees_with_the_cpu(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     out = tmp_path / "dev"
-    r = subprocess.run([sys.executable, "-m", "conformance.cli", "devices", "--pipelines",
-                        "jax:remat3,jax:remat3:jit,torch:eager-sac,torch:compile-inductor", "--device", "cuda",
-                        "--max-examples", "20", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "conformance.cli",
+            "devices",
+            "--pipelines",
+            "jax:remat3,jax:remat3:jit,torch:eager-sac,torch:compile-inductor",
+            "--device",
+            "cuda",
+            "--max-examples",
+            "20",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert len((out / "results.jsonl").read_text().splitlines()) == 20

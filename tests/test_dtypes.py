@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 from conformance import repro
-from conformance.dtypes import DTYPES, np_dtype
-from conformance.findings import decode_inputs, encode_inputs
-from conformance.ir import ProgramError, load_program
-from conformance.isolation import protocol
-from conformance.observation import Observation
+from conformance.engine.findings import decode_inputs, encode_inputs
+from conformance.engine.isolation import protocol
+from conformance.ir.dtypes import DTYPES, np_dtype
+from conformance.ir.nodes import ProgramError
+from conformance.ir.observation import Observation
+from conformance.ir.program import load_program
 from generators.programs import input_values
 from oracles import gradients
 from oracles.expectations import Expectations
@@ -64,7 +65,7 @@ def test_a_cast_names_its_dtype_and_the_reference_keeps_float64():
     assert e.value.field == "body[0].params.dtype"
     p = mixed("bfloat16")
     assert p.types()["xl"] == ((2, 3), "bfloat16") and p.types()["y"] == ((2, 2), "float32")
-    from conformance.pipelines.jax_pipelines import node_values
+    from conformance.pipelines.jax.pipelines import node_values
     x = input_values(p, 0)
     f64 = node_values(p, x, cast_f64=True)
     assert f64["xl"].dtype == np.float64 and np.array_equal(f64["xl"], x["x"].astype(np.float64))
@@ -98,8 +99,9 @@ def test_a_cast_rule_casts_its_cotangent_back_and_its_tangent_forward():
     """The derivative rules a custom_vjp/custom_jvp derives through a cast (generators.irgrad)."""
     import jax
     import jax.numpy as jnp
-    from conformance.ir import Op
-    from conformance.pipelines import jax_pipelines as J
+
+    from conformance.ir.nodes import Op
+    from conformance.pipelines.jax import pipelines as J
     from generators.irgrad import jvp_ops, vjp_ops
     s = Op(op="cast", args=["a"], params={"dtype": "float32"}, out="y")
     types = {"a": ((3,), "float64"), "y": ((3,), "float32"), "g": ((3,), "float32")}

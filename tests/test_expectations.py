@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.runner import InProcessExecutor
+from conformance.engine.runner import InProcessExecutor
 from generators.programs import input_values
 from oracles.expectations import Expectations
 from oracles.judge import judge
@@ -177,9 +177,20 @@ def test_any_features_needs_one_of_them():
 def test_eager_sac_mutated_cache_covers_dropout():
     """CPU dropout mutates its own output (empty_like, bernoulli_): eager SAC with a policy that
     caches it raises the documented mutated-cache error (corpus entry error-torch_eager-sac-f89e9b26)."""
-    p = prog([{"kind": "checkpoint", "args": ["x"], "results": ["d"], "prevent_cse": True, "policy": {"kind": "everything"},
-               "body": [op("dropout", ["x"], "d", p=0.5, seed=0)]}], outputs=["d"],
-             inputs=[{"id": "x", "shape": [4], "dtype": "float32", "diff": True}])
+    p = prog(
+        [
+            {
+                "kind": "checkpoint",
+                "args": ["x"],
+                "results": ["d"],
+                "prevent_cse": True,
+                "policy": {"kind": "everything"},
+                "body": [op("dropout", ["x"], "d", p=0.5, seed=0)],
+            }
+        ],
+        outputs=["d"],
+        inputs=[{"id": "x", "shape": [4], "dtype": "float32", "diff": True}],
+    )
     assert "random" in p.features() and "inplace" not in p.features()
     obs = verify("torch-eager-sac-mutated-cache", p, ["ref:f64", "jax:none", "torch:none", "torch:eager-sac"],
                  "torch:eager-sac", "error")
@@ -221,13 +232,23 @@ def test_custom_rule_higher_order_differs(pipeline, nondiff):
 
 def _custom_jvp_program():
     # sin with its jvp rule (cos), under grad; the rule runs the body again, names included
-    return prog([{"kind": "custom_jvp", "args": ["x"], "body": [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a")],
-                  "results": ["n"], "tangents": ["t"], "jvp": [op("cos", ["x"], "c"), op("mul", ["t", "c"], "d")],
-                  "jvp_results": ["d"]}])
+    return prog(
+        [
+            {
+                "kind": "custom_jvp",
+                "args": ["x"],
+                "body": [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a")],
+                "results": ["n"],
+                "tangents": ["t"],
+                "jvp": [op("cos", ["x"], "c"), op("mul", ["t", "c"], "d")],
+                "jvp_results": ["d"],
+            }
+        ]
+    )
 
 
 def test_torch_declares_custom_jvp_unsupported():
-    from conformance.pipelines.torch_pipelines import NO_CUSTOM_JVP
+    from conformance.pipelines.torch.pipelines import NO_CUSTOM_JVP
     p = _custom_jvp_program()
     names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:compile-aot_eager"]
     obs = EXECUTOR.run(p, input_values(p, 0), names)

@@ -11,11 +11,10 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance import cli
+from conformance.cli import main as cli
 from oracles.expectations import DEFAULT_FILE, Expectations, ExpectationsError
 from tests.corpus_files import variant_path
 

@@ -10,19 +10,20 @@ naming the file and line). Anything else (KeyError, TypeError, RecursionError...
 from __future__ import annotations
 
 import json
-from collections import Counter
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conformance.cli import UsageError, load_program_file
-from conformance.ir import Program, ProgramError, load_program
-from conformance.store import StoreError, read_jsonl
+from conformance.cli.main import UsageError, load_program_file
+from conformance.engine.store import StoreError, read_jsonl
+from conformance.ir.nodes import ProgramError
+from conformance.ir.program import Program, load_program
 from generators.programs import Config, cases
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,8 +221,9 @@ def test_results_reader_accepts_or_raises_store_error(tmp_path_factory):
 
 
 def _prop_results_reader(tmp_path_factory, n, edits, tail, STATS):
-    from conformance.campaign import Campaign, Options
-    from conformance.store import Store
+    from conformance.engine.campaign import Campaign
+    from conformance.engine.options import Options
+    from conformance.engine.store import Store
     STATS["results"] += 1
     d = tmp_path_factory.mktemp("res")
     recs = [_valid_record(i, f"{i:016x}") for i in range(n)]
@@ -295,10 +297,12 @@ def test_replay_bad_file_exits_2_with_a_one_line_error(tmp_path, content, field)
 
 
 def test_resume_with_a_damaged_results_file_is_a_usage_error(tmp_path, capsys):
-    from conformance import cli
+    from conformance.cli import main as cli
     run = json.dumps({"schema_version": 1, "options": {}})
     (tmp_path / "run.json").write_text(run)
-    (tmp_path / "results.jsonl").write_text('{"type": "result"}\n{"type": "result", "hash": "a", "seed": 1, "seq": 0}\n')
+    (tmp_path / "results.jsonl").write_text(
+        '{"type": "result"}\n{"type": "result", "hash": "a", "seed": 1, "seq": 0}\n'
+    )
     rc = cli.main(["run", "--resume", "--out", str(tmp_path), "--no-isolate", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2

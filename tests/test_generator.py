@@ -8,9 +8,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import seed as hseed
 
-from conformance import ops as O
-from conformance.ir import DERIVATIVE_CTX, Checkpoint, CustomJVP, CustomVJP, Op, validate, walk
-from conformance.policy import KINDS, offloads
+from conformance.ir import ops as O
+from conformance.ir.nodes import DERIVATIVE_CTX, Checkpoint, CustomJVP, CustomVJP, Op, walk
+from conformance.ir.policy import KINDS, offloads
+from conformance.ir.program import validate
 from generators.programs import DIMS, RARE_DIMS, Config, op_families, programs, swarm_dimensions, swarms
 
 SAMPLE = 300
@@ -73,9 +74,11 @@ def dead_values(p):
 
 
 def nonstandard_rule(p):
-    return any(s.op == O.SCALE_OP and s.params.get("c") == 3.0 and s.out in b.bwd_results
-               for b in blocks(p) for s in b.bwd) or any(
-        s.op == O.SCALE_OP and s.params.get("c") == 3.0 and s.out in b.jvp_results for b in jvp_blocks(p) for s in b.jvp)
+    return any(
+        s.op == O.SCALE_OP and s.params.get("c") == 3.0 and s.out in b.bwd_results for b in blocks(p) for s in b.bwd
+    ) or any(
+        s.op == O.SCALE_OP and s.params.get("c") == 3.0 and s.out in b.jvp_results for b in jvp_blocks(p) for s in b.jvp
+    )
 
 
 def families(p):
@@ -213,8 +216,8 @@ def smallest(pred, cfg=None, strategy=None):
 
 def shrunk(pred, cfg=None):
     """What a campaign makes of a finding: Hypothesis's shrink, then the IR reductions
-    (conformance.reduce) kept while the predicate holds."""
-    from conformance.reduce import candidates
+    (conformance.engine.reduce) kept while the predicate holds."""
+    from conformance.engine.reduce import candidates
     p = smallest(pred, cfg)
     while (q := next((c for c in candidates(p) if pred(c)), None)) is not None:
         p = q
@@ -279,7 +282,7 @@ def test_structures_shrink_independently():
 
 # -- focus (coverage-directed rounds) --------------------------------------------------------
 def test_focus_declarations_name_features_and_dimensions():
-    from conformance.features import FEATURE_DOC
+    from conformance.ir.features import FEATURE_DOC
     from generators.swarm import FOCUS, focus_features
     for f, dims in FOCUS.items():
         assert f in FEATURE_DOC or f.split(":")[0] + ":<kind>" in FEATURE_DOC, f
@@ -296,6 +299,7 @@ def test_a_focused_program_has_its_feature(feature):
     """Half of a focused round's programs aim at one feature; those have it (rare ones: 3-5% of
     unfocused programs)."""
     from dataclasses import replace
+
     from generators.programs import cases
     got = []
 
@@ -313,8 +317,8 @@ def test_a_focused_program_has_its_feature(feature):
 def test_every_focus_feature_occurs_within_three_rounds():
     """What a default campaign generates in its first three rounds (120 programs) covers every
     focus feature: round 0 as drawn, rounds 1 and 2 aimed at what the earlier rounds missed."""
-    from conformance.campaign import Options
-    from conformance.search import Coverage
+    from conformance.engine.options import Options
+    from conformance.engine.search import Coverage
     for seed in range(4):
         cov = Coverage(Options(pipelines=[], seed=seed))
         assert cov.focus(0) == ()

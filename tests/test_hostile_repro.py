@@ -7,14 +7,13 @@ import copy
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conformance.engine.loading import load_program_file
 from conformance.errors import UsageError
-from conformance.loading import load_program_file
 from conformance.repro import generate
 from tests.corpus_files import variant_path
 

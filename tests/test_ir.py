@@ -4,11 +4,12 @@ import json
 import pytest
 from hypothesis import given
 
-from conformance.features import FEATURE_DOC
-from conformance.ir import Limits, Program, ProgramError, load_program
+from conformance.ir.features import FEATURE_DOC
+from conformance.ir.nodes import Limits, ProgramError
+from conformance.ir.program import Program, load_program
 from generators.programs import cases
-from tests.programs import named_chain, op, prog, region, seed_program
 from tests.corpus_files import variant_path
+from tests.programs import named_chain, op, prog, region, seed_program
 
 
 @given(cases())
@@ -24,7 +25,7 @@ def test_generated_programs_round_trip_exactly(case):
 @given(cases())
 def test_features_come_from_the_documented_vocabulary(case):
     p, _ = case
-    from conformance.features import known_features
+    from conformance.ir.features import known_features
     documented = known_features()
     assert {k for k in FEATURE_DOC if "<" not in k} <= documented
     for f in p.features():
@@ -104,7 +105,6 @@ def test_later_custom_vjp_fields_at_their_defaults_keep_old_hashes():
     # spelling, residual_tree and perturbed_branch were added after programs were stored: at their
     # defaults they are left out of the JSON, so a stored program hashes as it did
     import json
-    from pathlib import Path
     entry = json.loads(variant_path("b324b466757472b7.json").read_text())
     p = load_program(entry["program"])
     assert p.content_hash() == entry["finding"]["program_hash"] == "b324b466757472b7"
@@ -127,8 +127,24 @@ def test_a_custom_jvp_nests_only_in_a_custom_vjp_fwd_rule():
                 "cts": ["g"], "bwd": bwd, "bwd_results": ["d"]}
     in_fwd = prog([block([cjvp], [op("cos", ["x"], "c2"), op("mul", ["g", "c2"], "d")], ["x"])], outputs=["s"])
     assert "custom_jvp_in_fwd" in in_fwd.features() and "custom_jvp_in_checkpoint" not in in_fwd.features()
-    in_bwd = {**in_fwd.to_json_obj(), "body": [block([op("sin", ["x"], "s")], [{**cjvp, "args": ["g"], "body": [
-        op("sin", ["g"], "d")], "results": ["d"], "jvp": [op("cos", ["g"], "c"), op("mul", ["t", "c"], "ts")]}], ["x"])]}
+    in_bwd = {
+        **in_fwd.to_json_obj(),
+        "body": [
+            block(
+                [op("sin", ["x"], "s")],
+                [
+                    {
+                        **cjvp,
+                        "args": ["g"],
+                        "body": [op("sin", ["g"], "d")],
+                        "results": ["d"],
+                        "jvp": [op("cos", ["g"], "c"), op("mul", ["t", "c"], "ts")],
+                    }
+                ],
+                ["x"],
+            )
+        ],
+    }
     with pytest.raises(ProgramError, match="nest only in a custom_vjp fwd") as e:
         load_program(in_bwd)
     assert e.value.field == "body[0].bwd[0]"
@@ -141,7 +157,7 @@ def test_a_custom_jvp_nests_only_in_a_custom_vjp_fwd_rule():
 def test_id_field_declarations_cover_every_statement_field():
     """ir.READ_ID_FIELDS / BOUND_ID_FIELDS / ID_LISTS_FIELDS / BODY_FIELDS, read by the reducer and
     the generator's branch renaming, name every field of every statement that holds ids or bodies."""
-    from conformance import ir
+    from conformance.ir import nodes as ir
     declared = set(ir.READ_ID_FIELDS + ir.BOUND_ID_FIELDS)
     for model in (ir.Op, ir.Checkpoint, ir.CustomVJP, ir.CustomJVP, ir.Scan, ir.Jit, ir.Cond):
         for name, f in model.model_fields.items():
@@ -158,7 +174,7 @@ def test_id_field_declarations_cover_every_statement_field():
 def test_live_values_follow_reads_into_regions():
     """A value passed into a region that nothing inside reads is dead (the CI gate's torch campaign,
     seed 12: a dropout whose value only a region's args listed, dropped by torch.compile)."""
-    from conformance.ir import live_values
+    from conformance.ir.nodes import live_values
     from tests.programs import op, prog, region
     p = prog([op("sin", ["x"], "a"), op("cos", ["x"], "b"),
               region(["a", "b"], [op("tanh", ["b"], "t")], ["t"], {"kind": "nothing"}), op("exp", ["x"], "e")],

@@ -1,31 +1,47 @@
 """The op table's derivative rules are true derivatives: for every op with one, the IR bwd
 statements built by generators.irgrad, evaluated by the JAX lowering, equal jax.vjp of the
 op itself (the generator's custom_vjp rules rely on it)."""
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conformance.ir import Op
-from conformance.ops import OPS
-from conformance.pipelines import jax_pipelines as J
+from conformance.ir.nodes import Op
+from conformance.ir.ops import OPS
+from conformance.pipelines.jax import pipelines as J
 from generators.irgrad import vjp_ops
-
-import jax
-import jax.numpy as jnp
 
 # (op, arg shapes, params) examples: every op with a derivative rule.
 CASES = {
-    "sin": ([(3,)], {}), "cos": ([(3,)], {}), "tanh": ([(2, 3)], {}), "exp": ([(3,)], {}),
-    "sigmoid": ([(3,)], {}), "square": ([(3,)], {}), "neg": ([(3,)], {}), "scale": ([(3,)], {"c": -1.5}),
-    "name": ([(3,)], {"name": "a"}), "name_fwd": ([(3,)], {"name": "a"}), "add": ([(3,), (3,)], {}), "sub": ([(3,), (3,)], {}),
-    "mul": ([(3,), (3,)], {}), "matmul": ([(2, 3), (3, 4)], {}), "sum": ([(2, 3)], {"axis": 1}),
-    "mean": ([(2, 3)], {"axis": None}), "transpose": ([(2, 3, 4)], {"perm": [2, 0, 1]}),
-    "reshape": ([(2, 3)], {"shape": [3, 2]}), "broadcast": ([(1, 3)], {"shape": [2, 4, 3]}),
-    "nondiff_scale": ([(3,)], {"index": 0}), "relu": ([(4,)], {}), "step": ([(4,)], {}),
-    "cast": ([(3,)], {"dtype": "float64"}),   # (a cast to a coarser dtype: tests/test_dtypes.py)
-    "slice": ([(2, 5)], {"axis": 1, "start": 1, "stop": 4}), "pad": ([(2, 3)], {"axis": 0, "before": 1, "after": 2}),
-    "matrix_t": ([(2, 3)], {}), "select": ([(2, 4, 3)], {"axis": 1, "index": 2}),
+    "sin": ([(3,)], {}),
+    "cos": ([(3,)], {}),
+    "tanh": ([(2, 3)], {}),
+    "exp": ([(3,)], {}),
+    "sigmoid": ([(3,)], {}),
+    "square": ([(3,)], {}),
+    "neg": ([(3,)], {}),
+    "scale": ([(3,)], {"c": -1.5}),
+    "name": ([(3,)], {"name": "a"}),
+    "name_fwd": ([(3,)], {"name": "a"}),
+    "add": ([(3,), (3,)], {}),
+    "sub": ([(3,), (3,)], {}),
+    "mul": ([(3,), (3,)], {}),
+    "matmul": ([(2, 3), (3, 4)], {}),
+    "sum": ([(2, 3)], {"axis": 1}),
+    "mean": ([(2, 3)], {"axis": None}),
+    "transpose": ([(2, 3, 4)], {"perm": [2, 0, 1]}),
+    "reshape": ([(2, 3)], {"shape": [3, 2]}),
+    "broadcast": ([(1, 3)], {"shape": [2, 4, 3]}),
+    "nondiff_scale": ([(3,)], {"index": 0}),
+    "relu": ([(4,)], {}),
+    "step": ([(4,)], {}),
+    "cast": ([(3,)], {"dtype": "float64"}),  # (a cast to a coarser dtype: tests/test_dtypes.py)
+    "slice": ([(2, 5)], {"axis": 1, "start": 1, "stop": 4}),
+    "pad": ([(2, 3)], {"axis": 0, "before": 1, "after": 2}),
+    "matrix_t": ([(2, 3)], {}),
+    "select": ([(2, 4, 3)], {"axis": 1, "index": 2}),
 }
 
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import tests.fault_pipelines as fault_pipelines
-from conformance.ir import load_program
-from conformance.isolation import IsolatedExecutor, decode_inputs, encode_inputs
-from conformance.runner import InProcessExecutor
+from conformance.engine.isolation import IsolatedExecutor, decode_inputs, encode_inputs
+from conformance.engine.runner import InProcessExecutor
+from conformance.ir.program import load_program
 from generators.programs import Config, cases, input_values
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,8 +144,8 @@ def test_out_of_memory_under_the_worker_limit_is_a_crash_oom():
 SUPERVISOR = r"""
 import json, os, sys, time
 sys.path[:0] = [{repo!r}]
-from conformance.isolation import IsolatedExecutor
-from conformance.ir import load_program
+from conformance.engine.isolation import IsolatedExecutor
+from conformance.ir.program import load_program
 from generators.programs import input_values
 if __name__ == "__main__":
     prog = load_program(json.loads({prog!r}))

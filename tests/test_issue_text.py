@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from conformance.findings import CorpusEntry, Finding, Seen, Triage
-from conformance.issue_text import (MAX_ISSUE_LINES, behaviour_title, corpus_issue_text, issue_text_or_reason,
-                                    variants_text, wants_issue)
-from conformance.loading import load_corpus_root
+from conformance.engine.describe import MAX_ISSUE_LINES, behaviour_title, variants_text, wants_issue
+from conformance.engine.findings import CorpusEntry, Finding, Seen
+from conformance.engine.loading import load_corpus_root
+from conformance.ir.verdict import Triage
+from conformance.reporting.issue_text import corpus_issue_text, issue_text_or_reason
+from conformance.repro.plan import ReproError
 from tests.corpus_files import variant_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,7 +89,7 @@ def test_the_issue_text_is_titled_by_the_behaviour_and_shows_the_variants_with_c
     assert "- Why `jax:remat2` is the reference: it runs the same program through the same API and policy" in t
     assert "- Versions: jax 0.12.0.1, jaxlib 0.12.0.1" in t
     # a title the rules made up (roots.default_title) reads less well than the sentence of the program
-    from conformance.roots import default_title
+    from conformance.engine.roots import default_title
     g = _finding()
     assert behaviour_title(g.model_copy(update={"title": default_title(g)})).startswith("jax:remat3: saves fewer")
     # also another finding's placeholder, kept where a smaller program folded into it
@@ -138,10 +140,12 @@ def test_a_long_or_missing_short_repro_keeps_the_text_under_80_lines(monkeypatch
     monkeypatch.setattr(short, "short_repro", lambda *a, **k: "\n".join(f"x{k} = {k}" for k in range(200)))
     t = issue_text_or_reason(f)
     assert len(t.splitlines()) < 80 and "the short repro is 200 lines, too long to inline" in t and "```" not in t
-    assert f"remat-conformance repro corpus/residuals-jax_remat3-a9721056.json --full" in t
-    monkeypatch.setitem(sys.modules, "conformance.repro.short", None)   # a harness without short repros
+    assert "remat-conformance repro corpus/residuals-jax_remat3-a9721056.json --full" in t
+    def no_short_form(*a, **k):
+        raise ReproError("no short form for this program")
+    monkeypatch.setattr(short, "short_repro", no_short_form)
     t = issue_text_or_reason(f)
-    assert len(t.splitlines()) < 80 and "No short repro inline: this harness has no short repro" in t
+    assert len(t.splitlines()) < 80 and "No short repro inline: no short form for this program" in t
 
 
 def test_a_short_repro_that_fits_is_inlined(monkeypatch):

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from conformance.engine.loading import load_known
+from conformance.engine.search import merge_finding
 from conformance.errors import UsageError
-from conformance.loading import load_known
-from conformance.search import merge_finding
-from tests.test_dedup import KEY, _finding
 from tests.corpus_files import root_files, variant_path, variants
+from tests.test_dedup import KEY, _finding
 
 REG = Path(__file__).parent / "regressions"
 
@@ -80,8 +80,9 @@ def test_a_smaller_finding_of_a_tracked_behaviour_stays_tracked():
 
 
 def test_campaign_tracks_each_entry_once_and_counts_only_new_findings(tmp_path):
-    from conformance.campaign import Campaign, Options
-    from conformance.store import Store
+    from conformance.engine.campaign import Campaign
+    from conformance.engine.options import Options
+    from conformance.engine.store import Store
     c = Campaign(Options(pipelines=["jax:remat3"]), Store(tmp_path / "o"), None, None)
     known = [_finding().model_copy(update={"tracked": "a.json", "count": 5})]
     c.track(known)
@@ -94,7 +95,7 @@ def test_campaign_tracks_each_entry_once_and_counts_only_new_findings(tmp_path):
 
 
 def test_a_trace_count_of_several_counters_is_known_when_each_counter_is():
-    from conformance.search import known_finding
+    from conformance.engine.search import known_finding
     tc = ("trace_count", "jax:remat3+cvjp3", "jax:remat2")
     primal = _finding((*tc, "primal_traces"), features=("custom_vjp",))
     fwd = _finding((*tc, "fwd_traces"), features=("custom_gradient", "custom_vjp"))

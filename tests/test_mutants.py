@@ -1,18 +1,20 @@
 """Every oracle can fail: each mutant pipeline is caught by its oracle within a bounded
 number of programs, and its finding is shrunk to a small program."""
-import pytest
-
 from pathlib import Path
 
-from conformance.campaign import Campaign, Options
-from conformance.loading import corpus_entry_stem, load_known
-from conformance.pipelines import run_set
-from conformance.runner import InProcessExecutor
-from conformance.store import Store
+import pytest
+
+from conformance.engine.campaign import Campaign
+from conformance.engine.loading import corpus_entry_stem, load_known
+from conformance.engine.options import Options
+from conformance.engine.roots import family_key, labels_seen
+from conformance.engine.runner import InProcessExecutor
+from conformance.engine.store import Store
+from conformance.pipelines.registry import run_set
+from conformance.reporting.issue_text import issue_text_or_reason
 from generators.programs import Config
 from oracles.expectations import Entry, Expectations
 from tests.mutants import ALSO_FAILS, COMMON_EXPECTATIONS, DETAIL, ERROR_TYPE, EXPECTATIONS, GENERATOR, MUTANTS
-from conformance.roots import family_key, labels_seen
 
 MAX_PROGRAMS = 150
 REGRESSIONS = Path(__file__).parent / "regressions"
@@ -25,8 +27,14 @@ MAX_SHRUNK_SIZE_OF = {"jax:mutant-silent-wrong-where-it-must-raise": 6}
 def _of_mutant(f, mutant: str, check: str, reference: str) -> bool:
     """The mutant's finding: its pipeline and check, against that reference or one of its root's
     family (a wrong gradient is one root whichever reference shows it first)."""
-    return f.pipeline == mutant and f.check == check and (
-        f.reference == reference or family_key(check, mutant, reference) == family_key(f.check, f.pipeline, f.reference))
+    return (
+        f.pipeline == mutant
+        and f.check == check
+        and (
+            f.reference == reference
+            or family_key(check, mutant, reference) == family_key(f.check, f.pipeline, f.reference)
+        )
+    )
 
 
 @pytest.mark.parametrize("mutant", sorted(MUTANTS))
@@ -43,7 +51,7 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
     exp = Expectations.load()
     extra = COMMON_EXPECTATIONS + EXPECTATIONS.get(mutant, [])
     exp = Expectations(exp.entries + [Entry.model_validate(e) for e in extra], exp.source)
-    camp = Campaign(opts, Store(tmp_path / "out"), InProcessExecutor(), exp)
+    camp = Campaign(opts, Store(tmp_path / "out"), InProcessExecutor(), exp, issue_text=issue_text_or_reason)
     camp.track(load_known([str(REGRESSIONS)]))   # real framework behaviours the corpus tracks are not new
     camp.run()
     mine = [f for f in camp.findings if _of_mutant(f, mutant, check, reference)]
@@ -63,9 +71,12 @@ def test_mutant_is_detected_and_shrunk(mutant, tmp_path):
     assert f.size <= f.original_size
     # beside its corpus entry, the finding's upstream-ready issue text (a suggested bug or question),
     # with its short repro inline or the reason there is none (a mutant is no framework's behaviour)
-    texts = [p.read_text() for g in mine
-             for p in [tmp_path / "out" / "corpus" / f"{corpus_entry_stem(g.check, g.pipeline, g.program_hash)}.issue.md"]
-             if p.exists()]
+    texts = [
+        p.read_text()
+        for g in mine
+        for p in [tmp_path / "out" / "corpus" / f"{corpus_entry_stem(g.check, g.pipeline, g.program_hash)}.issue.md"]
+        if p.exists()
+    ]
     assert texts and all(t.startswith(f"# {mutant}:") and "\nExpected" in t and "\nActual: " in t
                          and ("```python\n" in t or "\nNo short repro inline: " in t) and len(t.splitlines()) < 80
                          for t in texts), texts[:1]

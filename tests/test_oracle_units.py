@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conformance.findings import INCIDENTAL_FEATURES, Finding, signature, signature_features
-from conformance.observation import CustomRuleLog, ErrorInfo, Observation, Residual
-from conformance.search import Searcher, merge_finding, same_behaviour
-from conformance.verdict import Verdict
+from conformance.engine.findings import INCIDENTAL_FEATURES, Finding, signature, signature_features
+from conformance.engine.search import Searcher, merge_finding, same_behaviour
+from conformance.ir.observation import CustomRuleLog, ErrorInfo, Observation, Residual
+from conformance.ir.verdict import Verdict
 from oracles import cross_framework, gradients, residuals
 from oracles.expectations import DEFAULT_FILE, Entry, Expectations, ExpectationsError, stale
 from oracles.judge import compare_custom_rules, judge
@@ -374,8 +374,19 @@ def test_policy_decides_by_op_kind_name_and_batch_dims():
     nested = prog([region(["x"], [region(["x"], [op("sin", ["x"], "s"), op("cos", ["s"], "c")], ["c"],
                                          {"kind": "nothing"}), op("tanh", ["c"], "y")], ["y"], {"kind": "everything"})])
     assert residuals.check_policy(nested, ob("p", res=[R(["s"])])).status == "pass"
-    both_nothing = prog([region(["x"], [region(["x"], [op("sin", ["x"], "s"), op("cos", ["s"], "c")], ["c"],
-                                               {"kind": "nothing"}), op("tanh", ["c"], "y")], ["y"], {"kind": "nothing"})])
+    both_nothing = prog(
+        [
+            region(
+                ["x"],
+                [
+                    region(["x"], [op("sin", ["x"], "s"), op("cos", ["s"], "c")], ["c"], {"kind": "nothing"}),
+                    op("tanh", ["c"], "y"),
+                ],
+                ["y"],
+                {"kind": "nothing"},
+            )
+        ]
+    )
     assert residuals.check_policy(both_nothing, ob("p", res=[R(["s"])])).status == "fail"
     # a class is fine when any one of its values may be saved
     assert residuals.check_policy(both_nothing, ob("p", res=[R(["s", "x"])])).status == "pass"
@@ -452,14 +463,30 @@ def test_a_region_value_equal_to_a_seeded_cotangent_is_not_blamed():
     """JAX saves the loss's seeded cotangent (a literal) for the backward of sum(output * pattern);
     in bfloat16 it can equal a region value (the CI gate, seed 1313: cos(0.273) = 0.961 against the
     scalar pattern 0.978)."""
-    from conformance.interpreter import seeded_cotangent
-    from conformance.ir import load_program
+    from conformance.ir.interpreter import seeded_cotangent
+    from conformance.ir.program import load_program
 
     def seeded(dtype, cotangents="seeded"):
-        return load_program({"schema_version": 1, "inputs": [{"id": "x", "shape": [], "dtype": dtype, "diff": True}],
-                             "body": [region(["x"], [op("cos", ["x"], "c"), op("name", ["c"], "n", name="a"),
-                                                     op("cast", ["n"], "y", dtype="float32")], ["y"], {"kind": "nothing"})],
-                             "outputs": ["y"], "diff": {"order": 1, "mode": "reverse", "cotangents": cotangents}})
+        return load_program(
+            {
+                "schema_version": 1,
+                "inputs": [{"id": "x", "shape": [], "dtype": dtype, "diff": True}],
+                "body": [
+                    region(
+                        ["x"],
+                        [
+                            op("cos", ["x"], "c"),
+                            op("name", ["c"], "n", name="a"),
+                            op("cast", ["n"], "y", dtype="float32"),
+                        ],
+                        ["y"],
+                        {"kind": "nothing"},
+                    )
+                ],
+                "outputs": ["y"],
+                "diff": {"order": 1, "mode": "reverse", "cotangents": cotangents},
+            }
+        )
     pattern = seeded_cotangent([])
     vals = {"x": 0.2734375, "c": 0.9609375, "n": 0.9609375, "y": 0.9609375}
     saved = ob("p", res=[R(["c", "n"], ["a"], shape=(), dtype="float32", nbytes=4)])
@@ -478,7 +505,7 @@ def test_a_region_value_equal_to_a_seeded_cotangent_is_not_blamed():
 def test_saved_masks_and_indices_are_no_program_value():
     # a relu's bool mask, a cond's int32 branch index: equal in elements to a 0/1 program value (a
     # step), never that value (found by scan and cond campaigns: "saved against the policy")
-    from conformance.residuals import canonicalise
+    from conformance.ir.residuals import canonicalise
     values = {"st": np.array([0.0, 1.0, 1.0]), "one": np.array(1.0)}
     res = canonicalise([np.array([False, True, True]), np.array(1, np.int32), np.array([0.0, 1.0, 1.0])], values, {})
     assert [(r.cls, r.dtype) for r in res] == [([], "int32"), ([], "bool"), (["st"], "float64")]
@@ -535,10 +562,14 @@ def test_an_op_inside_a_region_or_a_bwd_rule_is_no_outside_factor():
                      region(["x"], [op("cos", ["x"], "c"), op("mul", ["c", "c"], "y")], ["y"], {"kind": "nothing"}),
                      op("add", ["s0", "y"], "z")])
     inside = inside_of({"kind": "nothing"})
-    assert residuals.check_policy(inside, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=ALIAS_VALUES)).status == "fail"
+    assert (
+        residuals.check_policy(inside, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=ALIAS_VALUES)).status == "fail"
+    )
     # unless its region's policy saves op kinds: then sin's factor cos(x) may be saved there
     saving = inside_of({"kind": "everything"})
-    assert residuals.check_policy(saving, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=ALIAS_VALUES)).status == "pass"
+    assert (
+        residuals.check_policy(saving, ob("p", res=[R(["c"])]), ob("ref:f64", G, values=ALIAS_VALUES)).status == "pass"
+    )
     # ref failed: without node values, a violation is skipped only where an outside op could alias it
     failed = ob("ref:f64", error=err(stage="forward"))
     assert residuals.check_policy(inside, ob("p", res=[R(["c"])]), failed).status == "fail"
@@ -555,12 +586,22 @@ def test_an_op_inside_a_region_or_a_bwd_rule_is_no_outside_factor():
 def test_without_the_references_node_values_an_aliasable_violation_is_skipped():
     failed = ob("ref:f64", error=err("RuntimeError", "f64 only", "forward"))
     v = residuals.check_policy(ALIAS, ob("p", res=[R(["c"])]), failed)
-    assert v.model_dump() == verdict("residuals", "p", "policy", "skipped", detail={
-        "reason": "ref:f64 raised RuntimeError (forward): cannot tell an outside op's residual from an equal region value"})
+    assert v.model_dump() == verdict(
+        "residuals",
+        "p",
+        "policy",
+        "skipped",
+        detail={
+            "reason": "ref:f64 raised RuntimeError (forward): "
+            "cannot tell an outside op's residual from an equal region value"
+        },
+    )
     # nothing saved against the policy: a pass, not a skip
     assert residuals.check_policy(ALIAS, ob("p", res=[R(["x"])]), failed).status == "pass"
     # the reference completed (its values simply lack c): judged
-    assert residuals.check_policy(ALIAS, ob("p", res=[R(["c"])]), ob("ref:f64", G, values={"x": [1.0]})).status == "fail"
+    assert (
+        residuals.check_policy(ALIAS, ob("p", res=[R(["c"])]), ob("ref:f64", G, values={"x": [1.0]})).status == "fail"
+    )
 
 
 # -- oracles.cross_framework ---------------------------------------------------------------------
@@ -582,9 +623,25 @@ def test_policy_named_are_the_names_some_enclosing_policy_saves():
     assert cross_framework.policy_named(p) == {"na"}
     outside = prog([op("sin", ["x"], "s"), op("name", ["s"], "n", name="a")])
     assert cross_framework.policy_named(outside) == set()
-    nested = prog([region(["x"], [region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a"),
-                                                 op("cos", ["n"], "c")], ["c"], {"kind": "save_only_names", "names": ["a"]}),
-                                  op("name", ["c"], "m", name="b"), op("tanh", ["m"], "y")], ["y"], {"kind": "nothing"})])
+    nested = prog(
+        [
+            region(
+                ["x"],
+                [
+                    region(
+                        ["x"],
+                        [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a"), op("cos", ["n"], "c")],
+                        ["c"],
+                        {"kind": "save_only_names", "names": ["a"]},
+                    ),
+                    op("name", ["c"], "m", name="b"),
+                    op("tanh", ["m"], "y"),
+                ],
+                ["y"],
+                {"kind": "nothing"},
+            )
+        ]
+    )
     assert cross_framework.policy_named(nested) == {"n"}      # the inner level saves it; the outer saves nothing
     everything = prog([region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a"), op("cos", ["n"], "y")],
                               ["y"], {"kind": "everything"})])
@@ -633,8 +690,9 @@ def test_cross_framework_residuals_leave_out_what_derivative_rules_decide():
     assert cross_framework.derivative_factor_reads(chain({"kind": "everything"})) == {"x", "n"}
     assert cross_framework.compare_residuals(torch_side, jax_side, chain({"kind": "everything"})).status == "pass"
     # within one framework (eager against compiled PyTorch) the derivative rules are the same: compared
-    v = cross_framework.compare_residuals(torch_side, ob("torch:compile-aot_eager", res=[]), chain({"kind": "everything"}),
-                                          across=False)
+    v = cross_framework.compare_residuals(
+        torch_side, ob("torch:compile-aot_eager", res=[]), chain({"kind": "everything"}), across=False
+    )
     assert v.status == "fail" and v.detail["missing_named"] == [] and v.detail["extra_named"] == ["n/s"]
     # an unnamed value the policy saves: what the compiled pipeline keeps of it must be among eager's
     # classes; eager caching one the partitioner does not keep (nothing reads c backward) is not judged
@@ -658,7 +716,10 @@ def test_cross_framework_residuals_leave_out_what_derivative_rules_decide():
     assert cross_framework.derivative_factor_reads(chain({"kind": "everything"}, "square")) == {"x", "n"}  # JAX: 2x
     # the named value is compared when no unnamed value may be saved (dots aside), or when its reader
     # saves its operands in both frameworks
-    for compared in (chain({"kind": "save_only_names", "names": ["a"]}), chain({"kind": "ops", "ops": ["name", "matmul"]})):
+    for compared in (
+        chain({"kind": "save_only_names", "names": ["a"]}),
+        chain({"kind": "ops", "ops": ["name", "matmul"]}),
+    ):
         assert cross_framework.derivative_factor_reads(compared) == set()
         v = cross_framework.compare_residuals(torch_side, jax_side, compared)
         assert v.status == "fail" and v.detail["extra_named"] == ["n/s"]
@@ -682,7 +743,9 @@ def test_custom_rule_logs_are_compared_per_block_and_field():
     same = ob("jax:remat2", rules={"body[0]": CustomRuleLog(perturbed=[[False], [True]], symbolic_zero_cts=[[True]],
                                                             fwd_traces=3)})
     assert compare_custom_rules(a, same).model_dump() == verdict("custom_rule", "jax:remat3", "jax:remat2", "pass")
-    b = ob("jax:remat2", rules={"body[0]": CustomRuleLog(perturbed=[[False]], symbolic_zero_cts=[[False]], fwd_traces=1)})
+    b = ob(
+        "jax:remat2", rules={"body[0]": CustomRuleLog(perturbed=[[False]], symbolic_zero_cts=[[False]], fwd_traces=1)}
+    )
     v = compare_custom_rules(a, b)
     assert v.model_dump() == verdict("custom_rule", "jax:remat3", "jax:remat2", "fail",
                                      error_type="perturbed+symbolic_zero_cts", detail={"blocks": {"body[0]": {
@@ -693,7 +756,9 @@ def test_custom_rule_logs_are_compared_per_block_and_field():
 def test_a_fwd_rule_run_by_one_side_only_is_reported_alone_for_its_block():
     a = ob("p", rules={"body[0]": CustomRuleLog(perturbed=[[True]], fwd_traces=2),
                        "body[1]": CustomRuleLog(perturbed=[[True]], fwd_traces=1)})
-    b = ob("q", rules={"body[0]": CustomRuleLog(fwd_traces=0), "body[1]": CustomRuleLog(perturbed=[[False]], fwd_traces=1)})
+    b = ob(
+        "q", rules={"body[0]": CustomRuleLog(fwd_traces=0), "body[1]": CustomRuleLog(perturbed=[[False]], fwd_traces=1)}
+    )
     v = compare_custom_rules(a, b)
     assert v.error_type == "fwd_ran+perturbed"
     assert v.detail == {"blocks": {"body[0]": {"fwd_ran": {"got": 2, "reference": 0}},
@@ -704,8 +769,14 @@ def test_compiled_rule_observations_must_be_among_the_eager_ones():
     """A compiled pipeline observes only the rule calls it ran eagerly: what it saw must be among
     what eager saw (torch.compile passing a value where eager passes None for a
     mark_non_differentiable output is caught), not all of it; a rule it never ran is not judged."""
-    eager = ob("torch:eager-sac", rules={"body[0]": CustomRuleLog(perturbed=[[True], [False]], ct_kinds=[["value", "none"]],
-                                                                 fwd_traces=2, bwd_calls=1)})
+    eager = ob(
+        "torch:eager-sac",
+        rules={
+            "body[0]": CustomRuleLog(
+                perturbed=[[True], [False]], ct_kinds=[["value", "none"]], fwd_traces=2, bwd_calls=1
+            )
+        },
+    )
     fewer = ob("torch:compile-aot_eager", rules={"body[0]": CustomRuleLog(perturbed=[[True]], fwd_traces=1)})
     assert compare_custom_rules(fewer, eager, observed_only=True).status == "pass"
     assert compare_custom_rules(fewer, eager).status == "fail"   # (the full comparison would blame it)
@@ -722,15 +793,23 @@ def test_a_custom_jvp_rule_a_rival_did_not_need_is_not_judged():
     """custom_jvp rules compute tangents only: remat3 drops those nobody reads (a custom_jvp in a
     custom_vjp fwd, at second order: make run seed 0), remat2 runs the rule anyway. A custom_vjp's
     fwd that did not run is still judged, and so is a custom_jvp rule run where the reference's was not."""
-    ran = ob("jax:remat2", rules={"body[0]": CustomRuleLog(fwd_traces=1), "body[0].fwd[0]": CustomRuleLog(fwd_traces=1)})
+    ran = ob(
+        "jax:remat2", rules={"body[0]": CustomRuleLog(fwd_traces=1), "body[0].fwd[0]": CustomRuleLog(fwd_traces=1)}
+    )
     skipped = ob("jax:remat3", rules={"body[0]": CustomRuleLog(fwd_traces=1),
                                       "body[0].fwd[0]": CustomRuleLog(primal_traces=1)})
     jvp = frozenset({"body[0].fwd[0]"})
     assert compare_custom_rules(skipped, ran, jvp).status == "pass"
-    assert compare_custom_rules(skipped, ran).detail == {"blocks": {"body[0].fwd[0]": {"fwd_ran": {"got": 0, "reference": 1}}}}
+    assert compare_custom_rules(skipped, ran).detail == {
+        "blocks": {"body[0].fwd[0]": {"fwd_ran": {"got": 0, "reference": 1}}}
+    }
     v = compare_custom_rules(ran, skipped, jvp)
-    assert v.error_type == "fwd_ran" and v.detail == {"blocks": {"body[0].fwd[0]": {"fwd_ran": {"got": 1, "reference": 0}}}}
-    vjp_skipped = ob("jax:remat3", rules={"body[0]": CustomRuleLog(primal_traces=1), "body[0].fwd[0]": CustomRuleLog(fwd_traces=1)})
+    assert v.error_type == "fwd_ran" and v.detail == {
+        "blocks": {"body[0].fwd[0]": {"fwd_ran": {"got": 1, "reference": 0}}}
+    }
+    vjp_skipped = ob(
+        "jax:remat3", rules={"body[0]": CustomRuleLog(primal_traces=1), "body[0].fwd[0]": CustomRuleLog(fwd_traces=1)}
+    )
     assert compare_custom_rules(vjp_skipped, ran, jvp).error_type == "fwd_ran"
 
 
@@ -1071,7 +1150,9 @@ def test_an_unexpected_error_fails_unless_a_diverges_entry_for_errors_excuses_it
             "check": "error", "reason": "r"}}))
     assert _err_verdict(j).status == "expected" and _err_verdict(j).expectation == "e1"
     # the first entry that applies excuses it
-    gradient, error = ({"pipelines": ["jax:remat3"], "diverges": {"check": c, "reason": "r"}} for c in ("gradient", "error"))
+    gradient, error = (
+        {"pipelines": ["jax:remat3"], "diverges": {"check": c, "reason": "r"}} for c in ("gradient", "error")
+    )
     j = judge(named_chain(), _raised(e), exps(gradient, error, error))
     assert _err_verdict(j).expectation == "e1"
     # e0 matched the (skipped) gradient verdicts; e2 was never reached
@@ -1280,7 +1361,7 @@ def test_stale_entries_name_why():
     assert stale(exp, ["jax:remat2"], {"u": Counter(fired=2), "d": Counter(fired=1)}) == []
 
 
-# -- conformance.findings: signatures -------------------------------------------------------------
+# -- conformance.engine.findings: signatures -------------------------------------------------------------
 def test_incidental_features_and_per_op_features_do_not_sign():
     assert INCIDENTAL_FEATURES == {"float32", "float64", "unread_name", "dup_names", "layout", "reduction",
                                    "prevent_cse_false"}
@@ -1295,7 +1376,7 @@ def test_incidental_features_and_per_op_features_do_not_sign():
     assert signature("error", "p", "expectations", None, []) == "error|p|expectations|-|"
 
 
-# -- conformance.search: one behaviour, one finding ---------------------------------------------
+# -- conformance.engine.search: one behaviour, one finding ---------------------------------------------
 K = ("residuals", "jax:remat3", "jax:remat2", "other")
 SIBLING = ("residuals", "jax:remat3:jit", "jax:remat2:jit", "other")
 
@@ -1440,7 +1521,7 @@ def test_known_after_the_shrink_limit_counts_under_the_closest_finding():
 
 # -- JAX's residual report against the closure -----------------------------------------------------
 def _reported(obs_residuals, report, error=None):
-    from conformance.observation import ReportedResidual
+    from conformance.ir.observation import ReportedResidual
     return Observation(pipeline="jax:remat3:jit", residuals=obs_residuals, grads={}, outputs=[],
                        residual_report=None if report is None else [ReportedResidual(**r) for r in report],
                        residual_report_error=error)
@@ -1483,8 +1564,10 @@ def test_trace_count_oracle_judges_growth_in_one_execution_mode():
     more = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(2, 1, 1), "body[1]": log(0, 2, 1)})
     v = trace_counts.compare(more, ref, True)
     assert (v.status, v.error_type, v.reference) == ("fail", "fwd_traces+primal_traces", "jax:remat2")
-    assert v.detail["blocks"] == {"body[0]": {"primal_traces": {"got": 2, "reference": 1}, "total": {"got": 3, "reference": 2}},
-                                  "body[1]": {"fwd_traces": {"got": 2, "reference": 1}, "total": {"got": 2, "reference": 1}}}
+    assert v.detail["blocks"] == {
+        "body[0]": {"primal_traces": {"got": 2, "reference": 1}, "total": {"got": 3, "reference": 2}},
+        "body[1]": {"fwd_traces": {"got": 2, "reference": 1}, "total": {"got": 2, "reference": 1}},
+    }
     assert trace_counts.compare(more, ref, False).status == "skipped"
     # a fwd rule that runs where the reference's never ran is custom_rule's fwd_ran, not a count
     idle = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(1, 0, 0)})
@@ -1497,11 +1580,16 @@ def test_trace_count_oracle_judges_growth_in_one_execution_mode():
     both = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 2, 1), "body[0].fwd[0]": log(2, 0, 0)})
     v = trace_counts.compare(both, ref, True)
     assert (v.status, v.error_type) == ("fail", "fwd_traces")
-    assert v.detail == {"blocks": {"body[0]": {"fwd_traces": {"got": 2, "reference": 1}, "total": {"got": 2, "reference": 1}}},
-                        "explained": {"body[0].fwd[0]": {"primal_traces": {"got": 2, "reference": 1},
-                                                         "total": {"got": 2, "reference": 1}}}}
+    assert v.detail == {
+        "blocks": {"body[0]": {"fwd_traces": {"got": 2, "reference": 1}, "total": {"got": 2, "reference": 1}}},
+        "explained": {
+            "body[0].fwd[0]": {"primal_traces": {"got": 2, "reference": 1}, "total": {"got": 2, "reference": 1}}
+        },
+    }
     # ...but not where only the outer block's bwd ran more (bwd does not run fwd's code), nor a sibling path
-    bwd_only = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(0, 1, 2), "body[0].fwd[0]": log(2, 0, 0)})
+    bwd_only = Observation(
+        pipeline="jax:remat3", custom_rules={"body[0]": log(0, 1, 2), "body[0].fwd[0]": log(2, 0, 0)}
+    )
     assert trace_counts.compare(bwd_only, ref, True).error_type == "bwd_calls+primal_traces"
     ref10 = Observation(pipeline="jax:remat2", custom_rules={"body[1]": log(0, 1, 1), "body[10]": log(1, 0, 0)})
     sib = Observation(pipeline="jax:remat3", custom_rules={"body[1]": log(0, 2, 1), "body[10]": log(2, 0, 0)})
@@ -1531,8 +1619,11 @@ def test_trace_count_oracle_judges_the_total_runs_of_a_blocks_code_not_each_coun
     bwd = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(1, 1, 2)})
     v = trace_counts.compare(bwd, ref, True)
     assert (v.status, v.error_type) == ("fail", "bwd_calls")
-    assert v.detail["blocks"]["body[0]"] == {"primal_traces": {"got": 1, "reference": 2}, "bwd_calls": {"got": 2, "reference": 1},
-                                             "total": {"got": 2, "reference": 3}}
+    assert v.detail["blocks"]["body[0]"] == {
+        "primal_traces": {"got": 1, "reference": 2},
+        "bwd_calls": {"got": 2, "reference": 1},
+        "total": {"got": 2, "reference": 3},
+    }
     # a fwd that runs where the reference's never ran stays custom_rule's fwd_ran, out of both totals
     idle = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log(2, 0, 0)})
     assert trace_counts.compare(Observation(pipeline="jax:remat3", custom_rules={"body[0]": log(2, 3, 1)}),
@@ -1542,19 +1633,40 @@ def test_trace_count_oracle_judges_the_total_runs_of_a_blocks_code_not_each_coun
     both_moved = Observation(pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 2, 1),
                                                                         "body[0].fwd[0]": log(1, 2, 0)})
     assert trace_counts.compare(both_moved, ref, True).status == "pass"
-    inner = Observation(pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 2, 1), "body[0].fwd[0]": log(2, 2, 0)})
+    inner = Observation(
+        pipeline="jax:remat3+cvjp3", custom_rules={"body[0]": log(1, 2, 1), "body[0].fwd[0]": log(2, 2, 0)}
+    )
     v = trace_counts.compare(inner, ref, True)
     assert (v.status, v.error_type, list(v.detail["blocks"])) == ("fail", "fwd_traces", ["body[0].fwd[0]"])
 
 
 def test_min_elements_policy_decides_by_the_first_inputs_size_in_every_adapter():
-    from conformance.pipelines import jax_table, torch_table
-    from conformance.policy import Both, MinElements, decide, thresholds
-    p = prog([region(["x", "y"], [op("sin", ["x"], "a"), op("sin", ["a"], "b"), op("sin", ["y"], "c"),
-                                  op("sin", ["c"], "d"), op("sum", ["b"], "e", axis=None), op("sum", ["d"], "f", axis=None),
-                                  op("add", ["e", "f"], "g")], ["g"], {"kind": "min_elements", "elements": 4})],
-             inputs=[{"id": "x", "shape": [4], "dtype": "float64", "diff": True},
-                     {"id": "y", "shape": [2], "dtype": "float64", "diff": True}], outputs=["g"])
+    from conformance.ir.policy import Both, MinElements, decide, thresholds
+    from conformance.pipelines.jax import table as jax_table
+    from conformance.pipelines.torch import table as torch_table
+    p = prog(
+        [
+            region(
+                ["x", "y"],
+                [
+                    op("sin", ["x"], "a"),
+                    op("sin", ["a"], "b"),
+                    op("sin", ["y"], "c"),
+                    op("sin", ["c"], "d"),
+                    op("sum", ["b"], "e", axis=None),
+                    op("sum", ["d"], "f", axis=None),
+                    op("add", ["e", "f"], "g"),
+                ],
+                ["g"],
+                {"kind": "min_elements", "elements": 4},
+            )
+        ],
+        inputs=[
+            {"id": "x", "shape": [4], "dtype": "float64", "diff": True},
+            {"id": "y", "shape": [2], "dtype": "float64", "diff": True},
+        ],
+        outputs=["g"],
+    )
     # sin(x) reads 4 elements: saveable; sin(y) reads 2: must be recomputed
     assert residuals.check_policy(p, ob("p", res=[R(["a"]), R(["b"])])).status == "pass"
     v = residuals.check_policy(p, ob("p", res=[R(["c"])]))
@@ -1597,7 +1709,7 @@ def test_a_partitioners_saved_factor_of_a_region_op_is_not_blamed():
 def test_a_saved_dropout_mask_equal_to_a_region_value_is_not_blamed_on_jax():
     """make run: JAX's dropout multiplies by a constant mask its vjp keeps; seed 2 on two elements
     draws a mask of zeros, equal to the dropout's output, which the policy recomputes."""
-    from conformance.ops import dropout_mask
+    from conformance.ir.ops import dropout_mask
     p = prog([region(["x"], [op("dropout", ["x"], "d", p=0.5, seed=2), op("cos", ["d"], "y")], ["y"],
                      {"kind": "nothing"})], inputs=[{"id": "x", "shape": [2], "dtype": "float32", "diff": True}])
     assert not dropout_mask([2], 0.5, 2).any()

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conformance.observation import CustomRuleLog, ErrorInfo, Observation, Residual
+from conformance.ir.observation import CustomRuleLog, ErrorInfo, Observation, Residual
 from oracles import gradients, residuals
 from oracles.expectations import Entry, Expectations, ExpectationsError
 from oracles.judge import compare_custom_rules, judge
@@ -36,7 +36,8 @@ def test_gradient_oracle_skips_programs_at_a_nonsmooth_kink(monkeypatch):
     """An op declared nonsmooth whose input sits at its kink makes the value checks skip
     (float32 and float64 may take either side); away from the kink they judge as usual."""
     import dataclasses
-    from conformance import ops
+
+    from conformance.ir import ops
     from tests.programs import op, prog
     monkeypatch.setitem(ops.OPS, "sin", dataclasses.replace(ops.OPS["sin"], nonsmooth=True))
     p = prog([op("sin", ["x"], "y")])
@@ -93,12 +94,16 @@ def test_raises_expectation_is_enforced_and_reported_stale_when_it_never_fires()
     ref = obs("ref:f64", {"x": [1.0, 1.0, 1.0]})
     silent = judge(p, {"ref:f64": ref, "jax:remat3": obs("jax:remat3", {"x": [1.0, 1.0, 1.0]})}, exp)
     f = silent.failures()
-    assert [(v.check, v.pipeline, v.reference, v.error_type) for v in f] == [("error", "jax:remat3", "expectations", "none")]
+    assert [(v.check, v.pipeline, v.reference, v.error_type) for v in f] == [
+        ("error", "jax:remat3", "expectations", "none")
+    ]
     assert silent.expectation_hits == {"e": "idle"}
     err = ErrorInfo(type="ValueError", message="no symbolic zeros under remat3", stage="forward")
     raised = judge(p, {"ref:f64": ref, "jax:remat3": obs("jax:remat3", error=err)}, exp)
     assert not raised.failures() and raised.expectation_hits == {"e": "fired"}
-    wrong = judge(p, {"ref:f64": ref, "jax:remat3": obs("jax:remat3", error=err.model_copy(update={"message": "x"}))}, exp)
+    wrong = judge(
+        p, {"ref:f64": ref, "jax:remat3": obs("jax:remat3", error=err.model_copy(update={"message": "x"}))}, exp
+    )
     assert wrong.failures()[0].error_type == "ValueError"
 
 
@@ -185,7 +190,9 @@ def test_a_pipeline_that_raised_as_expected_masks_no_other_pipeline():
     did not, and their values are still checked against the baseline."""
     p = named_chain()
     err = ErrorInfo(type="ValueError", message="documented limitation", stage="forward")
-    exp = _exp_entries({"pipelines": ["ref:f64", "jax:remat3"], "raises": {"type": "ValueError", "regex": "documented"}})
+    exp = _exp_entries(
+        {"pipelines": ["ref:f64", "jax:remat3"], "raises": {"type": "ValueError", "regex": "documented"}}
+    )
     o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat2": obs("jax:remat2", G),
          "jax:remat3": obs("jax:remat3", error=err), "jax:remat3:jit": obs("jax:remat3:jit", WRONG)}
     j = judge(p, o, exp)
@@ -201,7 +208,10 @@ def test_when_the_value_reference_fails_the_baseline_still_checks_values():
     err = ErrorInfo(type="RuntimeError", message="f64 only", stage="forward")
     o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat3": obs("jax:remat3", WRONG)}
     j = judge(p, o, Expectations([]))
-    assert _keys(j) == [("error", "ref:f64", "expectations", "RuntimeError"), ("gradient", "jax:remat3", "jax:none", "")]
+    assert _keys(j) == [
+        ("error", "ref:f64", "expectations", "RuntimeError"),
+        ("gradient", "jax:remat3", "jax:none", ""),
+    ]
     loose = next(v for v in j.verdicts if v.check == "gradient" and v.reference == "ref:f64")
     assert loose.status == "skipped" and loose.detail["reason"] == "ref:f64 raised RuntimeError (forward)"
 
@@ -211,7 +221,9 @@ def test_without_reference_values_a_nonsmooth_program_skips_the_value_checks():
     p = prog([op("relu", ["x"], "y")])
     err = ErrorInfo(type="RuntimeError", message="f64 only", stage="forward")
     o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat3": obs("jax:remat3", WRONG)}
-    tight = next(v for v in judge(p, o, Expectations([])).verdicts if v.key()[:3] == ("gradient", "jax:remat3", "jax:none"))
+    tight = next(
+        v for v in judge(p, o, Expectations([])).verdicts if v.key()[:3] == ("gradient", "jax:remat3", "jax:none")
+    )
     assert tight.status == "skipped" and "kink" in tight.detail["reason"] and "ref:f64 raised" in tight.detail["reason"]
 
 
@@ -250,7 +262,10 @@ def test_status_equivalence_a_rival_that_raises_where_its_reference_succeeded():
     o = {"ref:f64": obs("ref:f64", error=err), "jax:none": obs("jax:none", G), "jax:remat2": obs("jax:remat2", G),
          "jax:remat3": obs("jax:remat3", error=err)}
     j = judge(p, o, Expectations([]))
-    assert _keys(j) == [("error", "jax:remat3", "jax:remat2", "ValueError"), ("error", "ref:f64", "expectations", "ValueError")]
+    assert _keys(j) == [
+        ("error", "jax:remat3", "jax:remat2", "ValueError"),
+        ("error", "ref:f64", "expectations", "ValueError"),
+    ]
     se = next(v for v in j.failures() if v.reference == "jax:remat2")
     assert se.detail["also_differs_from"] == ["jax:none"] and se.detail["reference_error"] is None
     declared = _exp_entries({"pipelines": ["jax:remat3"], "diverges": {"check": "error", "reason": "known"}})

@@ -6,7 +6,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from conformance.loading import load_corpus_variants
+from conformance.engine.loading import load_corpus_variants
 
 ROOT = Path(__file__).resolve().parents[1]
 REG = ROOT / "tests" / "regressions"
@@ -52,7 +52,10 @@ def test_the_property_test_fails_on_a_behaviour_the_corpus_does_not_track(tmp_pa
     r = pytest_outside(tmp_path, "--remat-pipelines", "jax:remat3", "--remat-examples", "6", "--remat-budget", "300",
                        "--remat-shrink-steps", "10", "--remat-corpus", str(empty))
     assert r.returncode == 1, r.stdout[-2000:]
-    assert "that the corpus does not track" in r.stdout and "replay: remat-conformance run --pipelines jax:remat3" in r.stdout
+    assert (
+        "that the corpus does not track" in r.stdout
+        and "replay: remat-conformance run --pipelines jax:remat3" in r.stdout
+    )
 
 
 def test_collects_by_entry_point_name_without_autoload_and_counts_its_tests(tmp_path):
@@ -60,8 +63,25 @@ def test_collects_by_entry_point_name_without_autoload_and_counts_its_tests(tmp_
     want = 1 + sum(1 for p in REG.glob("*.json") if p.name != "status.json"
                    for _, _, _, f in load_corpus_variants(str(p))
                    if f.pipeline == "jax:remat2" or any(k[1] == "jax:remat2" for k in f.reproduces))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "remat_conformance", "-p", "no:cacheprovider", "--co", "-q",
-                        "--remat-pipelines", "jax:remat2"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "remat_conformance",
+            "-p",
+            "no:cacheprovider",
+            "--co",
+            "-q",
+            "--remat-pipelines",
+            "jax:remat2",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
     assert r.returncode == 0 and f"{want} tests collected" in r.stdout, r.stdout[-1500:] + r.stderr[-1500:]
     assert "remat-conformance::jax:remat2::campaign::seed-0" in r.stdout

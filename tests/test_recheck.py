@@ -5,8 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.findings import CorpusEntry
-from conformance.issue_text import issue_text_or_reason
+from conformance.engine.findings import CorpusEntry
+from conformance.reporting.issue_text import issue_text_or_reason
 from tests.corpus_files import variant_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,8 @@ def test_recheck_groups_entries_by_class_bugs_first(tmp_path, capsys):
     """Entries print under their class, bugs first, each with its title, class and variants; the
     JSON rows carry them. (Every corpus entry's issue text: tests/test_issue_text.py.)"""
     import argparse
-    from conformance.recheck import main
+
+    from conformance.cli.recheck import main
     from tests.test_issue_text import _root
     d = tmp_path / "corpus"
     d.mkdir()
@@ -90,9 +91,9 @@ def test_recheck_groups_entries_by_class_bugs_first(tmp_path, capsys):
 def test_a_check_that_did_not_run_is_not_called_fixed(monkeypatch):
     """Where a release does not let the capture see a residual set (torch 2.13's SAC cache), the
     residual check is skipped: the entry is 'not run' there, never 'fixed'."""
-    from conformance.loading import load_program_file
-    from conformance.recheck import recheck_entry
-    from conformance.runner import InProcessExecutor
+    from conformance.cli.recheck import recheck_entry
+    from conformance.engine.loading import load_program_file
+    from conformance.engine.runner import InProcessExecutor
     from oracles.expectations import Expectations
     prog, inputs, f = load_program_file(str(variant_path(OPEN[0])))
     real = InProcessExecutor.run
@@ -111,10 +112,11 @@ def test_a_device_finding_is_rechecked_by_the_device_oracle(tmp_path):
     """A CPU-vs-device finding replays through `devices`' oracle: where that device is absent it is
     unsupported (never 'fixed' by a CPU-only replay)."""
     import torch
-    from conformance.findings import Finding
-    from conformance.loading import load_program_file
-    from conformance.recheck import recheck_entry
-    from conformance.verdict import DEVICE_REFERENCE
+
+    from conformance.cli.recheck import recheck_entry
+    from conformance.engine.findings import Finding
+    from conformance.engine.loading import load_program_file
+    from conformance.ir.verdict import DEVICE_REFERENCE
     from oracles.expectations import Expectations
     prog, inputs, f = load_program_file(str(variant_path(OPEN[0])))
     g = Finding.model_validate({**f.model_dump(), "reference": DEVICE_REFERENCE, "device": "cuda",

@@ -1,28 +1,25 @@
-"""IR reductions after the shrink (conformance.reduce) and their use by the campaign."""
+"""IR reductions after the shrink (conformance.engine.reduce) and their use by the campaign."""
 from __future__ import annotations
 
 import dataclasses
 import json
-
-import numpy as np
 import time
 from collections import Counter
-from pathlib import Path
 
+import numpy as np
 import pytest
 
-from conformance import pipelines as registry
-from conformance.campaign import Options
-from conformance.findings import Finding, decode_inputs
-from conformance.ir import load_program
-from conformance.loading import load_program_file
-from conformance.reduce import SIMPLEST_POLICY, candidates
-from conformance.runner import InProcessExecutor
-from conformance.search import REDUCE_STEPS, Searcher, Target, needed_pipelines
+import tests.mutants  # noqa: F401  (registers the mutant pipelines)
+from conformance.engine.findings import Finding, decode_inputs
+from conformance.engine.loading import load_program_file
+from conformance.engine.options import Options
+from conformance.engine.reduce import SIMPLEST_POLICY, candidates
+from conformance.engine.runner import InProcessExecutor
+from conformance.engine.search import REDUCE_STEPS, Searcher, Target, needed_pipelines
+from conformance.ir.program import load_program
+from conformance.pipelines import registry
 from oracles.expectations import Expectations
 from oracles.judge import judge
-
-import tests.mutants  # noqa: F401  (registers the mutant pipelines)
 from tests.corpus_files import variant_path
 
 
@@ -90,9 +87,10 @@ def test_candidates_inline_regions_and_drop_names():
                                            "out": "w2"}]}]})
     cands = [c.to_json_obj() for c in candidates(prog)]
     # the region inlined: its body in its place, nothing else changed
-    assert {"outputs": ["w2"], "body": [named, op("sin", ["n0"], "w1"), named | {"args": ["w1"], "params": {"name": "b"},
-                                                                                  "out": "w2"}]} in [
-        {"outputs": c["outputs"], "body": c["body"]} for c in cands]
+    assert {
+        "outputs": ["w2"],
+        "body": [named, op("sin", ["n0"], "w1"), named | {"args": ["w1"], "params": {"name": "b"}, "out": "w2"}],
+    } in [{"outputs": c["outputs"], "body": c["body"]} for c in cands]
     # name a dropped: the region reads x0
     no_a = next(c for c in cands if c["body"][0]["kind"] == "checkpoint")
     assert no_a["body"][0]["args"] == ["x0"] and no_a["body"][0]["body"][0]["args"] == ["x0"]
@@ -151,7 +149,7 @@ def test_the_reductions_stop_at_the_targets_shrink_time():
 
 def test_a_hand_reduced_program_becomes_a_corpus_entry_when_its_key_still_fails(tmp_path):
     """tools/corpus_entry.py: judged on the key's pipelines; an entry written only when it fails."""
-    from conformance.loading import load_program_file
+    from conformance.engine.loading import load_program_file
     from tools.corpus_entry import main
     prog = tmp_path / "p.json"
     prog.write_text(json.dumps({**PROG, "outputs": ["v1"], "body": [op("sin", ["x0"], "v1")]}))
@@ -175,8 +173,8 @@ def test_sibling_keys_are_added_to_existing_entries(tmp_path):
     """tools/corpus_entry.py --siblings: an entry filed without its siblings gets the keys its program
     fails the same way on the pipelines it names; the rest of the entry is kept; an entry whose key
     no longer fails is left as it is."""
-    from conformance.findings import CorpusEntry
-    from conformance.loading import load_program_file
+    from conformance.engine.findings import CorpusEntry
+    from conformance.engine.loading import load_program_file
     from tests.mutants import PerturbGradient
     from tools.corpus_entry import main
     twin = "jax:mutant-perturb-gradient-sibling"

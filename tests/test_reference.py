@@ -5,12 +5,12 @@ import random
 import numpy as np
 from hypothesis import HealthCheck, Phase, find, given, settings
 
-from conformance import pipelines
-from conformance.interpreter import loss_outputs, output_cotangents
-from conformance.batching import batch_id
-from conformance.ir import CustomJVP, CustomVJP, walk
-from conformance.ops import SCALE_OP
-from conformance.pipelines.jax_pipelines import node_values
+from conformance.ir.batching import batch_id
+from conformance.ir.interpreter import loss_outputs, output_cotangents
+from conformance.ir.nodes import CustomJVP, CustomVJP, walk
+from conformance.ir.ops import SCALE_OP
+from conformance.pipelines import registry as pipelines
+from conformance.pipelines.jax.pipelines import node_values
 from generators.programs import Config, cases, input_values, programs
 from tests.programs import named_chain, seed_program
 
@@ -83,8 +83,12 @@ def _true_rules_with_a_custom_jvp_residual(p) -> bool:
     blocks = [s for s, *_ in walk(p.body) if isinstance(s, CustomVJP)]
     exported = any(set(b.residuals) & set(j.results) - {a for s in b.fwd for a in s.args} - set(b.results)
                    for b in blocks for j in b.fwd if isinstance(j, CustomJVP))
-    scaled = any(o.op == SCALE_OP and o.params.get("c") == 3.0 for s, *_ in walk(p.body) if isinstance(s, (CustomVJP, CustomJVP))
-                 for o in (s.bwd if isinstance(s, CustomVJP) else s.jvp))
+    scaled = any(
+        o.op == SCALE_OP and o.params.get("c") == 3.0
+        for s, *_ in walk(p.body)
+        if isinstance(s, (CustomVJP, CustomJVP))
+        for o in (s.bwd if isinstance(s, CustomVJP) else s.jvp)
+    )
     return (exported and not scaled and p.diff.order == 1 and p.inputs[0].dtype == "float64"
             and "optimize_remat_symbolic_zeros" not in p.features())
 
@@ -106,12 +110,14 @@ def test_a_custom_vjp_rule_over_a_custom_jvp_matches_finite_differences():
 
 # make run, seed 0 (hand-reduced): a custom_jvp in a custom_vjp fwd, at second order. remat2 runs the
 # custom_jvp's rule; remat3 under checkpoint drops it, as nothing reads those tangents.
-CUSTOM_JVP_RULE_NOT_NEEDED = json.loads('''{"schema_version": 1, "inputs": [{"id": "x2", "shape": [2, 2], "dtype": "float32", "diff": true}], "body": [{"kind": "checkpoint", "args": ["x2"], "body": [{"kind": "custom_vjp", "args": ["x2"], "fwd": [{"kind": "op", "op": "sin", "args": ["x2"], "params": {}, "out": "v7"}, {"kind": "custom_jvp", "args": ["v7"], "body": [{"kind": "op", "op": "sin", "args": ["v7"], "params": {}, "out": "v8"}, {"kind": "op", "op": "sin", "args": ["v7"], "params": {}, "out": "v9"}], "results": ["v8", "v9"], "tangents": ["t10"], "jvp": [{"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "j11"}, {"kind": "op", "op": "mul", "args": ["t10", "j11"], "params": {}, "out": "j12"}, {"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "j13"}, {"kind": "op", "op": "mul", "args": ["t10", "j13"], "params": {}, "out": "j14"}, {"kind": "op", "op": "scale", "args": ["j12"], "params": {"c": 3.0}, "out": "j15"}], "jvp_results": ["j15", "j14"]}], "results": ["v7", "v9"], "residuals": ["x2", "v7"], "cts": ["g16", "g17"], "bwd": [{"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "b18"}, {"kind": "op", "op": "mul", "args": ["g17", "b18"], "params": {}, "out": "b19"}, {"kind": "op", "op": "add", "args": ["g16", "b19"], "params": {}, "out": "b20"}, {"kind": "op", "op": "cos", "args": ["x2"], "params": {}, "out": "b21"}, {"kind": "op", "op": "mul", "args": ["b20", "b21"], "params": {}, "out": "b22"}, {"kind": "op", "op": "scale", "args": ["b22"], "params": {"c": 3.0}, "out": "b23"}], "bwd_results": ["b23"], "nondiff": [], "symbolic_zeros": false, "optimize_remat": false}], "results": ["v9"], "policy": {"kind": "nothing"}, "prevent_cse": true}], "outputs": ["v9"], "diff": {"order": 2, "mode": "reverse"}, "extensions": {}}''')
+CUSTOM_JVP_RULE_NOT_NEEDED = json.loads(
+    """{"schema_version": 1, "inputs": [{"id": "x2", "shape": [2, 2], "dtype": "float32", "diff": true}], "body": [{"kind": "checkpoint", "args": ["x2"], "body": [{"kind": "custom_vjp", "args": ["x2"], "fwd": [{"kind": "op", "op": "sin", "args": ["x2"], "params": {}, "out": "v7"}, {"kind": "custom_jvp", "args": ["v7"], "body": [{"kind": "op", "op": "sin", "args": ["v7"], "params": {}, "out": "v8"}, {"kind": "op", "op": "sin", "args": ["v7"], "params": {}, "out": "v9"}], "results": ["v8", "v9"], "tangents": ["t10"], "jvp": [{"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "j11"}, {"kind": "op", "op": "mul", "args": ["t10", "j11"], "params": {}, "out": "j12"}, {"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "j13"}, {"kind": "op", "op": "mul", "args": ["t10", "j13"], "params": {}, "out": "j14"}, {"kind": "op", "op": "scale", "args": ["j12"], "params": {"c": 3.0}, "out": "j15"}], "jvp_results": ["j15", "j14"]}], "results": ["v7", "v9"], "residuals": ["x2", "v7"], "cts": ["g16", "g17"], "bwd": [{"kind": "op", "op": "cos", "args": ["v7"], "params": {}, "out": "b18"}, {"kind": "op", "op": "mul", "args": ["g17", "b18"], "params": {}, "out": "b19"}, {"kind": "op", "op": "add", "args": ["g16", "b19"], "params": {}, "out": "b20"}, {"kind": "op", "op": "cos", "args": ["x2"], "params": {}, "out": "b21"}, {"kind": "op", "op": "mul", "args": ["b20", "b21"], "params": {}, "out": "b22"}, {"kind": "op", "op": "scale", "args": ["b22"], "params": {"c": 3.0}, "out": "b23"}], "bwd_results": ["b23"], "nondiff": [], "symbolic_zeros": false, "optimize_remat": false}], "results": ["v9"], "policy": {"kind": "nothing"}, "prevent_cse": true}], "outputs": ["v9"], "diff": {"order": 2, "mode": "reverse"}, "extensions": {}}"""  # noqa: E501
+)
 
 
 def test_a_custom_jvp_rule_remat3_does_not_need_is_no_finding():
-    from conformance.ir import load_program
-    from conformance.runner import InProcessExecutor
+    from conformance.engine.runner import InProcessExecutor
+    from conformance.ir.program import load_program
     from oracles.expectations import Expectations
     from oracles.judge import judge
     p = load_program(CUSTOM_JVP_RULE_NOT_NEEDED)

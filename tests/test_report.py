@@ -7,9 +7,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from conformance.cli import main as cli_main
+from conformance.cli.main import main as cli_main
 from conformance.reporting import render
 from conformance.reporting.build import build
 from conformance.reporting.inputs import REPORT_SCHEMA_VERSION, ReportInputError, load_run
@@ -48,7 +49,10 @@ def test_report_embeds_repro_scripts_for_both_frameworks():
     rep = build([load_run(FIX / "run_a")], with_repro=True)
     f = next(x for x in rep["findings"] if x["pipeline"] == "jax:remat3")
     assert set(f["repro"]) == {"jax", "torch"}
-    assert "jax.checkpoint(fn, **kw)" in f["repro"]["jax"] and "create_selective_checkpoint_contexts" in f["repro"]["torch"]
+    assert (
+        "jax.checkpoint(fn, **kw)" in f["repro"]["jax"]
+        and "create_selective_checkpoint_contexts" in f["repro"]["torch"]
+    )
     assert "with checkpoint(policy=nothing_saveable)" in f["pseudo_code"]
     html = render.render_html(rep, {})
     assert "Standalone repro script (torch)" in html
@@ -178,9 +182,11 @@ def test_stale_expectations_reach_the_summary_the_report_and_its_page(tmp_path):
     in the campaign, its summary.md, report.json and report.html; the packaged entries that
     fired on these programs are not."""
     import json as _json
-    from conformance.campaign import Campaign, Options, summary_markdown
-    from conformance.runner import InProcessExecutor
-    from conformance.store import Store
+
+    from conformance.engine.campaign import Campaign, summary_markdown
+    from conformance.engine.options import Options
+    from conformance.engine.runner import InProcessExecutor
+    from conformance.engine.store import Store
     from generators.programs import Config
     from oracles.expectations import Entry, Expectations
     never = {"id": "test-never-matches", "pipelines": ["jax:remat3"], "versions": {"jax": "<0.0.1"},
@@ -287,9 +293,10 @@ def test_findings_are_grouped_by_class_bugs_first(tmp_path):
 def test_summary_groups_findings_by_class_bugs_first(tmp_path):
     """summary.md: bugs, then questions, documented behaviours, harness limits, each by its title,
     its class (suggested until confirmed) and its variants with counts; tracked behaviours too."""
-    from conformance.campaign import Campaign, Options, summary_markdown
-    from conformance.findings import Finding
-    from conformance.store import Store
+    from conformance.engine.campaign import Campaign, summary_markdown
+    from conformance.engine.findings import Finding
+    from conformance.engine.options import Options
+    from conformance.engine.store import Store
     from oracles.expectations import Expectations
     fs = [Finding.model_validate(f) for f in json.loads((classed_run(tmp_path) / "findings.json").read_text())]
     camp = Campaign(Options(pipelines=["jax:remat3"]), Store(tmp_path / "out"), None, Expectations.load())

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from conformance import repro
-from conformance.cli import main as cli_main
-from conformance.loading import load_program_file
+from conformance.cli.main import main as cli_main
+from conformance.engine.loading import load_program_file
 from tests.corpus_files import variant_path
 
 REG = Path(__file__).parent / "regressions"
-SEED = variant_path("b324b466757472b7.json")            # real: remat3 + symbolic_zeros fwd with names: must raise, does not
+SEED = variant_path("b324b466757472b7.json")  # real: remat3 + symbolic_zeros fwd with names: must raise, does not
 FIXED = variant_path("fixed-optimize-remat-sz.json")     # constructed: raises the documented error (conforms)
 BLOCK = ("import runpy, sys\n"
          "for m in ('conformance', 'oracles', 'generators'):\n"
@@ -170,8 +170,8 @@ def test_torch_repro_of_a_real_torch_finding_agrees_with_the_harness(tmp_path):
     """The torch corpus entry (compiled vs eager SAC on nested policies): its standalone script
     exits 1 and prints REPRODUCED exactly when the harness's own replay still fails that key
     (so an upstream fix flips both, and the entry's strict xfail reports it)."""
-    from conformance.campaign import replay_pipelines
-    from conformance.runner import InProcessExecutor
+    from conformance.engine.runner import InProcessExecutor
+    from conformance.engine.search import replay_pipelines
     from oracles.expectations import Expectations
     from oracles.judge import judge
     path = variant_path("residuals-torch_compile-aot_eager-866d56ae.json")
@@ -189,8 +189,8 @@ def test_jax_repro_of_a_residual_report_finding_checks_the_report(tmp_path):
     # A residual_report finding on a real pipeline: the script compares JAX's report with the
     # closure and conforms (exit 0); with one report row dropped, as a wrong report would be,
     # the same script reproduces (exit 1).
-    from conformance.findings import make_finding
-    from conformance.verdict import Verdict
+    from conformance.engine.findings import make_finding
+    from conformance.ir.verdict import Verdict
     from generators.programs import input_values
     from tests.programs import named_chain
     prog = named_chain()
@@ -213,9 +213,9 @@ def test_jax_repro_of_a_residual_report_finding_checks_the_report(tmp_path):
 def test_jax_repro_of_a_custom_jvp_program_runs_its_rule(tmp_path):
     # A custom_jvp block with a name in its body, under checkpoint: the script builds the block as
     # jax.custom_jvp with its rule, and the residual check conforms (remat2 vs remat2:jit).
-    from conformance.ir import load_program
-    from conformance.findings import make_finding
-    from conformance.verdict import Verdict
+    from conformance.engine.findings import make_finding
+    from conformance.ir.program import load_program
+    from conformance.ir.verdict import Verdict
     from generators.programs import input_values
     from tests.programs import op, prog, region
     blk = {"kind": "custom_jvp", "args": ["x"], "body": [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a")],
@@ -237,8 +237,8 @@ def test_jax_repro_spells_the_rule_as_the_program_does(spelling, tmp_path):
     # custom_gradient / custom_gradient(remat=True) / defremat: the script spells the rule so and
     # runs it under custom_vjp3 (the rematerialisation rules need it); the no-remat reference uses
     # the same VJP spelled without a rem rule; gradients agree (exit 0)
-    from conformance.findings import make_finding
-    from conformance.verdict import Verdict
+    from conformance.engine.findings import make_finding
+    from conformance.ir.verdict import Verdict
     from generators.programs import input_values
     from tests.programs import op, prog, region
     blk = {"kind": "custom_vjp", "args": ["x"], "fwd": [op("sin", ["x"], "s")], "results": ["s"], "residuals": ["x"],
@@ -258,8 +258,8 @@ def test_jax_repro_spells_the_rule_as_the_program_does(spelling, tmp_path):
 
 @pytest.mark.parametrize("spelling,tree", [("defvjp", "dict"), ("defvjp", "nested"), ("defremat", "nested")])
 def test_jax_repro_passes_residuals_in_the_programs_pytree(spelling, tree, tmp_path):
-    from conformance.findings import make_finding
-    from conformance.verdict import Verdict
+    from conformance.engine.findings import make_finding
+    from conformance.ir.verdict import Verdict
     from generators.programs import input_values
     from tests.programs import op, prog, region
     blk = {"kind": "custom_vjp", "args": ["x"], "fwd": [op("sin", ["x"], "s"), op("cos", ["x"], "k")],
@@ -279,8 +279,8 @@ def test_jax_repro_passes_residuals_in_the_programs_pytree(spelling, tree, tmp_p
 def test_jax_repro_of_a_rule_that_branches_on_perturbed(tmp_path):
     # symbolic_zeros fwd marks the perturbed args in its residual pytree, bwd drops the others'
     # cotangents: the script builds that rule, and it conforms on a pipeline pair where it does
-    from conformance.findings import make_finding
-    from conformance.verdict import Verdict
+    from conformance.engine.findings import make_finding
+    from conformance.ir.verdict import Verdict
     from generators.programs import input_values
     from tests.programs import op, prog, region
     blk = {"kind": "custom_vjp", "args": ["t", "w"], "fwd": [op("sin", ["t"], "s"), op("mul", ["s", "w"], "m")],

@@ -23,13 +23,30 @@ from pathlib import Path
 
 import pytest
 
-from conformance.store import KILL_IN_WRITE_ENV, PAUSE_AFTER_ENV, PAUSED_MARK, Store, read_jsonl
+from conformance.engine.store import KILL_IN_WRITE_ENV, PAUSE_AFTER_ENV, PAUSED_MARK, Store, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 # A test-only pipeline whose gradients are always wrong: a finding on the first program, whatever the
 # generator draws (tests/mutants.py, loaded as a plugin by the CLI and every worker process).
-ARGS = ["--pipelines", "jax:mutant-perturb-gradient", "--max-stmts", "3", "--shrink-steps", "3", "--shrink-seconds", "600",
-        "--budget", "600", "--max-examples", "9", "--round-size", "3", "--seed", "3", "--quiet"]
+ARGS = [
+    "--pipelines",
+    "jax:mutant-perturb-gradient",
+    "--max-stmts",
+    "3",
+    "--shrink-steps",
+    "3",
+    "--shrink-seconds",
+    "600",
+    "--budget",
+    "600",
+    "--max-examples",
+    "9",
+    "--round-size",
+    "3",
+    "--seed",
+    "3",
+    "--quiet",
+]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "REMAT_CONFORMANCE_PLUGINS": "tests.mutants"}
 
 
@@ -272,7 +289,8 @@ def test_torn_and_newline_less_last_lines(tmp_path):
 
 
 def _camp(tmp_path):
-    from conformance.campaign import Campaign, Options
+    from conformance.engine.campaign import Campaign
+    from conformance.engine.options import Options
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "run.json").write_text("{}")
     return Campaign(Options(pipelines=["ref:f64"]), Store(tmp_path, resume=True), executor=None, expectations=None)
@@ -302,7 +320,7 @@ def test_restore_replays_unfinished_rounds_and_an_unfinished_shrink(tmp_path):
 
 
 def test_restore_takes_a_finding_missing_from_findings_json_from_the_corpus(tmp_path):
-    from conformance.findings import CorpusEntry
+    from conformance.engine.findings import CorpusEntry
     src = REPO / "tests" / "fixtures" / "base" / "corpus"
     entry = CorpusEntry.model_validate_json(next(iter(sorted(src.glob("*.json")))).read_text())
     sig = entry.finding.signature

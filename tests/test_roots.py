@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from conformance.engine.findings import Finding, signature
+from conformance.engine.loading import load_corpus_variants, load_known, load_program_file
+from conformance.engine.roots import pipeline_family, root_key, stamp, suggest_triage
+from conformance.engine.search import merge_finding
 from conformance.errors import UsageError
-from conformance.findings import Finding, signature
-from conformance.loading import load_corpus_variants, load_known, load_program_file
-from conformance.roots import pipeline_family, root_key, stamp, suggest_triage
-from conformance.search import merge_finding
 
 
 def _finding(check="residuals", pipeline="jax:remat3", reference="jax:remat2", label="other",
@@ -155,7 +155,7 @@ def test_a_wrong_gradient_is_one_root_whichever_reference_showed_it():
 
 
 def test_spellings_and_rule_options_fold_but_constructs_keep_roots_apart():
-    from conformance.roots import nested_roots
+    from conformance.engine.roots import nested_roots
     tc = "trace_count"
     base = _finding(tc, "jax:remat3+cvjp3", "jax:remat2", "primal_traces", ("custom_vjp",))
     spelled = _finding(tc, "jax:remat3+cvjp3:jit", "jax:remat2:jit", "primal_traces",
@@ -176,4 +176,6 @@ def test_a_missing_expected_error_roots_on_the_expectation_that_asked_for_it():
     b = _finding("error", "jax:remat3:jit", "expectations", "none", ("custom_vjp", "symbolic_zeros", "random"),
                  {"got": None})
     a.expectation = b.expectation = "remat3-symbolic-zeros-fwd-remat"
-    assert root_key(a) == root_key(b) == "error|jax:remat3|expectations|none:expectation remat3-symbolic-zeros-fwd-remat"
+    assert (
+        root_key(a) == root_key(b) == "error|jax:remat3|expectations|none:expectation remat3-symbolic-zeros-fwd-remat"
+    )

@@ -29,7 +29,7 @@ def corpus_cases():
     does not show it) and for a finding key status.json lists as fixed (the behaviour is gone, or
     a constructed conforming guard); a root listed there as now *expected* (class documented, say)
     still reproduces in plain code: 1."""
-    from conformance.loading import corpus_fixed_keys, load_corpus_root
+    from conformance.engine.loading import corpus_fixed_keys, load_corpus_root
     fixed = corpus_fixed_keys(CORPUS)
     out = []
     for path in sorted(CORPUS.glob("*.json")):
@@ -105,7 +105,7 @@ def test_short_repro_refuses_what_it_cannot_write():
 
 
 def test_cli_repro_is_short_by_default_and_full_on_request(tmp_path):
-    from conformance.cli import main as cli_main
+    from conformance.cli.main import main as cli_main
     path = CORPUS / "remat3-no-zero-propagation.json"
     short, full = tmp_path / "short.py", tmp_path / "full.py"
     assert cli_main(["repro", str(path), "--out", str(short)]) == 0

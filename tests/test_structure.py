@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 from conformance import repro
-from conformance.findings import make_finding
-from conformance.ir import DIFF_MODES, ProgramError, iteration_ids, load_program, node_index, scan_lengths, walk
-from conformance.reduce import candidates
-from conformance.residuals import canonicalise
-from conformance.runner import InProcessExecutor
-from conformance.verdict import Verdict
+from conformance.engine.findings import make_finding
+from conformance.engine.reduce import candidates
+from conformance.engine.runner import InProcessExecutor
+from conformance.ir.nodes import DIFF_MODES, ProgramError, iteration_ids, scan_lengths, walk
+from conformance.ir.program import load_program, node_index
+from conformance.ir.residuals import canonicalise
+from conformance.ir.verdict import Verdict
 from generators.programs import input_values
 from oracles.expectations import Expectations
 from oracles.judge import judge
@@ -161,7 +162,7 @@ def test_a_perturbed_second_order_value_fails():
 
 
 def test_torch_declares_forward_modes_it_cannot_run():
-    from conformance.pipelines.torch_pipelines import NO_FORWARD_AD, NO_LINEARIZE
+    from conformance.pipelines.torch.pipelines import NO_FORWARD_AD, NO_LINEARIZE
     reasons = {e.id: e.unsupported.reason for e in PACKAGED.entries if e.unsupported}
     assert reasons["torch-no-linearize"] == NO_LINEARIZE
     assert reasons["torch-no-forward-ad-names"] == reasons["torch-no-forward-ad-custom-vjp"] == NO_FORWARD_AD
@@ -269,9 +270,17 @@ def cond_program(n=2):
     """A cond (or a switch of three) on a non-differentiated input p: each branch a checkpointed
     layer naming its nonlinearity 'a' (sin, cos, tanh), saving only it."""
     fns = ("sin", "cos", "tanh")[:n]
-    branches = [[region(["x"], [op(f, ["x"], f"s{k}"), op("name", [f"s{k}"], f"a{k}", name="a"),
-                                op("mul", [f"a{k}", "x"], f"m{k}")], [f"m{k}"], {"kind": "save_only_names", "names": ["a"]})]
-                for k, f in enumerate(fns)]
+    branches = [
+        [
+            region(
+                ["x"],
+                [op(f, ["x"], f"s{k}"), op("name", [f"s{k}"], f"a{k}", name="a"), op("mul", [f"a{k}", "x"], f"m{k}")],
+                [f"m{k}"],
+                {"kind": "save_only_names", "names": ["a"]},
+            )
+        ]
+        for k, f in enumerate(fns)
+    ]
     c = {"kind": "cond", "args": ["p", "x"], "branches": branches, "branch_results": [[f"m{k}"] for k in range(n)],
          "results": ["r"]}
     return prog([c, op("exp", ["r"], "e")], inputs=[{"id": "x", "shape": [3], "dtype": F32, "diff": True},
@@ -281,7 +290,7 @@ def cond_program(n=2):
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_cond_takes_the_same_branch_everywhere_and_saves_its_names(n, tmp_path):
-    from conformance.ir import branch_thresholds
+    from conformance.ir.nodes import branch_thresholds
     p = cond_program(n)
     assert ("cond" if n == 2 else "switch") in p.features() and "checkpoint_in_cond" in p.features()
     names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3:jit", "torch:none", "torch:eager-sac",
@@ -310,7 +319,7 @@ def test_cond_takes_the_same_branch_everywhere_and_saves_its_names(n, tmp_path):
 
 
 def test_seeded_cotangents_reach_each_output_and_its_checkpoint():
-    from conformance.interpreter import seeded_cotangent
+    from conformance.ir.interpreter import seeded_cotangent
     p = scanned_layers(length=2, xs=False).to_json_obj()
     p["diff"]["cotangents"] = "seeded"
     p = load_program(p)
@@ -320,7 +329,10 @@ def test_seeded_cotangents_reach_each_output_and_its_checkpoint():
     assert not judge(p, obs, PACKAGED).failures()
     # the loss weights each output by its cotangent
     w = [np.asarray(seeded_cotangent(list(np.shape(o)))) for o in obs["ref:f64"].outputs]
-    assert abs(obs["ref:f64"].loss - sum(float(np.sum(np.asarray(o) * c)) for o, c in zip(obs["ref:f64"].outputs, w))) < 1e-9
+    assert (
+        abs(obs["ref:f64"].loss - sum(float(np.sum(np.asarray(o) * c)) for o, c in zip(obs["ref:f64"].outputs, w)))
+        < 1e-9
+    )
     q = load_program({**p.to_json_obj(), "diff": {"order": 1, "mode": "reverse"}})
     ones = EXECUTOR.run(q, input_values(q, 0), ["ref:f64"])["ref:f64"]
     assert not np.allclose(ones.grads["x"], obs["ref:f64"].grads["x"])
@@ -360,7 +372,9 @@ def test_aux_outputs_are_returned_and_not_differentiated(tmp_path):
     body = [region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "a", name="a"), op("mul", ["a", "x"], "b")],
                    ["b", "a"], {"kind": "save_only_names", "names": ["a"]}),
             op("exp", ["a"], "e")]
-    p = load_program({**prog(body, outputs=["b", "e"]).to_json_obj(), "diff": {"order": 1, "mode": "reverse", "aux": 1}})
+    p = load_program(
+        {**prog(body, outputs=["b", "e"]).to_json_obj(), "diff": {"order": 1, "mode": "reverse", "aux": 1}}
+    )
     assert "aux_outputs" in p.features() and "has_aux=True" in repro.pseudo_code(p)
     only_b = prog(body, outputs=["b"])
     names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3:jit", "torch:none", "torch:eager-sac"]
@@ -550,7 +564,7 @@ def test_per_example_programs_do_not_judge_policies_that_decide_on_shapes():
     """Under dots_no_batch JAX's policy sees vmapped shapes: the repro's policy check (and the
     policy oracle, through the same helper) leaves per-example programs under it unjudged, and
     only those."""
-    from conformance.policy import judged_by_meaning
+    from conformance.ir.policy import judged_by_meaning
     from conformance.repro.plan import must_not_save
     obj = per_example_program().to_json_obj()
     obj["body"][1]["policy"] = {"kind": "dots_no_batch"}

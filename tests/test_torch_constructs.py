@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from conformance import pipelines as P
-from conformance.ir import Checkpoint, Input, Op, Program, ProgramError, validate
-from conformance.pipelines import torch_pipelines as TP
-from conformance.policy import Everything, Ops
+from conformance.ir.nodes import Checkpoint, Input, Op, ProgramError
+from conformance.ir.policy import Everything, Ops
+from conformance.ir.program import Program, validate
+from conformance.pipelines import registry as P
+from conformance.pipelines.torch import pipelines as TP
 from generators.programs import input_values
 from oracles import cross_framework as X
 from oracles import gradients as G
@@ -110,7 +111,9 @@ def _dropout_program() -> Program:
         outputs=["d"]))
 
 
-@pytest.mark.parametrize("make", [lambda: inplace_program(Everything()), _dropout_program], ids=["user-add_", "dropout"])
+@pytest.mark.parametrize(
+    "make", [lambda: inplace_program(Everything()), _dropout_program], ids=["user-add_", "dropout"]
+)
 def test_eager_sac_refuses_a_mutated_cached_tensor(make):
     """(expectation torch-eager-sac-mutated-cache) A policy caching a value that is then mutated in
     place: the user's a.add_(x), or CPU dropout's own output (empty_like, then bernoulli_ and div_ in
@@ -152,7 +155,7 @@ def test_inplace_on_a_saved_tensor_raises():
 def three_results_program(region: bool = False) -> Program:
     """A symbolic_zeros block with three results: s read by the loss (a value), c read only as
     c - c (autograd sums +1 and -1: a tensor of zeros), e unread (None)."""
-    from conformance.ir import CustomVJP
+    from conformance.ir.nodes import CustomVJP
     block = CustomVJP(args=["x"], fwd=[Op(op="sin", args=["x"], out="s"), Op(op="cos", args=["x"], out="c"),
                                        Op(op="neg", args=["x"], out="e")],
                       results=["s", "c", "e"], residuals=["x"], cts=["gs", "gc", "ge"],
@@ -207,7 +210,7 @@ def function_options_program(order: int = 1) -> Program:
     """A block of three results: c marked non-differentiable (its gradient path x -> c -> y is
     cut), a once_differentiable backward, and a bwd that doubles its cotangent where the first
     result's cotangent sums below 0 (seeded: it does for some elements' signs)."""
-    from conformance.ir import CustomVJP, Diff
+    from conformance.ir.nodes import CustomVJP, Diff
     block = CustomVJP(args=["x"], fwd=[Op(op="sin", args=["x"], out="s"), Op(op="cos", args=["x"], out="c")],
                       results=["s", "c"], residuals=["x"], cts=["gs", "gc"],
                       bwd=[Op(op="cos", args=["x"], out="dx"), Op(op="mul", args=["gs", "dx"], out="b1"),
@@ -245,7 +248,7 @@ def test_function_options_run_alike_in_both_frameworks():
 def saving_program(batch: int = 0) -> Program:
     """One region whose policy saves three ops' outputs (matmul, sin, matmul): a stateful policy
     saving every other one saves the first and the third."""
-    from conformance.ir import Diff
+    from conformance.ir.nodes import Diff
     return validate(Program(
         inputs=[Input(id="x", shape=[3, 3], dtype="float64", batched=bool(batch)),
                 Input(id="w", shape=[3, 3], dtype="float64")],
@@ -278,7 +281,7 @@ class SharesStateAcrossCalls(TP.TorchSAC):
     call, a common slip): a region run once per example counts on from the previous example."""
 
     def _run(self, program, inputs, obs, device):
-        from conformance.pipelines import torch_lowering as TL
+        from conformance.pipelines.torch import lowering as TL
         real = TL.context_fn
 
         def shared(p, names, prefer=False, calls=None, state=None):
@@ -305,7 +308,10 @@ def test_mutant_stateful_policy_shared_across_calls_fails_against_the_real_one()
 def test_compiled_reentrant_checkpoint_computes_eager_reentrant_values():
     prog = saving_program()
     inp = inputs_for(prog)
-    eager, compiled = P.get("torch:eager-reentrant").run(prog, inp), P.get("torch:compile-aot_eager:reentrant").run(prog, inp)
+    eager, compiled = (
+        P.get("torch:eager-reentrant").run(prog, inp),
+        P.get("torch:compile-aot_eager:reentrant").run(prog, inp),
+    )
     assert eager.ok() and compiled.ok(), (eager.error, compiled.error)
     assert compiled.flags["reentrant"] and compiled.flags["compile"] == "aot_eager"
     assert G.compare(prog, compiled, eager, "tight").status == "pass"
@@ -318,7 +324,7 @@ def test_a_draw_only_a_later_iteration_overwrites_is_dead_random(reads_carry, de
     """A scan whose body draws a mask into its carry: the draws of all iterations but the last
     are dead when no live value reads the carry (torch.compile drops them: entry
     torch-compile-drops-dead-random-ops), live when the next iteration's draw depends on it."""
-    from conformance.ir import Scan
+    from conformance.ir.nodes import Scan
     body = [Op(op="dropout", args=["x"] if reads_carry != "live" else ["c"], params={"p": 0.5, "seed": 0}, out="d")]
     if reads_carry == "dead":
         body.append(Op(op="sum", args=["c"], params={"axis": None}, out="unused"))
@@ -336,7 +342,7 @@ def test_a_draw_into_a_final_carry_nothing_reads_is_dead_random(length, final_ca
     after the loop: every draw into it is dead code (torch.compile drops it and later draws shift:
     a default campaign, seed 12, flagged torch:compile-aot_eager's gradient for it before the
     feature saw a dead final carry)."""
-    from conformance.ir import Scan
+    from conformance.ir.nodes import Scan
     body = [Op(op="dropout", args=["c"], params={"p": 0.25, "seed": 0}, out="d"),
             Op(op="dropout", args=["x"], params={"p": 0.5, "seed": 1}, out="m"),
             Op(op="sum", args=["m"], params={"axis": None}, out="y")]
@@ -352,7 +358,7 @@ def test_a_draw_into_a_final_carry_nothing_reads_is_dead_random(length, final_ca
 def chained_regions_program() -> Program:
     """Two regions without a policy chained on one value, then an op reading the last result: what
     checkpoint_sequential([region1, region2, op], 3, x) computes and saves."""
-    from conformance.policy import NoPolicy
+    from conformance.ir.policy import NoPolicy
     return validate(Program(
         inputs=[Input(id="x", shape=[2, 3], dtype="float64")],
         body=[Checkpoint(args=["x"], results=["r1"], policy=NoPolicy(),

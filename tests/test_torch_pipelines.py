@@ -3,20 +3,17 @@
 zeros. Kept under a few minutes on 2 cores: inductor compiles one small program."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-
 import torch  # noqa: E402  (pinned: a missing torch is an error, not a skip)
+from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 
-from hypothesis import assume, HealthCheck, given, settings  # noqa: E402
-
-from conformance import pipelines as P  # noqa: E402
-from conformance.ir import Checkpoint, CustomVJP, Diff, Input, Op, Program, validate  # noqa: E402
-from conformance.pipelines import torch_lowering as TL  # noqa: E402
-from conformance.pipelines import torch_pipelines as TP  # noqa: E402
-from conformance.policy import Both, DotParams, Dots, DotsNoBatch, Everything, Nothing, Ops, SaveOnlyNames  # noqa: E402
+from conformance.ir.nodes import Checkpoint, CustomVJP, Diff, Input, Op
+from conformance.ir.policy import Both, DotParams, Dots, DotsNoBatch, Everything, Nothing, Ops, SaveOnlyNames  # noqa: E402
+from conformance.ir.program import Program, validate  # noqa: E402
+from conformance.pipelines import registry as P  # noqa: E402
+from conformance.pipelines.torch import lowering as TL  # noqa: E402
+from conformance.pipelines.torch import pipelines as TP  # noqa: E402
 from generators.programs import Config, cases, input_values  # noqa: E402
 from oracles import cross_framework as X  # noqa: E402
 from oracles import gradients as G  # noqa: E402
@@ -191,7 +188,10 @@ def test_generated_programs_eager_and_aot(case):
 # PyTorch bugs the regression corpus tracks, by the error they raise on programs with a feature (the
 # corpus entry's signature names one policy kind; any saving policy, or none, shows the same bug)
 TRACKED_ERRORS = {
-    "error-torch_eager-sac-f89e9b26.json": ("random", "Tensor cached during selective activation checkpoint has been mutated"),
+    "error-torch_eager-sac-f89e9b26.json": (
+        "random",
+        "Tensor cached during selective activation checkpoint has been mutated",
+    ),
     "error-torch_compile-aot_eager-ea4346c4.json": ("random", "does not support RNG ops in recompute regions"),
 }
 # documented errors (expectation entries) on programs with a feature
@@ -201,7 +201,6 @@ DOCUMENTED_ERRORS = {"torch-eager-sac-mutated-cache": ("inplace", "has been muta
 
 def unknown_failures(prog, observations) -> list:
     """The errors of these observations that are none of the TRACKED_ERRORS."""
-    from pathlib import Path
     assert all(variant_path(f).is_file() for f in TRACKED_ERRORS)
     feats = prog.features()
     known = list(TRACKED_ERRORS.values()) + list(DOCUMENTED_ERRORS.values())

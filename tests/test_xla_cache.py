@@ -1,4 +1,4 @@
-"""The campaign's XLA compile cache (conformance.pipelines.xla_cache)."""
+"""The campaign's XLA compile cache (conformance.pipelines.jax.xla_cache)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.pipelines import xla_cache
+from conformance.pipelines.jax import xla_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,7 +65,7 @@ def test_the_cache_is_trimmed_every_so_many_runs(tmp_path, monkeypatch):
 PROBE = r"""
 import json, sys
 from jax._src import monitoring
-from conformance import pipelines as P
+from conformance.pipelines import registry as P
 from generators.programs import input_values
 from tests.programs import named_chain
 hits = []

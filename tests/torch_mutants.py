@@ -1,5 +1,5 @@
 """The PyTorch mutants (test-only; registered lazily by tests/mutants.py)."""
-from conformance.pipelines.torch_pipelines import TorchSAC
+from conformance.pipelines.torch.pipelines import TorchSAC
 from tests.mutants import PerturbGradient, _perturb
 
 

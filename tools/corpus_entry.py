@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def replay(prog, inputs, key: tuple, also=()):
     """(observations, judgement, verdict of `key` or None): the program on the key's pipelines,
     the default set of its framework and the pipelines `also` names."""
-    from conformance import pipelines as registry
-    from conformance.runner import InProcessExecutor
-    from conformance.search import replay_pipelines
+    from conformance.engine.runner import InProcessExecutor
+    from conformance.engine.search import replay_pipelines
+    from conformance.pipelines import registry
     from oracles.expectations import Expectations
     from oracles.judge import judge
     fw = registry.framework_of(key[1])
@@ -43,9 +43,9 @@ def replay(prog, inputs, key: tuple, also=()):
 
 
 def refresh_siblings(paths: list[str]) -> int:
-    from conformance.findings import CorpusEntry
-    from conformance.loading import load_program_file
-    from conformance.search import sibling_keys
+    from conformance.engine.findings import CorpusEntry
+    from conformance.engine.loading import load_program_file
+    from conformance.engine.search import sibling_keys
     for path in paths:
         if Path(path).name == "status.json":
             continue
@@ -74,9 +74,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.siblings:
         return refresh_siblings(a.siblings)
-    from conformance.findings import CorpusEntry, make_finding
-    from conformance.loading import corpus_entry_stem, load_program_file
-    from conformance.search import obs_digest, sibling_keys
+    from conformance.engine.findings import CorpusEntry, make_finding
+    from conformance.engine.loading import corpus_entry_stem, load_program_file
+    from conformance.engine.search import obs_digest, sibling_keys
     from generators.programs import input_values
 
     if a.program is None or a.out is None or (a.like is None) == (a.key is None):

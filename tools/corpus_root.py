@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def make_root(slug: str, title: str, cls: str, reason: str, links: list[str], entries: list[Path],
               reference_why: str = "") -> dict:
-    from conformance.findings import CorpusRoot, CorpusVariant, Triage
+    from conformance.engine.findings import CorpusRoot, CorpusVariant
+    from conformance.ir.verdict import Triage
     variants, replaces = [], []
     for p in entries:
         obj = json.loads(p.read_text())
@@ -39,7 +40,7 @@ def make_root(slug: str, title: str, cls: str, reason: str, links: list[str], en
 
 
 def write_root(directory: Path, slug: str, obj: dict, entries: list[Path], remove: bool) -> Path:
-    from conformance.loading import load_corpus_variants
+    from conformance.engine.loading import load_corpus_variants
     out = directory / f"{slug}.json"
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(obj, indent=1, sort_keys=True) + "\n")

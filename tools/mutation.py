@@ -11,7 +11,7 @@ was computed (--fail-under makes a low score an error); non-zero when mutmut cou
 Counting: a mutant is killed when a test failed on it (mutmut's `killed`, and `timeout`: the
 tests did not finish); every other outcome of a mutant in SCOPE (`survived`, `no tests`: no
 selected test calls its function, `suspicious`) is a survivor and counts against the score.
-Mutants mutmut generated outside SCOPE (the rest of conformance/search.py) are not run and
+Mutants mutmut generated outside SCOPE (the rest of conformance/engine/search.py) are not run and
 not counted. mutmut mutates code inside functions and methods only: module-level constants
 (TOLERANCES, INCIDENTAL_FEATURES, ...) are not mutated (tests/test_oracle_units.py checks
 them directly).
@@ -47,13 +47,13 @@ SCOPE = (
     "oracles.missing.*",
     "oracles.cross_framework.*",
     "oracles.expectations.*",
-    "conformance.findings.x_signature_features__mutmut_*",
-    "conformance.findings.x_signature__mutmut_*",
-    "conformance.findings.xǁFindingǁcore_features__mutmut_*",
-    "conformance.search.x_same_behaviour__mutmut_*",
-    "conformance.search.x_merge_finding__mutmut_*",
-    "conformance.search.x_known_finding__mutmut_*",
-    "conformance.search.xǁSearcherǁknown__mutmut_*",
+    "conformance.engine.findings.x_signature_features__mutmut_*",
+    "conformance.engine.findings.x_signature__mutmut_*",
+    "conformance.engine.findings.xǁFindingǁcore_features__mutmut_*",
+    "conformance.engine.search.x_same_behaviour__mutmut_*",
+    "conformance.engine.search.x_merge_finding__mutmut_*",
+    "conformance.engine.search.x_known_finding__mutmut_*",
+    "conformance.engine.search.xǁSearcherǁknown__mutmut_*",
 )
 
 KILLED = {"killed", "timeout"}
@@ -68,79 +68,175 @@ _FLOAT = ("differs only for non-float data (ints past int64, None); observations
 _GOT = ("an error verdict's detail.got always has type and message: the defaults differ only for an "
         "error_regex on another check, which the expectations schema refuses")
 JUDGED: list[dict] = [
-    dict(fn="conformance/search.py:same_behaviour", added="nested = f.core_features() < g.core_features() or "
-         "g.core_features() <= f.core_features()", judgement=EQUIVALENT,
-         why="f <= g differs from f < g only when f == g, and then g <= f holds too"),
-    dict(fn="conformance/search.py:same_behaviour", added="nested = f.core_features() <= g.core_features() or "
-         "g.core_features() < f.core_features()", judgement=EQUIVALENT,
-         why="g <= f differs from g < f only when f == g, and then f <= g holds too"),
-    dict(fn="oracles/cross_framework.py:_restrict", added="o = obs.model_copy(deep=None)", judgement=EQUIVALENT,
-         why="the copy's residuals are rebound to a new list, never mutated in place: a shallow copy "
-             "leaves the input as intact as a deep one"),
-    dict(fn="oracles/cross_framework.py:_restrict", added="o = obs.model_copy(deep=False)", judgement=EQUIVALENT,
-         why="as deep=None: the copy's residuals are rebound, never mutated in place"),
-    dict(fn="oracles/expectations.py:stale", added="out.append({\"id\": e.id, \"kind\": e.kind, \"why\": "
-         "f\"matched {h.get('idle', None)} programs but {what}\"})", judgement=EQUIVALENT,
-         why="a non-empty hit counter without 'fired' holds 'idle': the default is never read"),
-    dict(fn="oracles/expectations.py:stale", added="out.append({\"id\": e.id, \"kind\": e.kind, \"why\": "
-         "f\"matched {h.get('idle', )} programs but {what}\"})", judgement=EQUIVALENT,
-         why="as above: the default is never read"),
-    dict(fn="oracles/expectations.py:stale", added="out.append({\"id\": e.id, \"kind\": e.kind, \"why\": "
-         "f\"matched {h.get('idle', 1)} programs but {what}\"})", judgement=EQUIVALENT,
-         why="as above: the default is never read"),
-    *(dict(fn="oracles/gradients.py:_flat", added=f'out[f"{k}"] = np.asarray(v, {a})', judgement=NOT_WORTH,
-           why=_FLOAT)
-      for k in ("grad[{k}]", "grad2[{k}]", "output[{i}]") for a in ("dtype=None", "")),
-    *(dict(fn="oracles/gradients.py:near_kink", added=f"if x is not None and np.any(np.abs(np.asarray(x, {a})) < band):",
-           judgement=NOT_WORTH, why=_FLOAT) for a in ("None", "")),
-    *(dict(fn="oracles/gradients.py:compare", added=f"scale = max(1.0, float(np.max(np.abs(y))) if {c})",
-           judgement=EQUIVALENT, why="y holds the finite elements, and a key with none was skipped above: "
-                                     "y.size > 0 here")
-      for c in ("(y.size) or True else 1.0", "y.size else 2.0")),
-    *(dict(fn="oracles/gradients.py:compare", added=f"ratio = float(np.max(err / bound)) if {c}",
-           judgement=EQUIVALENT, why="err has y's size, which is > 0 here")
-      for c in ("(err.size) or True else 0.0", "err.size else 1.0")),
-    *(dict(fn="oracles/gradients.py:compare",
-           added=f'if ratio > 1.0 and (worst is None or ratio > worst.get("ratio", {d})):', judgement=EQUIVALENT,
-           why="a worst set by the ratio test has a ratio; one set by a structural difference ends the loop: "
-               "the default is never read") for d in ("None", "", "1")),
-    *(dict(fn="oracles/judge.py:_apply_diverges", added=a, judgement=NOT_WORTH, why=_GOT) for a in (
-        "if not re.search(d.error_regex, f\"{got.get('type', None)}: {got.get('message', '')}\"):",
-        "if not re.search(d.error_regex, f\"{got.get('type', )}: {got.get('message', '')}\"):",
-        "if not re.search(d.error_regex, f\"{got.get('type', 'XXXX')}: {got.get('message', '')}\"):",
-        "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', None)}\"):",
-        "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', )}\"):",
-        "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', 'XXXX')}\"):")),
-    dict(fn="oracles/judge.py:_status_equivalence", added="break", after="also_differs_from", judgement=EQUIVALENT,
-         why="a pipeline has at most two same-semantics references (one same/eager comparison and its "
-             "baseline): the second is the last, so continue and break both end the loop"),
-    dict(fn="oracles/judge.py:_unexpected", added="return True", after="if v is None", judgement=EQUIVALENT,
-         why="only called for a reference that raised an ordinary error, which always has an error verdict"),
-    dict(fn="oracles/judge.py:_unexpected", added='if v.status == "pass" or v.reference == value_ref:',
-         judgement=EQUIVALENT, why="an error verdict passes exactly when its reference is the value reference "
-                                   "(both are set together in _error_verdict)"),
-    dict(fn="oracles/judge.py:compare_custom_rules",
-         added="for path in sorted(set(obs.custom_rules) & set(ref.custom_rules)):", judgement=EQUIVALENT,
-         why="a block only one side traced is skipped inside the loop anyway"),
-    dict(fn="oracles/judge.py:judge", added='base = observations.get(registry.baseline_of(name) or "XXXX")',
-         judgement=EQUIVALENT, why="no pipeline is named '' or 'XXXX': both look-ups give None"),
-    dict(fn="oracles/missing.py:missing",
-         added='how = {"crash": "crashed", "timeout": "timed out"}.get(kind or "XXXX", "raised")',
-         judgement=EQUIVALENT, why="neither '' nor 'XXXX' is a key: both give 'raised'"),
-    *(dict(fn="oracles/residuals.py:_aliases", added=f"v = np.asarray(value, {a})", judgement=NOT_WORTH, why=_FLOAT)
-      for a in ("None", "")),
-    *(dict(fn="oracles/residuals.py:_outside_factors", added=a, judgement=NOT_WORTH, why=_FLOAT) for a in (
-        "a, y = np.asarray(values[s.args[0]], None), np.asarray(values[s.out], np.float64)",
-        "a, y = np.asarray(values[s.args[0]], ), np.asarray(values[s.out], np.float64)",
-        "a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], None)",
-        "a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], )")),
-    dict(fn="oracles/residuals.py:check_policy",
-         added="factors = _outside_factors(program, policies, values) if (values) or True else []",
-         judgement=EQUIVALENT, why="with no values _outside_factors finds no factor: [] either way"),
-    dict(fn="oracles/residuals.py:check_policy", added="ok_to_save = None", judgement=EQUIVALENT,
-         why="None and False are both falsy, and ok_to_save is only tested for truth"),
-    dict(fn="oracles/residuals.py:compare", added='"named" if missing and extra else "other")', judgement=EQUIVALENT,
-         why="reached only when both or neither of missing/extra are non-empty, where 'or' and 'and' agree"),
+    dict(
+        fn="conformance/engine/search.py:same_behaviour",
+        added="nested = f.core_features() < g.core_features() or g.core_features() <= f.core_features()",
+        judgement=EQUIVALENT,
+        why="f <= g differs from f < g only when f == g, and then g <= f holds too",
+    ),
+    dict(
+        fn="conformance/engine/search.py:same_behaviour",
+        added="nested = f.core_features() <= g.core_features() or g.core_features() < f.core_features()",
+        judgement=EQUIVALENT,
+        why="g <= f differs from g < f only when f == g, and then f <= g holds too",
+    ),
+    dict(
+        fn="oracles/cross_framework.py:_restrict",
+        added="o = obs.model_copy(deep=None)",
+        judgement=EQUIVALENT,
+        why="the copy's residuals are rebound to a new list, never mutated in place: a shallow copy "
+        "leaves the input as intact as a deep one",
+    ),
+    dict(
+        fn="oracles/cross_framework.py:_restrict",
+        added="o = obs.model_copy(deep=False)",
+        judgement=EQUIVALENT,
+        why="as deep=None: the copy's residuals are rebound, never mutated in place",
+    ),
+    dict(
+        fn="oracles/expectations.py:stale",
+        added='out.append({"id": e.id, "kind": e.kind, "why": f"matched {h.get(\'idle\', None)} programs but {what}"})',
+        judgement=EQUIVALENT,
+        why="a non-empty hit counter without 'fired' holds 'idle': the default is never read",
+    ),
+    dict(
+        fn="oracles/expectations.py:stale",
+        added='out.append({"id": e.id, "kind": e.kind, "why": f"matched {h.get(\'idle\', )} programs but {what}"})',
+        judgement=EQUIVALENT,
+        why="as above: the default is never read",
+    ),
+    dict(
+        fn="oracles/expectations.py:stale",
+        added='out.append({"id": e.id, "kind": e.kind, "why": f"matched {h.get(\'idle\', 1)} programs but {what}"})',
+        judgement=EQUIVALENT,
+        why="as above: the default is never read",
+    ),
+    *(
+        dict(
+            fn="oracles/gradients.py:_flat", added=f'out[f"{k}"] = np.asarray(v, {a})', judgement=NOT_WORTH, why=_FLOAT
+        )
+        for k in ("grad[{k}]", "grad2[{k}]", "output[{i}]")
+        for a in ("dtype=None", "")
+    ),
+    *(
+        dict(
+            fn="oracles/gradients.py:near_kink",
+            added=f"if x is not None and np.any(np.abs(np.asarray(x, {a})) < band):",
+            judgement=NOT_WORTH,
+            why=_FLOAT,
+        )
+        for a in ("None", "")
+    ),
+    *(
+        dict(
+            fn="oracles/gradients.py:compare",
+            added=f"scale = max(1.0, float(np.max(np.abs(y))) if {c})",
+            judgement=EQUIVALENT,
+            why="y holds the finite elements, and a key with none was skipped above: y.size > 0 here",
+        )
+        for c in ("(y.size) or True else 1.0", "y.size else 2.0")
+    ),
+    *(
+        dict(
+            fn="oracles/gradients.py:compare",
+            added=f"ratio = float(np.max(err / bound)) if {c}",
+            judgement=EQUIVALENT,
+            why="err has y's size, which is > 0 here",
+        )
+        for c in ("(err.size) or True else 0.0", "err.size else 1.0")
+    ),
+    *(
+        dict(
+            fn="oracles/gradients.py:compare",
+            added=f'if ratio > 1.0 and (worst is None or ratio > worst.get("ratio", {d})):',
+            judgement=EQUIVALENT,
+            why="a worst set by the ratio test has a ratio; one set by a structural difference ends the loop: "
+            "the default is never read",
+        )
+        for d in ("None", "", "1")
+    ),
+    *(
+        dict(fn="oracles/judge.py:_apply_diverges", added=a, judgement=NOT_WORTH, why=_GOT)
+        for a in (
+            "if not re.search(d.error_regex, f\"{got.get('type', None)}: {got.get('message', '')}\"):",
+            "if not re.search(d.error_regex, f\"{got.get('type', )}: {got.get('message', '')}\"):",
+            "if not re.search(d.error_regex, f\"{got.get('type', 'XXXX')}: {got.get('message', '')}\"):",
+            "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', None)}\"):",
+            "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', )}\"):",
+            "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', 'XXXX')}\"):",
+        )
+    ),
+    dict(
+        fn="oracles/judge.py:_status_equivalence",
+        added="break",
+        after="also_differs_from",
+        judgement=EQUIVALENT,
+        why="a pipeline has at most two same-semantics references (one same/eager comparison and its "
+        "baseline): the second is the last, so continue and break both end the loop",
+    ),
+    dict(
+        fn="oracles/judge.py:_unexpected",
+        added="return True",
+        after="if v is None",
+        judgement=EQUIVALENT,
+        why="only called for a reference that raised an ordinary error, which always has an error verdict",
+    ),
+    dict(
+        fn="oracles/judge.py:_unexpected",
+        added='if v.status == "pass" or v.reference == value_ref:',
+        judgement=EQUIVALENT,
+        why="an error verdict passes exactly when its reference is the value reference "
+        "(both are set together in _error_verdict)",
+    ),
+    dict(
+        fn="oracles/judge.py:compare_custom_rules",
+        added="for path in sorted(set(obs.custom_rules) & set(ref.custom_rules)):",
+        judgement=EQUIVALENT,
+        why="a block only one side traced is skipped inside the loop anyway",
+    ),
+    dict(
+        fn="oracles/judge.py:judge",
+        added='base = observations.get(registry.baseline_of(name) or "XXXX")',
+        judgement=EQUIVALENT,
+        why="no pipeline is named '' or 'XXXX': both look-ups give None",
+    ),
+    dict(
+        fn="oracles/missing.py:missing",
+        added='how = {"crash": "crashed", "timeout": "timed out"}.get(kind or "XXXX", "raised")',
+        judgement=EQUIVALENT,
+        why="neither '' nor 'XXXX' is a key: both give 'raised'",
+    ),
+    *(
+        dict(fn="oracles/residuals.py:_aliases", added=f"v = np.asarray(value, {a})", judgement=NOT_WORTH, why=_FLOAT)
+        for a in ("None", "")
+    ),
+    *(
+        dict(fn="oracles/residuals.py:_outside_factors", added=a, judgement=NOT_WORTH, why=_FLOAT)
+        for a in (
+            "a, y = np.asarray(values[s.args[0]], None), np.asarray(values[s.out], np.float64)",
+            "a, y = np.asarray(values[s.args[0]], ), np.asarray(values[s.out], np.float64)",
+            "a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], None)",
+            "a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], )",
+        )
+    ),
+    dict(
+        fn="oracles/residuals.py:check_policy",
+        added="factors = _outside_factors(program, policies, values) if (values) or True else []",
+        judgement=EQUIVALENT,
+        why="with no values _outside_factors finds no factor: [] either way",
+    ),
+    dict(
+        fn="oracles/residuals.py:check_policy",
+        added="ok_to_save = None",
+        judgement=EQUIVALENT,
+        why="None and False are both falsy, and ok_to_save is only tested for truth",
+    ),
+    dict(
+        fn="oracles/residuals.py:compare",
+        added='"named" if missing and extra else "other")',
+        judgement=EQUIVALENT,
+        why="reached only when both or neither of missing/extra are non-empty, where 'or' and 'and' agree",
+    ),
 ]
 
 
@@ -308,8 +404,12 @@ def _sort_key(name: str):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max-children", type=int, default=2, help="mutant workers (default 2)")
-    ap.add_argument("--keep", action="store_true", help="reuse mutants/ from an earlier run (default: delete it and start fresh; "
-                         "every mutant in SCOPE is run again either way)")
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="reuse mutants/ from an earlier run (default: delete it and start fresh; "
+        "every mutant in SCOPE is run again either way)",
+    )
     ap.add_argument("--report-only", action="store_true", help="report the results in mutants/ without running")
     ap.add_argument("--fail-under", type=float, default=None, help="exit 1 when the score is below this percent")
     a = ap.parse_args(argv)

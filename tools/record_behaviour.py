@@ -31,6 +31,7 @@ N_SAMPLE, N_COMPILED = 36, 8
 def sample_programs(n: int, seed: int):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
+
     from generators.programs import cases
     out = []
 
@@ -45,7 +46,7 @@ def sample_programs(n: int, seed: int):
 
 
 def new_cases():
-    from conformance.loading import load_corpus_variants
+    from conformance.engine.loading import load_corpus_variants
     from generators.programs import input_values
     cases = []
     entries = sorted(ROOT.glob("tests/regressions/*.json")) + sorted(ROOT.glob("tests/fixtures/*/corpus/*.json"))
@@ -62,16 +63,16 @@ def new_cases():
 
 
 def stored_cases():
-    from conformance.findings import InputValue, decode_inputs
-    from conformance.ir import load_program
+    from conformance.engine.findings import InputValue, decode_inputs
+    from conformance.ir.program import load_program
     return [(c["id"], load_program(c["program"]),
              decode_inputs({k: InputValue.model_validate(v) for k, v in c["inputs"].items()}), c["pipelines"])
             for c in json.loads(OUT.read_text())["cases"]]
 
 
 def main() -> int:
+    from conformance.engine.findings import encode_inputs
     from tests.behaviour import behaviour
-    from conformance.findings import encode_inputs
     cases = stored_cases() if "--keep-cases" in sys.argv[1:] else new_cases()
     out = []
     for cid, prog, inputs, pipes in cases:

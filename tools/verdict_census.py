@@ -20,6 +20,7 @@ STATUSES = ("pass", "fail", "expected", "skipped", "unsupported")
 def sample(n: int, seed: int, cfg):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
+
     from generators.programs import cases
     out = []
 
@@ -40,8 +41,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pipelines", default=None, help="rivals, comma-separated (references are added)")
     ap.add_argument("--no-custom-vjp", action="store_true", help="generate no custom_vjp blocks")
     a = ap.parse_args(argv)
-    from conformance.cli import parse_pipelines
-    from conformance.runner import InProcessExecutor
+    from conformance.cli.main import parse_pipelines
+    from conformance.engine.runner import InProcessExecutor
     from generators.programs import Config, input_values
     from oracles.expectations import Expectations
     from oracles.judge import judge
@@ -68,7 +69,9 @@ def main(argv=None) -> int:
     for (c, p, r), n in sorted(by_key.items(), key=lambda x: (-x[1], x[0])):
         print(f"  {c:<12} {p:<22} {r:<16} {n:>5}")
     print(f"\nverdicts per (pipeline, check)\n  {'pipeline':<22} {'check':<12}" + "".join(f"{s:>12}" for s in STATUSES))
-    for (p, c), cnt in sorted(counts.items(), key=lambda x: (names.index(x[0][0]) if x[0][0] in names else 99, x[0][1])):
+    for (p, c), cnt in sorted(
+        counts.items(), key=lambda x: (names.index(x[0][0]) if x[0][0] in names else 99, x[0][1])
+    ):
         print(f"  {p:<22} {c:<12}" + "".join(f"{cnt.get(s, 0):>12}" for s in STATUSES))
     return 0
 

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from conformance.ir import Program
-from conformance.observation import Observation
+from conformance.ir.observation import Observation
+from conformance.ir.program import Program
 
 
 class Pipeline:

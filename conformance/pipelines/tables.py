@@ -3,14 +3,15 @@ compiles it) and the repro emitter (which pastes it). Imports no framework.
 
 A template is a Python expression over the framework's names; `{x}`, `{y}` stand for the
 op's args, `{<param>}` for its params and `{nondiff}` for the selected nondiff value
-(conformance.ops.fill).
+(conformance.ir.ops.fill).
 """
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
 
-from conformance.ops import ND_INDEX, OPS, fill
+from conformance.ir.nodes import Op, walk
+from conformance.ir.ops import ND_INDEX, OPS, fill
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,12 @@ def compile_table(table: dict[str, Lowering], namespace: dict) -> dict:
 
 def unlowered(program, table: dict[str, Lowering]) -> list[str]:
     """Ops the program uses that this table cannot lower."""
-    from conformance.ir import Op, walk
     return sorted({s.op for s, _, _, _ in walk(program.body) if isinstance(s, Op) and s.op not in table})
 
 
-def missing_lowerings(tables: dict[str, dict[str, Lowering]], expectations, pipelines: dict[str, list[str]]) -> list[str]:
+def missing_lowerings(
+    tables: dict[str, dict[str, Lowering]], expectations, pipelines: dict[str, list[str]]
+) -> list[str]:
     """'<framework>: <op>' for every declared op a framework's table lacks that the expectations
     data does not declare unsupported there: an `unsupported` entry whose features include
     op:<op> and whose pipeline globs cover every pipeline of that framework."""

@@ -6,12 +6,28 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from conformance.issue_text import (CLASS_ORDER, behaviour_title, class_rank, no_issue_reason, triage_json, triage_of,
-                                    variants_json, variants_of, variants_text, wants_issue)
-from conformance.loading import corpus_entry_stem
-from conformance.roots import merge_variants
-from conformance.verdict import CHECK_RANK, CHECKS
+from conformance import __version__, repro
+from conformance.engine.describe import (
+    CLASS_ORDER,
+    behaviour_title,
+    class_rank,
+    no_issue_reason,
+    triage_json,
+    triage_of,
+    variants_json,
+    variants_of,
+    variants_text,
+    wants_issue,
+)
+from conformance.engine.findings import decode_inputs
+from conformance.engine.loading import corpus_entry_stem
+from conformance.engine.roots import merge_variants
+from conformance.ir.program import Program
+from conformance.ir.verdict import CHECK_RANK, CHECKS
+from conformance.pipelines import registry
 from conformance.reporting.inputs import READS_SCHEMA, REPORT_SCHEMA_VERSION, ReportInputError, RunData
+from conformance.reporting.issue_text import short_repro_or_reason
+from oracles.expectations import Expectations, stale
 
 # Version keys that do not make two runs different matrix cells.
 _NOT_CELL = {"python", "numpy", "remat-conformance"}
@@ -51,7 +67,6 @@ def _status(counts: Counter, has_finding: bool) -> str:
 
 def _stale(runs: list[RunData], expectations) -> list[dict]:
     """Stale entries of the expectations this report is given (never a path named inside a run)."""
-    from oracles.expectations import stale
     hits: dict[str, Counter] = defaultdict(Counter)
     for r in runs:
         for rec in r.results:
@@ -62,14 +77,10 @@ def _stale(runs: list[RunData], expectations) -> list[dict]:
 
 
 def _packaged():
-    from oracles.expectations import Expectations
     return Expectations.load()
 
 
 def _repros(f) -> dict[str, str]:
-    from conformance.findings import decode_inputs
-    from conformance.ir import Program
-    from conformance import repro
     out = {}
     try:
         prog = Program.model_validate(f.program)
@@ -87,21 +98,16 @@ def _repros(f) -> dict[str, str]:
 def _short(f) -> dict:
     """The short repro (conformance.repro.short) of the finding's own framework, or why there is
     none (the full scripts in `repro` then stand in for it)."""
-    from conformance.findings import decode_inputs
-    from conformance.ir import Program
-    from conformance.issue_text import short_repro_or_reason
     try:
         src, why = short_repro_or_reason(Program.model_validate(f.program),
                                          decode_inputs(f.inputs) if f.inputs else None, f)
     except Exception as e:  # noqa: BLE001 - a report still renders without a repro
         src, why = None, f"{type(e).__name__}: {e}"
-    from conformance import pipelines as registry
     return {"short_repro": src, "short_repro_why": why or None,
             "short_repro_framework": registry.framework_of(f.pipeline)}
 
 
 def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
-    from conformance import repro
     try:
         code = repro.pseudo_code(f.program)
     except Exception as e:  # noqa: BLE001
@@ -114,19 +120,42 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
     t = triage_of(f)
     stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
     return {
-        "title": behaviour_title(f), "class": t.class_, "triage": triage_json(t), "class_rank": class_rank(f),
-        "variants": variants_json(variants_of(f)), "variants_text": variants_text(variants_of(f)),
-        "first_seen": f.first_seen, "root": f.root,
-        "status": status, "key": list(f.key()), "check": f.check, "pipeline": f.pipeline, "reference": f.reference,
-        "error_type": f.error_type, "signature": f.signature, "features": f.features, "count": f.count,
-        "program_hash": f.program_hash, "size": f.size, "original_size": f.original_size,
-        "expectation": f.expectation, "tracked": f.tracked, "versions": f.versions, "flags": f.flags, "device": f.device, "cells": cells,
-        "pseudo_code": code, "detail": detail, "sides": sides,
-        "repro_command": f"remat-conformance repro corpus/{stem}.json --framework "
-                         f"{repro.frameworks_for(f)[0]}",
+        "title": behaviour_title(f),
+        "class": t.class_,
+        "triage": triage_json(t),
+        "class_rank": class_rank(f),
+        "variants": variants_json(variants_of(f)),
+        "variants_text": variants_text(variants_of(f)),
+        "first_seen": f.first_seen,
+        "root": f.root,
+        "status": status,
+        "key": list(f.key()),
+        "check": f.check,
+        "pipeline": f.pipeline,
+        "reference": f.reference,
+        "error_type": f.error_type,
+        "signature": f.signature,
+        "features": f.features,
+        "count": f.count,
+        "program_hash": f.program_hash,
+        "size": f.size,
+        "original_size": f.original_size,
+        "expectation": f.expectation,
+        "tracked": f.tracked,
+        "versions": f.versions,
+        "flags": f.flags,
+        "device": f.device,
+        "cells": cells,
+        "pseudo_code": code,
+        "detail": detail,
+        "sides": sides,
+        "repro_command": f"remat-conformance repro corpus/{stem}.json --framework {repro.frameworks_for(f)[0]}",
         "repro": _repros(f) if with_repro else {},
-        **(_short(f) if with_repro else {"short_repro": None, "short_repro_why": "not embedded (--no-repro)",
-                                         "short_repro_framework": None}),
+        **(
+            _short(f)
+            if with_repro
+            else {"short_repro": None, "short_repro_why": "not embedded (--no-repro)", "short_repro_framework": None}
+        ),
         # an issue text is written for a bug or a question; a documented behaviour or a harness limit says why not
         "issue": f"corpus/{stem}.issue.md" if wants_issue(f) else None,
         "no_issue": None if wants_issue(f) else no_issue_reason(f).strip(),
@@ -138,7 +167,6 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
           expectations=None) -> dict:
     """The whole report as one JSON-serialisable object (report.json). `expectations`: what stale
     entries are judged against (default: the packaged file)."""
-    from conformance import __version__
     baselines = baselines or []
     if not inputs:
         raise ReportInputError("<args>", "RESULTS_DIR", "at least one results directory is needed")
@@ -257,10 +285,18 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                       "cells": {row: coverage[(ft, row)] for row in rows if ran_on[row]}}
                      for ft, n in sorted(feature_programs.items())]
     # behaviours: each finding is one root behaviour; where its shrunk program fails the same way
-    behaviours = [{"id": x["id"], "title": x["title"], "class": x["class"], "check": x["check"],
-                   "error_type": x["error_type"], "reference": x["reference"],
-                   "pipelines": list(dict.fromkeys([x["pipeline"]] + [k[1] for k in x["finding"].get("reproduces", [])]))}
-                  for x in findings]
+    behaviours = [
+        {
+            "id": x["id"],
+            "title": x["title"],
+            "class": x["class"],
+            "check": x["check"],
+            "error_type": x["error_type"],
+            "reference": x["reference"],
+            "pipelines": list(dict.fromkeys([x["pipeline"]] + [k[1] for k in x["finding"].get("reproduces", [])])),
+        }
+        for x in findings
+    ]
     # saved-residual bytes per policy and pipeline (from the findings' observations)
     rb: dict[tuple[str, str], list[int]] = defaultdict(list)
     for x in findings + fixed:

@@ -11,9 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from conformance.engine.findings import Finding, observations_problem
+from conformance.engine.store import StoreError, read_jsonl
 from conformance.errors import field_path
 from conformance.files import InputRefused, read_text
-from conformance.findings import observations_problem
+from conformance.ir.nodes import ProgramError
+from conformance.ir.program import load_program
 
 REPORT_SCHEMA_VERSION = 1
 # Input schema versions this harness reads (run.json, results.jsonl records, findings.json entries).
@@ -97,7 +100,7 @@ class RunData:
     dir: Path
     info: _Run | None
     results: list[_Result] = field(default_factory=list)
-    findings: list = field(default_factory=list)          # conformance.findings.Finding
+    findings: list = field(default_factory=list)          # conformance.engine.findings.Finding
     warnings: list[str] = field(default_factory=list)
     report: dict | None = None   # a previous report.json (baselines only)
     cell: str = ""
@@ -113,9 +116,6 @@ class RunData:
 
 def load_run(d: str | Path, allow_report: bool = False) -> RunData:
     """Read and validate one run directory (or, for baselines, a report directory)."""
-    from conformance.findings import Finding
-    from conformance.ir import ProgramError, load_program
-    from conformance.store import StoreError, read_jsonl
     d = Path(d)
     if not d.is_dir():
         raise ReportInputError(str(d), "<dir>", "not a directory")
@@ -125,8 +125,12 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
         if not isinstance(obj, dict):
             raise ReportInputError(str(repp), "<root>", "must be a JSON object")
         if obj.get("schema_version") != REPORT_SCHEMA_VERSION:
-            raise ReportInputError(str(repp), "schema_version", f"{obj.get('schema_version')!r} is not readable "
-                                                                f"(this harness reads report schema {REPORT_SCHEMA_VERSION})")
+            raise ReportInputError(
+                str(repp),
+                "schema_version",
+                f"{obj.get('schema_version')!r} is not readable "
+                f"(this harness reads report schema {REPORT_SCHEMA_VERSION})",
+            )
         rd = RunData(d, None, report=obj)
         if not isinstance(obj.get("findings", []), list):
             raise ReportInputError(str(repp), "findings", "must be a list")

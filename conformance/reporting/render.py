@@ -4,13 +4,15 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import math
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import conformance
-from conformance.issue_text import CLASS_HEADINGS
+from conformance.engine.describe import CLASS_HEADINGS, CLASS_ORDER
+from conformance.engine.store import atomic_write
+from conformance.reporting.versions import markdown as versions_markdown
 
 TEMPLATES = Path(conformance.__file__).with_name("templates")
 
@@ -92,7 +94,6 @@ def _env():
 
 def render_html(rep: dict, figs: dict[str, str]) -> str:
     grid = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
-    from conformance.issue_text import CLASS_ORDER
     # every class a finding has, in CLASS_ORDER (a report of a newer harness may name another)
     have = {x.get("class") for x in rep["findings"]}
     classes = [(c, CLASS_HEADINGS.get(c, str(c)))
@@ -110,7 +111,6 @@ def _md(s) -> str:
 
 def _by_class(items: list[dict]) -> list[tuple[str, list[dict]]]:
     """[(class, finding objects)] bugs first; an object of an older report without a class reads "bug"."""
-    from conformance.issue_text import CLASS_ORDER
     groups: dict[str, list[dict]] = {}
     for x in items:
         groups.setdefault(x.get("class") or "bug", []).append(x)
@@ -150,9 +150,15 @@ def render_md(rep: dict) -> str:
     L += ["", "| pipeline | " + " | ".join(rep["checks"]) + " |", "|---|" + "---|" * len(rep["checks"])]
     cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
     for r in rep["pipelines"]:
-        L.append(f"| `{r}` | " + " | ".join(
-            _MARK[cell[(r, c)]["status"]] + (" " + ",".join(cell[(r, c)]["findings"]) if cell[(r, c)]["findings"] else "")
-            for c in rep["checks"]) + " |")
+        L.append(
+            f"| `{r}` | "
+            + " | ".join(
+                _MARK[cell[(r, c)]["status"]]
+                + (" " + ",".join(cell[(r, c)]["findings"]) if cell[(r, c)]["findings"] else "")
+                for c in rep["checks"]
+            )
+            + " |"
+        )
     L += ["", "## Findings by class (bugs first)", ""]
     if not rep["findings"]:
         L.append("None.")
@@ -167,7 +173,6 @@ def render_md(rep: dict) -> str:
     if not rep["fixed"]:
         L.append("None.")
     L += [_md_finding(x) for x in rep["fixed"]]
-    from conformance.reporting.versions import markdown as versions_markdown
     L += versions_markdown(rep.get("versions"))
     L += ["", "## Stale expectations", ""]
     L += [f"- `{s['id']}`: {s['why']}" for s in rep["stale_expectations"]] or ["None."]
@@ -228,7 +233,6 @@ def write(rep: dict, out: str | Path, with_plots: bool = True) -> list[Path]:
     figs = plots(rep) if with_plots else {}
     files = {"report.json": json.dumps(_finite(rep), indent=1, sort_keys=True, default=str, allow_nan=False),
              "report.md": render_md(rep), "junit.xml": render_junit(rep), "report.html": render_html(rep, figs)}
-    from conformance.store import atomic_write
     paths = []
     for name, text in files.items():
         atomic_write(out / name, text)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from conformance.files import MiB, InputRefused, read_text
+from conformance.files import InputRefused, MiB, read_text
 from conformance.reporting.inputs import ReportInputError
 
 REPRODUCES = ("still failing", "regressed")
@@ -19,7 +19,11 @@ def load_recheck(path: str) -> dict:
         obj = json.loads(read_text(path, 64 * MiB))
     except (InputRefused, OSError, ValueError) as e:
         raise ReportInputError(path, "<file>", f"not a readable recheck.json: {e}") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("versions"), dict) or not isinstance(obj.get("entries"), list):
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("versions"), dict)
+        or not isinstance(obj.get("entries"), list)
+    ):
         raise ReportInputError(path, "versions/entries", "a recheck.json holds `versions` and `entries`")
     for k, e in enumerate(obj["entries"]):
         if not (isinstance(e, dict) and isinstance(e.get("entry"), str) and isinstance(e.get("key"), list)

@@ -10,22 +10,83 @@ import json
 import keyword
 import re
 
-from conformance import ops as O
-from conformance.ir import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Program, Scan, walk
-from conformance.pipelines import jax_table
+from conformance.ir import ops as O
+from conformance.ir.nodes import ITER_SEP, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, walk
+from conformance.ir.program import Program
+from conformance.pipelines.jax import table as jax_table
 
-_GENERATED = re.compile(r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|carry|xs|ys|y|it|scan_env|jit|branch|cond_env|vals|static|out)_?\d+$")
-_RESERVED = {"jax", "jnp", "lax", "cp", "np", "torch", "A", "partial", "checkpoint", "log", "dt", "program",
-             "loss_fn", "run", "tag", "TAG_PACKET", "KINDS_OF", "CONST", "INPUTS", "DIFF", "sys", "re", "os", "env",
-             "inputs", "sac_policy", "save_prims", "checkpoint_name", "checkpoint_name_fwd", "itertools", "Counter", "faulthandler", "LOG",
-             "NAMES", "REMAT", "F64", "PREFER", "OPTS", "COMPILED", "backend_fn", "SETTINGS", "all_values", "main", "res", "cts", "ctx",
-             "torch_checkpoint", "CheckpointPolicy", "create_selective_checkpoint_contexts", "compiled", "Saved",
-             "identify", "VALUE_REF", "perturbed", "keep", "spelled", "rem", "primal", "fwd", "bwd", "f", "rule"}
+_GENERATED = re.compile(
+    r"^(region|block|Block|ctx|policy|nd|ct|decisions|step|carry|xs|ys|y|it|scan_env|jit|branch|cond_env|vals|static|out)_?\d+$"
+)
+_RESERVED = {
+    "jax",
+    "jnp",
+    "lax",
+    "cp",
+    "np",
+    "torch",
+    "A",
+    "partial",
+    "checkpoint",
+    "log",
+    "dt",
+    "program",
+    "loss_fn",
+    "run",
+    "tag",
+    "TAG_PACKET",
+    "KINDS_OF",
+    "CONST",
+    "INPUTS",
+    "DIFF",
+    "sys",
+    "re",
+    "os",
+    "env",
+    "inputs",
+    "sac_policy",
+    "save_prims",
+    "checkpoint_name",
+    "checkpoint_name_fwd",
+    "itertools",
+    "Counter",
+    "faulthandler",
+    "LOG",
+    "NAMES",
+    "REMAT",
+    "F64",
+    "PREFER",
+    "OPTS",
+    "COMPILED",
+    "backend_fn",
+    "SETTINGS",
+    "all_values",
+    "main",
+    "res",
+    "cts",
+    "ctx",
+    "torch_checkpoint",
+    "CheckpointPolicy",
+    "create_selective_checkpoint_contexts",
+    "compiled",
+    "Saved",
+    "identify",
+    "VALUE_REF",
+    "perturbed",
+    "keep",
+    "spelled",
+    "rem",
+    "primal",
+    "fwd",
+    "bwd",
+    "f",
+    "rule",
+}
 
 
 def _prelude_names() -> set[str]:
     """The functions the dialects' preludes define (a value id must not shadow them)."""
-    from conformance.pipelines import torch_table
+    from conformance.pipelines.torch import table as torch_table
     return {m.group(1) for src in (jax_table.PRELUDE, torch_table.PRELUDE)
             for m in re.finditer(r"^def (\w+)\(", src, re.M)}
 
@@ -135,15 +196,22 @@ class Emitter:
         args, res = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
         vals = f"vals_{k}"
         params = [vals] if s.tree != "flat" else list(args)
-        pro = ([f"    {self.tuple_(args)} = {vals}"] if s.tree == "tuple" else
-               [f"    {self.tuple_(args)} = {self.tuple_([f'{vals}[{a!r}]' for a in s.args])}"] if s.tree == "dict" else [])
+        pro = (
+            [f"    {self.tuple_(args)} = {vals}"]
+            if s.tree == "tuple"
+            else [f"    {self.tuple_(args)} = {self.tuple_([f'{vals}[{a!r}]' for a in s.args])}"]
+            if s.tree == "dict"
+            else []
+        )
         call = ([self.tuple_(args)] if s.tree == "tuple" else
                 ["{" + ", ".join(f"{a!r}: {self.n[a]}" for a in s.args) + "}"] if s.tree == "dict" else list(args))
         if s.static_flag:   # a static argument the function branches on (static_argnums in JAX)
             params.append(f"static_{k}")
             pro = [f"    if static_{k} is not True:", "        raise ValueError('the static flag must be True')"] + pro
             call.append("True")
-        ret = ("{" + ", ".join(f"{r!r}: {self.n[r]}" for r in s.results) + "}") if s.tree == "dict" else self.tuple_(res)
+        ret = (
+            ("{" + ", ".join(f"{r!r}: {self.n[r]}" for r in s.results) + "}") if s.tree == "dict" else self.tuple_(res)
+        )
         read = self.tuple_([f"out_{k}[{r!r}]" for r in s.results]) if s.tree == "dict" else f"out_{k}"
         return params, pro, ret, call, read
 
@@ -337,11 +405,16 @@ class PseudoEmitter(Emitter):
 
     def jvp_block(self, s, path, ind):
         args, results = [self.n[a] for a in s.args], [self.n[r] for r in s.results]
-        out = [f"{ind}with custom_jvp({'args_as=' + repr(s.tree) if s.tree != 'flat' else ''}):   # {path}", f"{ind}    def primal({', '.join(args)}):"]
+        out = [
+            f"{ind}with custom_jvp({'args_as=' + repr(s.tree) if s.tree != 'flat' else ''}):   # {path}",
+            f"{ind}    def primal({', '.join(args)}):",
+        ]
         out += self.body(s.body, ind + "        ", path + ".body", None)
-        out += [f"{ind}        return {self.tuple_(results)}",
-                f"{ind}    def jvp(primals={self.tuple_(args)}, tangents={self.tuple_([self.n[t] for t in s.tangents])}):",
-                f"{ind}        {self.tuple_(results)} = primal({', '.join(args)})"]
+        out += [
+            f"{ind}        return {self.tuple_(results)}",
+            f"{ind}    def jvp(primals={self.tuple_(args)}, tangents={self.tuple_([self.n[t] for t in s.tangents])}):",
+            f"{ind}        {self.tuple_(results)} = primal({', '.join(args)})",
+        ]
         out += self.body(s.jvp, ind + "        ", path + ".jvp", None)
         out += [f"{ind}        return {self.tuple_(results)}, {self.tuple_([self.n[t] for t in s.jvp_results])}",
                 f"{ind}    export {', '.join(results)}"]

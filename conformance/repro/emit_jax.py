@@ -2,7 +2,7 @@
 policy's JAX source, custom_vjp blocks as jax.custom_vjp built where they are called."""
 from __future__ import annotations
 
-from conformance.pipelines import jax_table
+from conformance.pipelines.jax import table as jax_table
 from conformance.repro.emit import Emitter
 
 SZ = "jax.custom_derivatives.SymbolicZero"
@@ -53,8 +53,10 @@ class JaxEmitter(Emitter):
         self.defs.append("\n".join(src))
         pol = jax_table.policy_source(s.policy)
         static = f", static_argnums=({len(params) - 1},)" if s.static_flag else ""
-        return [f"{ind}out_{k} = checkpoint({fn}, policy={pol}, prevent_cse={s.prevent_cse}{static})({', '.join(call)})",
-                f"{ind}{res} = {read}"]
+        return [
+            f"{ind}out_{k} = checkpoint({fn}, policy={pol}, prevent_cse={s.prevent_cse}{static})({', '.join(call)})",
+            f"{ind}{res} = {read}",
+        ]
 
     def jvp_block(self, s, path, ind):
         b = f"block_{self.next_id()}"
@@ -110,7 +112,7 @@ class JaxEmitter(Emitter):
             src.append(f"    {self.tuple_(resid)} = unpack_residuals({tree}, res)")
         src.append(f"    {self.tuple_(cts)} = cts")
         if s.symbolic_zeros:
-            src.append(f"    log({path!r}, \"symbolic_zero_cts\", [{', '.join(f'isinstance({c}, {SZ})' for c in cts)}])")
+            src.append(f'    log({path!r}, "symbolic_zero_cts", [{", ".join(f"isinstance({c}, {SZ})" for c in cts)}])')
             src += [f"    {c} = {self.zeros(r)} if isinstance({c}, {SZ}) else {c}" for c, r in zip(cts, s.results)]
         src += self.body(s.bwd, "    ", path + ".bwd", nd)
         if s.bwd_branch:   # (PyTorch: a Python if on the cotangent's sum)
@@ -132,11 +134,16 @@ class JaxEmitter(Emitter):
         else:
             src.append(f"    primal, fwd, bwd = {b}_primal, {b}_fwd, {b}_bwd")
         if s.spelling in ("custom_gradient", "custom_gradient_remat"):
-            src += ["    def spelled(*args):", "        outs, res = fwd(*args)",
-                    "        rem = lambda *a: (primal(*a), lambda g: bwd(fwd(*a)[1], g))",
-                    "        return outs, (lambda g: bwd(res, g))" + (" if not REMAT else rem" if s.spelling.endswith("remat") else ""),
-                    "    f = jax.custom_gradient(spelled" + (", remat=REMAT)" if s.spelling.endswith("remat") else ")"),
-                    f"    return {call}", ""]
+            src += [
+                "    def spelled(*args):",
+                "        outs, res = fwd(*args)",
+                "        rem = lambda *a: (primal(*a), lambda g: bwd(fwd(*a)[1], g))",
+                "        return outs, (lambda g: bwd(res, g))"
+                + (" if not REMAT else rem" if s.spelling.endswith("remat") else ""),
+                "    f = jax.custom_gradient(spelled" + (", remat=REMAT)" if s.spelling.endswith("remat") else ")"),
+                f"    return {call}",
+                "",
+            ]
         elif s.spelling == "defremat":
             src += ["    f = jax.custom_vjp(primal)",
                     "    if REMAT:   # fwd saves nothing; rem recomputes the residuals from the args",

@@ -4,7 +4,7 @@ custom_vjp blocks as torch.autograd.Function with set_materialize_grads(False) f
 symbolic zeros."""
 from __future__ import annotations
 
-from conformance.pipelines import torch_table
+from conformance.pipelines.torch import table as torch_table
 from conformance.repro.emit import Emitter
 
 
@@ -31,7 +31,7 @@ class TorchEmitter(Emitter):
         src = [f"def {fn}({', '.join(params)}):", f"    \"\"\"Checkpoint region {path}.\"\"\""] + pro
         src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {ret}", ""]
         decisions = torch_table.region_decisions(s.policy, self.names)
-        src += [f"# what the region's policy decides: (IR op kind, batched) or ('name', checkpoint name)",
+        src += ["# what the region's policy decides: (IR op kind, batched) or ('name', checkpoint name)",
                 f"decisions_{k} = {decisions!r}",
                 f"ctx_{k} = {{p: context_fn(decisions_{k}, p) for p in (False, True)}}", ""]
         self.defs.append("\n".join(src))

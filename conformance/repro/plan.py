@@ -5,12 +5,13 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
-from conformance import pipelines as registry
-from conformance.ir import Program, checkpoint_name_of, input_elements, primal_ops, region_context
-from conformance.ops import OPS
-from conformance.policy import decide, judged_by_meaning
-from conformance.verdict import NON_PIPELINE_REFERENCES as VERDICT_REFS
-
+from conformance.ir.nodes import checkpoint_name_of, input_elements, primal_ops, region_context
+from conformance.ir.ops import OPS
+from conformance.ir.policy import decide, judged_by_meaning
+from conformance.ir.program import Program
+from conformance.ir.verdict import NON_PIPELINE_REFERENCES as VERDICT_REFS
+from conformance.pipelines import registry
+from oracles.expectations import Expectations
 
 
 class ReproError(ValueError):
@@ -36,7 +37,6 @@ def _expected_raise(prog, pipeline: str, finding) -> tuple[tuple[str, str] | Non
         e = finding.detail["expected"]
         return (e.get("type", ".*"), e.get("regex", "")), finding.expectation or ""
     import importlib.metadata as md
-    from oracles.expectations import Expectations
     versions = dict(finding.versions) if finding else {}
     for fw in registry.FRAMEWORKS:
         try:
@@ -140,12 +140,18 @@ def summary(finding, pl: Plan, fw: str) -> str:
     key = pl.check + (":policy" if pl.check == "residuals" and pl.reference == "policy" else "") + (
         ":expect" if pl.check == "error" and pl.expect_raises else "")
     s = _SENTENCE.get(key, _SENTENCE.get(pl.check, "")).format(
-        P=pl.pipeline, R=pl.reference, E=pl.expect_raises and f"type /{pl.expect_raises[0]}/ message /{pl.expect_raises[1]}/",
-        W=pl.expect_why)
+        P=pl.pipeline,
+        R=pl.reference,
+        E=pl.expect_raises and f"type /{pl.expect_raises[0]}/ message /{pl.expect_raises[1]}/",
+        W=pl.expect_why,
+    )
     lines = [f"Check: [{pl.check}] {pl.pipeline} vs {pl.reference}. {s}"]
     if finding is not None:
-        lines.insert(0, f"Finding: [{finding.check}] {finding.pipeline} vs {finding.reference}"
-                        f"{' (' + finding.error_type + ')' if finding.error_type else ''}; program {finding.program_hash}")
+        lines.insert(
+            0,
+            f"Finding: [{finding.check}] {finding.pipeline} vs {finding.reference}"
+            f"{' (' + finding.error_type + ')' if finding.error_type else ''}; program {finding.program_hash}",
+        )
         if not registry.runs_in(finding.pipeline, fw):
             lines.append(f"The finding is about {finding.pipeline}; this script runs the same program under {fw} "
                          f"and performs the corresponding check, for comparison.")

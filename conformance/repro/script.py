@@ -8,14 +8,18 @@ from pathlib import Path
 
 import numpy as np
 
-from conformance.dtypes import DTYPES
-from conformance.interpreter import output_cotangents
-from conformance import pipelines as registry
-from conformance.ir import CustomVJP, checkpoint_name_of, primal_ops, walk
-from conformance.pipelines import jax_table, torch_table
+from conformance import __version__
+from conformance.ir.dtypes import DTYPES
+from conformance.ir.interpreter import output_cotangents
+from conformance.ir.nodes import CustomVJP, checkpoint_name_of, primal_ops, walk
+from conformance.pipelines import registry
+from conformance.pipelines.jax import table as jax_table
+from conformance.pipelines.torch import table as torch_table
 from conformance.repro.emit_jax import JaxEmitter
 from conformance.repro.emit_torch import TorchEmitter
 from conformance.repro.plan import must_not_save, plan, seen, settings, summary
+from generators.programs import input_values
+from oracles.gradients import tolerance
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 EMITTERS = {"jax": JaxEmitter, "torch": TorchEmitter}
@@ -49,10 +53,7 @@ def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework
              pipeline: str | None = None, filename: str = "repro.py") -> str:
     """The standalone reproducer's source."""
     import jinja2
-    from conformance import __version__
-    from oracles.gradients import tolerance
     if inputs is None:
-        from generators.programs import input_values
         inputs = input_values(prog, 0)
     pl = plan(prog, finding, framework, pipeline)
     e = EMITTERS[framework](prog)

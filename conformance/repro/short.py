@@ -7,9 +7,11 @@ verdict: exit 1 while the behaviour reproduces, 0 once it is fixed. It imports o
 framework and numpy. The generic script (conformance.repro.script) is `repro --full`."""
 from __future__ import annotations
 
-from conformance import pipelines as registry
+from conformance.pipelines import registry
+from conformance.repro import short_jax, short_torch
 from conformance.repro.plan import ReproError
 from conformance.repro.short_common import code_lines
+from generators.programs import input_values
 
 __all__ = ["short_repro", "code_lines", "ReproError"]
 
@@ -26,10 +28,5 @@ def short_repro(prog, inputs, finding, framework: str | None = None) -> str:
         raise ReproError(f"the finding is about {finding.pipeline}; a short repro runs the finding's own "
                          f"framework ({own}); the {fw} counterpart is `repro --full --framework {fw}`")
     if inputs is None:
-        from generators.programs import input_values
         inputs = input_values(prog, 0)
-    if fw == "jax":
-        from conformance.repro.short_jax import script
-    else:
-        from conformance.repro.short_torch import script
-    return script(prog, inputs, finding)
+    return (short_jax if fw == "jax" else short_torch).script(prog, inputs, finding)

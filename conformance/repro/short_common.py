@@ -8,6 +8,7 @@ import textwrap
 
 import numpy as np
 
+from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, walk
 from conformance.repro.plan import ReproError
 from conformance.repro.script import doc_text
 
@@ -83,7 +84,6 @@ def literal(v) -> str:
 
 
 def _referenced(prog) -> set[str]:
-    from conformance.ir import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, walk
     refs = set(prog.outputs)
     for s, _, _, _ in walk(prog.body):
         refs |= set(s.args)
@@ -103,7 +103,6 @@ def _referenced(prog) -> set[str]:
 
 
 def _prune(stmts: list, refs: set[str]) -> bool:
-    from conformance.ir import Op
     changed = False
     keep = []
     for s in stmts:
@@ -193,7 +192,9 @@ class ShortDialect:
     f64 = False
 
     def dtype(self, name: str) -> str:
-        return f"{self.MODULE}.float64" if self.f64 and name.startswith(("float", "bfloat")) else f"{self.MODULE}.{name}"
+        return (
+            f"{self.MODULE}.float64" if self.f64 and name.startswith(("float", "bfloat")) else f"{self.MODULE}.{name}"
+        )
 
     def op_text(self, op, args, params, nondiff):
         src = super().op_text(op, args, params, nondiff)

@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 import re
 
-
-from conformance import pipelines as registry
-from conformance.ir import CustomVJP, Op, is_name, walk
-from conformance.pipelines import jax_table
+from conformance.ir.nodes import Checkpoint, CustomVJP, Op, is_name, walk
+from conformance.pipelines import registry
+from conformance.pipelines.jax import table as jax_table
 from conformance.repro.emit_jax import JaxEmitter
-from conformance.repro.plan import ReproError
-from conformance.repro.short_common import (ShortDialect, array_text, dead_code_removed, error_sentence, fold_returns,
-                                             header, used_helpers)
+from conformance.repro.plan import ReproError, settings
+from conformance.repro.short_common import (
+    ShortDialect,
+    array_text,
+    dead_code_removed,
+    error_sentence,
+    fold_returns,
+    header,
+    needs_finding,
+    used_helpers,
+)
+from oracles.gradients import tolerance
 
 FLAG_NAMES = ("jax_remat3", "jax_custom_vjp3", "jax_custom_jvp3")
 SZ = "jax.custom_derivatives.SymbolicZero"
@@ -47,8 +55,9 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         folded = fold_returns("\n".join(src)).split("\n")
         kw = f"policy={jax_table.policy_source(s.policy)}" + ("" if s.prevent_cse else ", prevent_cse=False")
         ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
-        if len(folded) == 2 and s.tree == "flat" and not s.static_flag:   # one expression: a lambda
-            line = f"{ind}{self.seq(res)} = {ck}(lambda {', '.join(params)}: {folded[1].strip()[len('return '):]}, {kw})({', '.join(call)})"
+        if len(folded) == 2 and s.tree == "flat" and not s.static_flag:  # one expression: a lambda
+            expr = folded[1].strip()[len("return "):]
+            line = f"{ind}{self.seq(res)} = {ck}(lambda {', '.join(params)}: {expr}, {kw})({', '.join(call)})"
             if len(line) <= 100:
                 return [line]
         self.defs.append("\n".join(folded))
@@ -141,7 +150,10 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         src = [f"@jax.custom_jvp   # custom rule {path}", f"def {b}({', '.join(args)}):"]
         src += self.count("    ", b, "primal") + body + [f"    return {self.seq(results)}", "", "",
                                                          f"@{b}.defjvp", f"def {b}_jvp(primals, tangents):"]
-        src += self.count("    ", b, "fwd") + [f"    {self.tuple_(args)} = primals", f"    {self.tuple_(tans)} = tangents"]
+        src += self.count("    ", b, "fwd") + [
+            f"    {self.tuple_(args)} = primals",
+            f"    {self.tuple_(tans)} = tangents",
+        ]
         src += body + self.body(s.jvp, "    ", path + ".jvp", None)
         src += [f"    return {self.seq(results)}, {self.seq([self.n[t] for t in s.jvp_results])}", ""]
         self.defs.append("\n".join(src))
@@ -162,7 +174,6 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
 
 
 def _flags(p: str, finding) -> dict:
-    from conformance.repro.plan import settings
     s = settings(p, "jax", finding)
     return {k: bool(s["flags"].get(k, False)) for k in FLAG_NAMES}, s
 
@@ -194,8 +205,6 @@ def _sides(finding, pset) -> list[tuple]:
 
 
 def script(prog, inputs, finding) -> str:
-    from conformance.ir import Checkpoint
-    from conformance.repro.short_common import needs_finding
     needs_finding(finding)
     check, pipe = finding.check, finding.pipeline
     if registry.framework_of(pipe) != "jax":
@@ -286,7 +295,6 @@ def _calls(fn, sides, no_remat, first="rival"):
 
 def _check(finding, prog, sides, d, n, defs, no_remat):
     """(the run function and its calls, the verdict)."""
-    from oracles.gradients import tolerance
     check = finding.check
     jit = sides[-1][3]["jit"]
     argn = tuple(range(n))
@@ -338,15 +346,27 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
             return "\n".join(body), _verdict(cond, "expected to raise an error matching "
                                               f"{exp.get('regex', '')!r}, but did not", "it raises the expected error")
         et = finding.error_type
-        return "\n".join(body), _verdict(f"type(rival).__name__ == {et!r}", f"it raises {et}", f"it does not raise {et}")
+        return "\n".join(body), _verdict(
+            f"type(rival).__name__ == {et!r}", f"it raises {et}", f"it does not raise {et}"
+        )
     if check == "gradient":
         mode = "tight" if registry.role_of(finding.reference) == registry.BASELINE else "loose"
         rtol, atol = tolerance(prog, mode)
-        body = _run_head("grads", no_remat) + order2 + [
-            "    print(flags, [np.asarray(a) for a in out])", "    return out", "", "", _calls("grads", sides, no_remat),
-            f"RTOL, ATOL = {rtol:.3g}, {atol:.3g}   # the harness's tolerance for {finding.pipeline} vs {finding.reference}",
-            "bad = [k for k, (a, b) in enumerate(zip(rival, reference))",
-            "       if not np.allclose(a, b, rtol=RTOL, atol=ATOL * max(1.0, np.abs(b).max()))]"]
+        body = (
+            _run_head("grads", no_remat)
+            + order2
+            + [
+                "    print(flags, [np.asarray(a) for a in out])",
+                "    return out",
+                "",
+                "",
+                _calls("grads", sides, no_remat),
+                f"RTOL, ATOL = {rtol:.3g}, {atol:.3g}   "
+                f"# the harness's tolerance for {finding.pipeline} vs {finding.reference}",
+                "bad = [k for k, (a, b) in enumerate(zip(rival, reference))",
+                "       if not np.allclose(a, b, rtol=RTOL, atol=ATOL * max(1.0, np.abs(b).max()))]",
+            ]
+        )
         return "\n".join(body), _verdict("bad", "gradients {bad} differ beyond the tolerance",
                                          "the gradients agree")
     raise ReproError(f"the {check} check has no short form (use --full)")

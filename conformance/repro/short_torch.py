@@ -5,17 +5,23 @@ side with a saved_tensors_hooks listing, a print in the rule, the exception or b
 and the verdict."""
 from __future__ import annotations
 
-import re
-
-from conformance import pipelines as registry
-from conformance.ir import Checkpoint, walk
-from conformance.ops import NAME_OP
-from conformance.pipelines import torch_table
-from conformance.policy import NoPolicy, decide, thresholds
+from conformance.ir.nodes import Checkpoint, walk
+from conformance.ir.ops import NAME_OP
+from conformance.ir.policy import NoPolicy, decide, thresholds
+from conformance.pipelines import registry
+from conformance.pipelines.torch import table as torch_table
 from conformance.repro.emit_torch import TorchEmitter
 from conformance.repro.plan import ReproError, settings
-from conformance.repro.short_common import (ShortDialect, array_text, dead_code_removed, error_sentence, fold_returns,
-                                             header, used_helpers)
+from conformance.repro.short_common import (
+    ShortDialect,
+    array_text,
+    dead_code_removed,
+    error_sentence,
+    fold_returns,
+    header,
+    used_helpers,
+)
+from oracles.gradients import tolerance
 
 TAG = '''@torch.library.custom_op("rc::tag", mutates_args=())
 def tag(x: torch.Tensor, name: str) -> torch.Tensor:   # checkpoint_name: an identity op carrying a name
@@ -51,7 +57,9 @@ def policy_fn(policy, names: list[str], fn: str, prefer: bool) -> str:
         lines += ["    if op.overloadpacket is torch.ops.rc.tag:",
                   f"        return {pol}{word[other]} if args[1] in {tuple(odd_names)!r} else {pol}{word[default]}"]
     if odd:
-        lines.append(f"    return {pol}{word[other]} if op.overloadpacket in ({', '.join(odd)},) else {pol}{word[default]}")
+        lines.append(
+            f"    return {pol}{word[other]} if op.overloadpacket in ({', '.join(odd)},) else {pol}{word[default]}"
+        )
     else:
         lines.append(f"    return {pol}{word[default]}")
     return "\n".join(lines)
@@ -147,7 +155,6 @@ def _side_args(st: dict, vary: set) -> str:
 
 
 def script(prog, inputs, finding) -> str:
-    from oracles.gradients import tolerance
     check, pipe, ref = finding.check, finding.pipeline, finding.reference
     if prog.diff.batch or prog.diff.cotangents != "ones" or prog.diff.aux:
         raise ReproError("per-example, seeded-cotangent or auxiliary-output programs have no short form (use --full)")
@@ -170,13 +177,18 @@ def script(prog, inputs, finding) -> str:
     if rival["compile_inside"]:
         vary.discard("backend")
     probe = "events" if check == "custom_rule" else ""
-    e = ShortTorchEmitter(prog, probe=probe, remat_helper="remat" in vary, prefer=rival["prefer"],
-                          hooks=check == "residuals", compile_inside=rival["backend"] if rival["compile_inside"] else None)
+    e = ShortTorchEmitter(
+        prog,
+        probe=probe,
+        remat_helper="remat" in vary,
+        prefer=rival["prefer"],
+        hooks=check == "residuals",
+        compile_inside=rival["backend"] if rival["compile_inside"] else None,
+    )
     defs, fsrc = e.function()
     names = torch_table.program_names(prog)
     diff = [e.n[i.id] for i in prog.diff_inputs()]
     d = ", ".join(diff)
-    n = len(diff)
     params = ", ".join(x.split("=")[0] + "=" + {"backend": "None", "budget": "1.0", "dtype": "torch.float32",
                                                   "remat": "True"}[x.split("=")[0]]
                        for x in _side_args(rival, vary).split(", ") if x)
@@ -205,17 +217,25 @@ def script(prog, inputs, finding) -> str:
     if check == "residuals":
         pre.append("SAVED = []   # what the forward saves for backward (saved_tensors_hooks)")
         body = head + [
-            "    SAVED.clear()", "    with torch.autograd.graph.saved_tensors_hooks(lambda t: SAVED.append(t) or t, lambda t: t):",
+            "    SAVED.clear()",
+            "    with torch.autograd.graph.saved_tensors_hooks(lambda t: SAVED.append(t) or t, lambda t: t):",
             f"        loss = {'fn' if 'backend' in vary else 'f'}({args})",
-            f"    torch.autograd.grad(loss, {xs_name})"]
+            f"    torch.autograd.grad(loss, {xs_name})",
+        ]
         if names:
-            body += ["    held = sorted(n for n, v in NAMED.items() if any(t.shape == v.shape and torch.equal(t, v) for t in SAVED))",
-                     "    print(f'  saves {[(tuple(t.shape), t.dtype) for t in SAVED]}; named values among them: {held}')",
-                     "    return held"]
+            body += [
+                "    held = sorted(n for n, v in NAMED.items()"
+                " if any(t.shape == v.shape and torch.equal(t, v) for t in SAVED))",
+                "    print(f'  saves {[(tuple(t.shape), t.dtype) for t in SAVED]}; named values among them: {held}')",
+                "    return held",
+            ]
             what = "the named values saved differ"
         else:
-            body += ["    held = sum(t.nbytes for t in SAVED)",
-                     "    print(f'  saves {[(tuple(t.shape), t.dtype) for t in SAVED]}: {held} bytes')", "    return held"]
+            body += [
+                "    held = sum(t.nbytes for t in SAVED)",
+                "    print(f'  saves {[(tuple(t.shape), t.dtype) for t in SAVED]}: {held} bytes')",
+                "    return held",
+            ]
             what = "more bytes saved" if finding.error_type == "saved_bytes_grew" else "different residuals"
         cond = "rival > reference" if finding.error_type == "saved_bytes_grew" else "rival != reference"
         body += ["", "", f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}"]
@@ -227,7 +247,9 @@ def script(prog, inputs, finding) -> str:
         verdict = ('raise SystemExit("REPRODUCES: the custom rules saw different cotangents" '
                    'if not rival <= reference else 0)   # 0: fixed (a compiled run sees only what eager sees)')
     elif check == "gradient":
-        mode = "tight" if registry.role_of(ref) == registry.BASELINE or registry.framework_of(ref) == "torch" else "loose"
+        mode = (
+            "tight" if registry.role_of(ref) == registry.BASELINE or registry.framework_of(ref) == "torch" else "loose"
+        )
         if registry.role_of(ref) == registry.VALUE:
             mode = "loose"
         rtol, atol = tolerance(prog, mode)
@@ -240,12 +262,28 @@ def script(prog, inputs, finding) -> str:
                        f"RTOL, ATOL = {rtol:.3g}, {atol:.3g}   # the harness's tolerance",
                        "bad = [k for k, (a, b) in enumerate(zip(rival, reference))",
                        "       if not torch.allclose(a, b, rtol=RTOL, atol=ATOL * max(1.0, b.abs().max().item()))]"]
-        verdict = 'raise SystemExit(f"REPRODUCES: gradients {bad} differ beyond the tolerance" if bad else 0)   # 0: fixed'
-    else:   # error
-        stage = _second_order(prog, fn if "backend" in vary else "f", args, xs_name) if prog.diff.order == 2 else [grad_line]
-        body = head + ["    try:"] + [f"        {x}" for x in stage] + [
-            "    except Exception as e:", "        print('  raised', f'{type(e).__name__}: {e}'[:500])", "        return e",
-            "    print('  raised nothing')", "", ""]
+        verdict = (
+            'raise SystemExit(f"REPRODUCES: gradients {bad} differ beyond the tolerance" if bad else 0)   # 0: fixed'
+        )
+    else:  # error
+        stage = (
+            _second_order(prog, fn if "backend" in vary else "f", args, xs_name)
+            if prog.diff.order == 2
+            else [grad_line]
+        )
+        body = (
+            head
+            + ["    try:"]
+            + [f"        {x}" for x in stage]
+            + [
+                "    except Exception as e:",
+                "        print('  raised', f'{type(e).__name__}: {e}'[:500])",
+                "        return e",
+                "    print('  raised nothing')",
+                "",
+                "",
+            ]
+        )
         body += [f"reference = {call(*sides[0])}"] if len(sides) > 1 else []
         body.append(f"rival = {call(*sides[-1])}")
         exp = finding.detail.get("expected") if isinstance(finding.detail.get("expected"), dict) else None
@@ -260,8 +298,11 @@ def script(prog, inputs, finding) -> str:
     body_src = "\n".join(body)
     code_all = defs + fsrc + body_src + verdict
     imports = []
-    for cond, line in (("re.search(" in code_all, "import re"), ("partial(" in code_all, "from functools import partial"),
-                       (True, "import torch")):
+    for cond, line in (
+        ("re.search(" in code_all, "import re"),
+        ("partial(" in code_all, "from functools import partial"),
+        (True, "import torch"),
+    ):
         if cond:
             imports.append(line)
     cp = [x for x in ("CheckpointPolicy", "create_selective_checkpoint_contexts") if x in code_all]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conformance.loading import corpus_entry_stem, corpus_fixed_keys
+from conformance.engine.loading import corpus_entry_stem, corpus_fixed_keys
 
 HERE = Path(__file__).parent
 FIXED = corpus_fixed_keys(HERE)     # the rule `run --known` reads status.json by
@@ -35,7 +35,7 @@ def _fixed(path, finding) -> bool:
 
 
 def _entries():
-    from conformance.loading import load_corpus_root
+    from conformance.engine.loading import load_corpus_root
     out = []
     for path in sorted(HERE.glob("*.json")):
         if path.name == "status.json":
@@ -57,8 +57,8 @@ def _entries():
 
 @pytest.mark.parametrize("path,prog,inputs,finding", _entries())
 def test_regression(path, prog, inputs, finding):
-    from conformance.campaign import replay_pipelines
-    from conformance.runner import InProcessExecutor
+    from conformance.engine.runner import InProcessExecutor
+    from conformance.engine.search import replay_pipelines
     from oracles.expectations import Expectations
     from oracles.judge import judge
     names = replay_pipelines(finding.key())

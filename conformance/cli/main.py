@@ -1,0 +1,399 @@
+"""Command line: remat-conformance run | replay | pipelines | report | repro | recheck | matrix | devices.
+
+Exit codes: 0 the harness worked (whatever it found); 1 with --strict when there are
+unexpected findings; 2 usage or input errors, printed as `error: FILE: FIELD: reason`
+(or naming the option), never with a traceback; 70 an internal error (a harness bug), one
+line, the traceback only with --debug; 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+from conformance import __version__
+from conformance.cli import devices as devices_command
+from conformance.cli import matrix as matrix_command
+from conformance.cli import recheck as recheck_command
+from conformance.cli import report as report_command
+from conformance.cli import repro as repro_command
+from conformance.cli.progress import Progress
+from conformance.engine.campaign import Campaign, summary_markdown
+from conformance.engine.describe import (
+    behaviour_title,
+    by_class,
+    class_label,
+    class_rank,
+    triage_of,
+    variants_of,
+    variants_text,
+)
+from conformance.engine.isolation import IsolatedExecutor, load_plugins
+from conformance.engine.isolation.supervisor import MEMORY_ENV
+from conformance.engine.loading import load_known, load_program_file
+from conformance.engine.options import SHRINK_STEPS, Options, positive, seed, shard, share, swarm_dimension
+from conformance.engine.parallel import worker_memory_limit
+from conformance.engine.runner import InProcessExecutor
+from conformance.engine.search import replay_pipelines
+from conformance.engine.store import Store, StoreError
+from conformance.errors import UsageError
+from conformance.ir.nodes import Limits
+from conformance.pipelines import registry as reg
+from conformance.pipelines.registry import FAMILY_SHARES, REFERENCES
+from conformance.reporting.issue_text import issue_text_or_reason
+from generators.programs import Config, input_values
+from oracles.expectations import Expectations, ExpectationsError
+from oracles.judge import judge
+
+EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
+EXIT_INTERNAL = 70   # a bug of this harness (EX_SOFTWARE); the traceback only with --debug
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        sys.stderr.write(f"error: {message}\n(see `{self.prog} --help`)\n")
+        sys.exit(EXIT_USAGE)
+
+
+def _add_limits(p):
+    g = p.add_argument_group("input limits (checked before anything runs)")
+    g.add_argument("--max-rank", type=positive(int, "--max-rank"), default=3)
+    g.add_argument("--max-dim", type=positive(int, "--max-dim"), default=64)
+    g.add_argument("--max-elements", type=positive(int, "--max-elements"), default=4096)
+    g.add_argument("--max-depth", type=positive(int, "--max-depth"), default=6)
+    g.add_argument("--max-statements", type=positive(int, "--max-statements"), default=400)
+    g.add_argument("--max-name-length", type=positive(int, "--max-name-length"), default=64)
+
+
+def _limits(args):
+    return Limits(max_rank=args.max_rank, max_dim=args.max_dim, max_elements=args.max_elements,
+                  max_depth=args.max_depth, max_statements=args.max_statements,
+                  max_name_length=args.max_name_length)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="remat-conformance", description="Differential testing of rematerialization in JAX and PyTorch.")
+    p.add_argument("--version", action="version", version=f"remat-conformance {__version__}")
+    p.add_argument("--debug", action="store_true", help="print the traceback of an internal error")
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
+    sub.required = True
+
+    r = sub.add_parser("run", help="run a campaign")
+    r.add_argument("--pipelines", default=None,
+                   help="comma-separated exact pipeline names (see `pipelines`); the references (" +
+                        ", ".join(REFERENCES) + ") are added")
+    r.add_argument(
+        "--budget", type=positive(float, "--budget"), default=240.0, help="wall-clock seconds, shrinking included"
+    )
+    r.add_argument("--max-examples", type=positive(int, "--max-examples"), default=100000)
+    r.add_argument("--seed", type=seed, default=0)
+    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    r.add_argument("--out", default="reports/latest")
+    r.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
+    r.add_argument("--resume", action="store_true", help="continue an interrupted campaign in --out")
+    r.add_argument("--strict", action="store_true", help="exit 1 when there are new findings (unexpected, not --known)")
+    r.add_argument("--known", action="append", default=[], metavar="CORPUS",
+                   help="a regression corpus (directory of corpus entries, or one entry) whose behaviours are "
+                        "known: programs failing their way are counted, not shrunk or reported as new; repeatable")
+    r.add_argument("--expectations", default=None, help="expectations JSON (default: the packaged file)")
+    r.add_argument("--shrink-seconds", type=positive(float, "--shrink-seconds"), default=45.0)
+    r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=SHRINK_STEPS,
+                   help=f"Hypothesis shrink steps of a new behaviour before the IR reductions (default {SHRINK_STEPS})")
+    r.add_argument(
+        "--max-stmts",
+        type=positive(int, "--max-stmts"),
+        default=6,
+        help="generator: a program draws at most 2 x N ops and region/block openings",
+    )
+    r.add_argument("--require", action="append", default=[], metavar="DIMENSION", type=swarm_dimension,
+                   help="generator: a swarm dimension on in every program (repeatable), e.g. --require scan "
+                        "--require cond; the rest are drawn as usual")
+    r.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
+                   help="run pipelines in supervised worker processes (default on)")
+    r.add_argument("--timeout", type=positive(float, "--timeout"), default=60.0,
+                   help="per-pipeline timeout in seconds for one program (isolated runs)")
+    r.add_argument("--jobs", type=positive(int, "--jobs"), default=None,
+                   help="searching worker processes (default: the machine's cores)")
+    r.add_argument("--shard", type=shard, default=(0, 1), metavar="I/N",
+                   help="check only shard I of N (0 <= I < N): N machines running shards 0..N-1 check "
+                        "disjoint programs whose union is the unsharded campaign")
+    r.add_argument("--share", action="append", default=[], metavar="FAMILY=FRACTION", type=share,
+                   help="time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
+                        + " by default); repeatable")
+    r.add_argument("--round-size", type=positive(int, "--round-size"), default=40,
+                   help="programs per seeded round")
+    r.add_argument("--quiet", action="store_true")
+
+    rp = sub.add_parser("replay", help="re-run corpus entries or programs")
+    rp.add_argument("files", nargs="+")
+    rp.add_argument("--pipelines", default=None, help="default: the finding's pipeline, or the default set")
+    rp.add_argument("--seed", type=seed, default=0, help="input seed for bare programs")
+    rp.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    rp.add_argument("--expectations", default=None)
+    rp.add_argument("--strict", action="store_true")
+    rp.add_argument("--json", action="store_true", help="print one JSON object per file")
+    _add_limits(rp)
+
+    sub.add_parser("pipelines", help="list pipelines with framework versions and devices")
+    for m in PLUGGED:
+        m.configure_parser(sub)
+        COMMANDS[m.COMMAND] = m.main
+    return p
+
+
+# ---------------------------------------------------------------------------------------
+def parse_pipelines(spec: str | None) -> list[str]:
+    """The run's pipelines: the named rivals (default: the registry's default set) and the
+    references the registry says they need. A framework that is not installed is refused."""
+    if spec is None:
+        rivals = list(reg.DEFAULT_PIPELINES)
+    else:
+        rivals = [s.strip() for s in spec.split(",")]
+        if any(not s for s in rivals):
+            raise UsageError(f"--pipelines: empty name in {spec!r}")
+        for s in rivals:
+            if s not in reg.known_names():
+                raise UsageError(f"--pipelines: unknown pipeline {s!r}; known: {', '.join(reg.known_names())}")
+    names = reg.run_set(rivals)
+    for n in names:
+        try:
+            reg.get(n)
+        except ImportError as e:
+            raise UsageError(f"--pipelines: {n}: framework not installed ({e}); install the extra, "
+                             f"e.g. pip install 'remat-conformance[{reg.framework_of(n)}]'") from None
+    return names
+
+
+def load_expectations(path):
+    try:
+        return Expectations.load(path)
+    except ExpectationsError as e:
+        raise UsageError(str(e)) from None
+
+
+def cmd_run(args) -> int:
+    from conformance.pipelines.jax.xla_cache import campaign_cache
+    with campaign_cache():   # before any pipeline module is imported: workers inherit it
+        return _run(args)
+
+
+def _run(args) -> int:
+
+    if os.environ.get("REMAT_CONFORMANCE_PLUGINS"):   # test-only pipelines (fault injection, mutants)
+        load_plugins()
+    names = parse_pipelines(args.pipelines)
+    expectations = load_expectations(args.expectations)
+    known = load_known(args.known)
+    if args.device == "cuda":
+        if "cuda" not in reg.get(reg.value_reference()).devices():
+            raise UsageError("--device cuda: no CUDA device visible to jax here")
+    try:
+        store = Store(args.out, overwrite=args.overwrite, resume=args.resume)
+    except StoreError as e:
+        raise UsageError(str(e)) from None
+    jobs = args.jobs or max(1, os.cpu_count() or 1)
+    isolate = _isolate(args)
+    opts = Options(pipelines=names, budget=args.budget, max_examples=args.max_examples, seed=args.seed,
+                   device=args.device, shrink_seconds=args.shrink_seconds, shrink_steps=args.shrink_steps,
+                   generator=Config(max_stmts=args.max_stmts, require=tuple(args.require)), jobs=jobs, shard=args.shard,
+                   shares=dict(args.share), round_size=args.round_size,
+                   executor={"isolate": isolate, "timeout": args.timeout,
+                             "memory_limit": _memory_limit(jobs) if isolate else None},
+                   expectations_path=args.expectations)
+    versions = reg.versions_of(names)
+    run_info = {
+        "schema_version": 1,
+        "harness": __version__,
+        "options": {
+            "pipelines": names,
+            "budget": args.budget,
+            "max_examples": args.max_examples,
+            "seed": args.seed,
+            "device": args.device,
+            "shrink_seconds": args.shrink_seconds,
+            "shrink_steps": args.shrink_steps,
+            "max_stmts": args.max_stmts,
+            "require": sorted(args.require),
+            "expectations": str(expectations.source),
+            "jobs": jobs,
+            "shard": list(args.shard),
+            "shares": dict(args.share),
+            "round_size": args.round_size,
+        },
+        "versions": versions,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if args.resume:
+        try:
+            prev = store.read_run()
+            prev_results, warn = store.results()
+            prev_findings = store.read_findings()
+        except StoreError as e:
+            raise UsageError(str(e)) from None
+        if warn:
+            print(f"warning: {warn}", file=sys.stderr)
+        po = prev["options"]
+        if not isinstance(prev.get("resumed", 0), int) or isinstance(prev.get("resumed", 0), bool):
+            raise UsageError(f"{store.dir}/run.json: resumed: must be an integer")
+        # (options added later: a run that did not record them had their defaults)
+        later = {"shard": run_info["options"]["shard"], "round_size": run_info["options"]["round_size"], "require": []}
+        for k in ("pipelines", "seed", "device", "max_stmts", "shard", "round_size", "require"):
+            if po.get(k, later.get(k)) != run_info["options"][k]:
+                raise UsageError(f"--resume: option {k} differs from the interrupted run "
+                                 f"({po.get(k)!r} there, {run_info['options'][k]!r} now)")
+        run_info["resumed"] = prev.get("resumed", 0) + 1
+        run_info["started"] = prev.get("started")
+    store.write_run(run_info)
+    executor = _executor(args, opts) if jobs == 1 else None   # jobs > 1: each searcher builds its own
+    progress = None if args.quiet else Progress().start()
+    camp = Campaign(opts, store, executor, expectations, progress, versions, issue_text=issue_text_or_reason)
+    if args.resume:
+        try:
+            camp.restore(prev_results, prev_findings)
+        except ValueError as e:   # a findings.json entry that does not validate
+            if executor is not None:
+                executor.close()
+            raise UsageError(f"{store.dir}/findings.json: {str(e).splitlines()[0]}") from None
+    camp.track(known)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)   # a CI cancel stops cleanly, like Ctrl-C
+    try:
+        camp.run()
+    finally:
+        if executor is not None:
+            executor.close()
+        if progress is not None:
+            progress.stop()
+        store.write_summary(summary_markdown(camp, run_info))
+        store.close()
+    new = camp.new_findings()
+    print(f"checked {camp.checked} programs in {camp.elapsed():.0f}s; {len(new)} distinct findings"
+          + (f", {len(camp.tracked_seen())} known behaviours seen" if known else "")
+          + (" (interrupted; resume with --resume)" if camp.interrupted else ""))
+    for cls, fs in by_class(sorted(new, key=lambda f: f.signature)):   # bugs first, then questions...
+        print(f" {cls}:")
+        for f in fs:
+            print(f"  {behaviour_title(f)} [{class_label(triage_of(f))}]: [{f.check}] {f.pipeline} vs {f.reference} "
+                  f"{f.error_type or ''} x{f.count}: {', '.join(sorted(f.core_features()))}; "
+                  f"{variants_text(variants_of(f), ('pipelines', 'labels', 'policies'), 4)}")
+    for f in sorted(camp.tracked_seen(), key=lambda f: (class_rank(f), f.tracked)):   # bugs first
+        print(f"  known {f.tracked}: {behaviour_title(f)} [{class_label(triage_of(f))}]: [{f.check}] {f.pipeline} "
+              f"x{f.count}")
+    print(f"wrote {store.dir}/ (summary.md, findings.json, results.jsonl, corpus/)")
+    if camp.interrupted:
+        return 130
+    return EXIT_FINDINGS if (args.strict and new) else EXIT_OK
+
+
+def _isolate(args) -> bool:
+    if args.isolate is None:
+        return os.environ.get("REMAT_CONFORMANCE_ISOLATE", "1") != "0"
+    return args.isolate
+
+
+def _memory_limit(jobs: int):
+    """Each job's framework worker: an equal part of the machine's memory (the environment's
+    REMAT_CONFORMANCE_WORKER_MEMORY_GB, when set, wins)."""
+    if os.environ.get(MEMORY_ENV) or jobs == 1:
+        return "default"
+    return worker_memory_limit(jobs)
+
+
+def _executor(args, opts):
+    if opts.executor["isolate"]:
+        return IsolatedExecutor(args.device, timeout=args.timeout, memory_limit=opts.executor["memory_limit"])
+    return InProcessExecutor(args.device)
+
+
+# ---------------------------------------------------------------------------------------
+def cmd_replay(args) -> int:
+    limits = _limits(args)
+    expectations = load_expectations(args.expectations)
+    loaded = [(f, *load_program_file(f, limits)) for f in args.files]   # validate all before running any
+    ex = InProcessExecutor(args.device)
+    any_fail = False
+    for path, prog, inputs, finding in loaded:
+        if args.pipelines is not None:
+            names = parse_pipelines(args.pipelines)
+        elif finding is not None:
+            names = replay_pipelines(finding.key())
+        else:
+            names = parse_pipelines(None)
+        if inputs is None:
+            inputs = input_values(prog, args.seed)
+        obs = ex.run(prog, inputs, names)
+        j = judge(prog, obs, expectations, args.device)
+        fails = j.failures()
+        keys = {v.key() for v in fails}
+        if finding is not None:
+            if finding.key() in keys:
+                status = "still failing"
+            elif fails:
+                status = "now failing differently"
+            else:
+                status = "fixed"
+        else:
+            status = "failing" if fails else "passing"
+        any_fail |= bool(fails)
+        if args.json:
+            print(json.dumps({"file": path, "status": status, "failures": [v.model_dump() for v in fails]}))
+        else:
+            print(f"{path}: {status}")
+            for v in fails:
+                print(f"  [{v.check}] {v.pipeline} vs {v.reference} {v.error_type or ''}: "
+                      f"{json.dumps(v.detail)[:300]}")
+    return EXIT_FINDINGS if (args.strict and any_fail) else EXIT_OK
+
+
+def cmd_pipelines(args) -> int:
+    rows = []
+    for n in reg.known_names():
+        try:
+            p = reg.get(n)
+            ok, why = p.available()
+            v = p.versions()
+            devs = ",".join(p.devices())
+            role = reg.spec(n).role
+            rows.append((n, role, " ".join(f"{k}={x}" for k, x in v.items() if k != "numpy"), devs,
+                         "" if ok else f"unavailable: {why}"))
+        except ImportError as e:
+            rows.append((n, "-", "-", "-", f"framework not installed: {e}"))
+    w = max(len(r[0]) for r in rows)
+    for r in rows:
+        print(f"{r[0]:<{w}}  {r[1]:<9}  {r[2]:<40}  devices={r[3]}  {r[4]}".rstrip())
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "replay": cmd_replay, "pipelines": cmd_pipelines}
+# Modules that add a subcommand: each has COMMAND, configure_parser(subparsers) and main(args) -> int.
+PLUGGED = [report_command, repro_command, recheck_command, matrix_command, devices_command]
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:   # a usage error (already printed, one line) or --help / --version
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    try:
+        return COMMANDS[args.cmd](args)
+    except UsageError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    except Exception as e:   # noqa: BLE001 - anything else is a harness bug: say so, in one line
+        if args.debug:
+            import traceback
+            traceback.print_exc()
+        first = (str(e).splitlines() or [""])[0][:300]
+        sys.stderr.write(f"internal error (a bug of remat-conformance, please report it): {type(e).__name__}: "
+                         f"{first}{'' if args.debug else ' (rerun with --debug for the traceback)'}\n")
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

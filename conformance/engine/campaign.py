@@ -1,0 +1,391 @@
+"""A campaign: the coordinator of one or more searchers (conformance.engine.search).
+
+The coordinator owns the output directory (the only writer of results.jsonl, findings.json and
+the corpus), the findings and the accounting. It hands seeded rounds to searchers: in this
+process (jobs = 1) or in worker processes (jobs > 1, conformance.engine.parallel), whose events it
+stores in arrival order. A round that is done is recorded as such; one that is not (stopped,
+killed) is run again on resume, its checked programs skipped.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from typing import Callable
+
+from conformance import __version__
+from conformance.engine.describe import (
+    CLASS_HEADINGS,
+    behaviour_title,
+    by_class,
+    class_label,
+    class_rank,
+    first_seen_text,
+    triage_of,
+    triage_text,
+    variants_of,
+    variants_text,
+    wants_issue,
+)
+from conformance.engine.findings import CorpusEntry, Finding
+from conformance.engine.loading import corpus_entry_stem
+from conformance.engine.options import Options
+from conformance.engine.parallel import run_parallel
+from conformance.engine.roots import record_variant, stamp, variant_values
+from conformance.engine.search import Searcher, merge_finding, same_behaviour
+from conformance.engine.store import Store
+from conformance.files import read_text
+from conformance.ir.verdict import CHECK_RANK, CHECKS
+from conformance.pipelines import registry
+from oracles.expectations import Expectations, stale
+
+FINDINGS_EVERY = 2.0   # seconds between rewrites of findings.json for counts alone
+
+
+class Campaign:
+    def __init__(self, opts: Options, store: Store, executor, expectations: Expectations, progress=None,
+                 versions: dict | None = None, issue_text=None):
+        self.opts, self.store, self.executor, self.expectations = opts, store, executor, expectations
+        # finding -> its issue.md (conformance.reporting.issue_text; the CLI passes it): none without
+        self.issue_text = issue_text
+        self.progress = progress or (lambda c: None)
+        self.versions = versions or {}
+        self.findings: list[Finding] = []
+        self.checked = 0
+        self.shrink_runs = 0
+        self.seen: set[tuple[str, int]] = set()
+        self.features: Counter = Counter()
+        self.grid: dict[tuple[str, str], Counter] = {}
+        self.coverage: dict[tuple[str, str], list[int]] = {}     # (feature, pipeline) -> [programs, failed]
+        self.ran: Counter = Counter()                            # pipeline -> programs it ran on
+        self.check_ran: Counter = Counter()                      # (pipeline, check) -> programs it ran on
+        self.expectation_hits: dict[str, Counter] = {}
+        self.shrinking: dict[int, dict] = {}                     # searcher -> its current shrink
+        self.shrink_sizes: list[tuple[int, int]] = []            # (shrunk, original) per finding record
+        self.done_rounds: set[int] = set()
+        self.start = time.monotonic()
+        self.elapsed_before = 0.0
+        self.interrupted = False
+        self.harness_errors = 0
+        self.shrinks_per_key: Counter = Counter()
+        self.on_finding: Callable[[Finding], None] | None = None   # jobs > 1: tell the other searchers
+        self._findings_written = 0.0
+
+    # -- known behaviours (`run --known`) ----------------------------------------------
+    def track(self, known: list[Finding]) -> None:
+        """Behaviours a regression corpus already tracks: a program failing one of their ways is
+        counted under it instead of being shrunk, and a shrunk finding of one of their behaviours
+        folds into it; neither is a new finding. Entries already tracked (a resume) are kept."""
+        have = {f.tracked for f in self.findings if f.tracked}
+        for f in known:
+            if f.tracked not in have:
+                self.findings.append(stamp(f.model_copy(update={"count": 0, "variants": {}})))
+
+    def new_findings(self) -> list[Finding]:
+        return [f for f in self.findings if f.tracked is None]
+
+    def tracked_seen(self) -> list[Finding]:
+        return [f for f in self.findings if f.tracked is not None and f.count]
+
+    # -- time --------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.start
+
+    def over_budget(self, grace: float = 0.0) -> bool:
+        if self.opts.stop_when is not None and self.opts.stop_when(self.new_findings()):
+            return True
+        return self.interrupted or self.elapsed() >= self.opts.budget + grace
+
+    @property
+    def rounds(self) -> int:
+        """The first round not done yet."""
+        r = 0
+        while r in self.done_rounds:
+            r += 1
+        return r
+
+    def pending_rounds(self):
+        """Rounds still to run, in order: those not done, up to the campaign's last slot."""
+        r = 0
+        while r < self.opts.rounds():
+            if r not in self.done_rounds:
+                yield r
+            r += 1
+
+    # -- resume ------------------------------------------------------------------------
+    def restore(self, results: list[dict], findings: list[dict]) -> None:
+        """Rebuild state from what an interrupted campaign wrote.
+
+        Done rounds are skipped; the others are run again, their checked programs skipped
+        (`seen`). A program with a new failure whose shrink never finished (killed while
+        shrinking: its result is written, no finding record names it and its key as origin) is
+        left out of `seen`, so that the replayed round checks it again and shrinks what no finding
+        covers yet; the store keeps its result record from being
+        written twice. A finding that reached results.jsonl and the corpus but not findings.json
+        is taken from its corpus entry."""
+        shrunk = {(tuple(r["origin"]), tuple(r["key"]) if r.get("key") else "*") for r in results
+                  if r.get("type") == "finding" and r.get("origin")}   # "*": a record without its key
+        for r in results:
+            t = r.get("type")
+            if t == "result":
+                h = (r["hash"], r["seed"])
+                pending = (h, "*") not in shrunk and any((h, tuple(k)) not in shrunk for k in r.get("new", []))
+                self._account(r, seen=not pending)
+            elif t == "round" and isinstance(r.get("round"), int):
+                self.done_rounds.add(r["round"])
+            elif t == "finding":
+                self._account_finding(r)
+        self.findings = [Finding.model_validate(f) for f in findings]
+        # findings.json is rewritten right after each finding record, so only the last one can
+        # be missing from it (a kill in between); it is taken back from its corpus entry unless
+        # a finding of the same behaviour is there already.
+        last = next((r.get("signature") for r in reversed(results) if r.get("type") == "finding"), None)
+        if last is not None and last not in {f.signature for f in self.findings}:
+            for p in self.store.corpus_files():
+                try:
+                    e = CorpusEntry.model_validate_json(read_text(p))
+                except ValueError:   # InputRefused, or an entry that does not validate
+                    continue
+                f = e.finding
+                if f is not None and f.signature == last:
+                    if not any(same_behaviour(g, f) for g in self.findings):
+                        self.findings.append(f)
+                    break
+        self.elapsed_before = max([r.get("t", 0.0) for r in results] or [0.0])
+
+    def _account(self, r: dict, seen: bool = True) -> None:
+        self.checked += 1
+        if seen:
+            self.seen.add((r["hash"], r["seed"]))
+        feats = r.get("features", [])
+        self.features.update(feats)
+        failed, ran = Counter(), set()
+        for check, pipeline, _ref, status, _et in r.get("verdicts", []):
+            self.grid.setdefault((pipeline, check), Counter())[status] += 1
+            failed[pipeline] += status == "fail"
+            if status not in ("skipped", "unsupported"):
+                ran.add((pipeline, check))
+        self.check_ran.update(ran)
+        for p in r.get("ran", []):
+            self.ran[p] += 1
+            for ft in feats:
+                cell = self.coverage.setdefault((ft, p), [0, 0])
+                cell[0] += 1
+                cell[1] += failed[p] > 0
+        for k in r.get("new", []):
+            self.shrinks_per_key[tuple(k)] += 1
+        for eid, how in r.get("expectations", {}).items():
+            self.expectation_hits.setdefault(eid, Counter())[how] += 1
+        if any(str(e).startswith("HarnessError") for e in r.get("errors", {}).values()):
+            self.harness_errors += 1
+
+    def _account_finding(self, r: dict) -> None:
+        if isinstance(r.get("size"), int) and isinstance(r.get("original_size"), int):
+            self.shrink_sizes.append((r["size"], r["original_size"]))
+        self.shrink_runs += r.get("shrink_steps", 0) if isinstance(r.get("shrink_steps"), int) else 0
+
+    # -- events from searchers ---------------------------------------------------------
+    def handle(self, ev: dict, searcher: int = 0) -> None:
+        kind = ev["ev"]
+        if kind == "result":
+            rec = ev["rec"]
+            rec["t"] = round(self.elapsed(), 3)
+            if self.store.append_result(rec):    # False: already recorded (a replayed shrink)
+                self._account(rec)
+                by_sig = {f.signature: f for f in self.findings}
+                keys = rec.get("known_keys") or [None] * len(rec.get("known_signatures", []))
+                for sig, key in zip(rec.get("known_signatures", []), keys):
+                    if sig in by_sig:
+                        by_sig[sig].count += 1
+                        if key:   # the variant this program showed of the known behaviour
+                            record_variant(by_sig[sig], variant_values([key[1]], key[3], rec.get("features", [])),
+                                           rec["t"])
+                if rec.get("known_signatures") and time.monotonic() - self._findings_written >= FINDINGS_EVERY:
+                    self._write_findings()   # counts only: at most every few seconds
+            else:
+                self.seen.add((rec["hash"], rec["seed"]))
+        elif kind == "shrink":
+            self.shrinking[searcher] = {**ev, "since": time.monotonic() - ev.get("seconds", 0.0)}
+        elif kind == "finding":
+            self.shrinking.pop(searcher, None)
+            f = Finding.model_validate(ev["finding"])
+            f.first_seen = round(self.elapsed(), 3)
+            stamp(f)
+            kept, changed = merge_finding(self.findings, f)
+            if changed:
+                self._write_corpus(kept)
+            rec = {"type": "finding", "signature": kept.signature, "t": round(self.elapsed(), 3),
+                   "origin": ev["origin"], "shrink_steps": ev["shrink_steps"], "size": ev["size"],
+                   "original_size": ev["original_size"], "key": list(f.key())}
+            self.store.append_result(rec)
+            self._account_finding(rec)
+            self._write_findings()
+            if self.on_finding is not None:
+                self.on_finding(kept)
+        elif kind == "round":
+            self.done_rounds.add(ev["round"])
+            self.store.append_result({"type": "round", "round": ev["round"], "t": round(self.elapsed(), 3)})
+        self.progress(self)
+
+    def _write_findings(self) -> None:
+        self.store.write_findings([f.model_dump(mode="json") for f in self.findings])
+        self._findings_written = time.monotonic()
+
+    def _write_corpus(self, f: Finding) -> None:
+        entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=f.versions)
+        # named by check, pipeline and program: two findings of one program keep two entries
+        stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
+        self.store.write_corpus(stem, entry.model_dump(mode="json"))
+        if self.issue_text and wants_issue(f):   # bugs and questions: a documented or harness root has none
+            self.store.write_issue(stem, self.issue_text(f))
+
+    # -- the search --------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            if self.opts.jobs > 1:
+                run_parallel(self)
+            else:
+                self._run_here()
+        except KeyboardInterrupt:
+            self.interrupted = True
+        finally:
+            self.shrinking.clear()
+            self._write_findings()
+
+    def _run_here(self) -> None:
+        searcher = Searcher(self.opts, self.executor, self.expectations, self.handle, self.findings, self.seen,
+                            self.shrinks_per_key, lambda grace=0.0: self.over_budget(grace), self.versions)
+        for r in self.pending_rounds():
+            if self.over_budget():
+                break
+            try:
+                done = searcher.run_round(r)
+            except KeyboardInterrupt:
+                self.interrupted = True
+                raise
+            if not done:
+                break
+
+    # -- reporting -----------------------------------------------------------------------
+    def stale_expectations(self) -> list[dict]:
+        return stale(self.expectations, self.opts.pipelines, self.expectation_hits)
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.0f}%" if b else "-"
+
+
+def shrink_distribution(c: Campaign) -> dict:
+    sizes = sorted(s for s, _ in c.shrink_sizes)
+    if not sizes:
+        return {}
+    q = statistics.quantiles(sizes, n=10, method="inclusive") if len(sizes) > 1 else [sizes[0]] * 9
+    return {"shrinks": len(sizes), "median": statistics.median(sizes), "p90": q[8], "max": sizes[-1],
+            "median_original": statistics.median(o for _, o in c.shrink_sizes)}
+
+
+def _md_text(s: str) -> str:
+    """A string shown in a Markdown line or table cell: no line breaks, no cell separators."""
+    return " ".join(str(s).split()).replace("|", "\\|")
+
+
+def _class_sections(ranked: list[Finding]) -> list[str]:
+    """Findings grouped by class, bugs first, numbered as the tables below: each by its title, its
+    class (suggested or confirmed) and why, its variants with counts, and when it was first seen."""
+    lines: list[str] = []
+    number = {id(f): i for i, f in enumerate(ranked, 1)}
+    for cls, fs in by_class(ranked):
+        lines += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(fs)})", ""]
+        for f in fs:
+            seen = ", ".join(x for x in (f"{f.count} program(s)", first_seen_text(f),
+                                         f"shrunk to {f.size} statement(s) from {f.original_size}") if x)
+            lines += [f"{number[id(f)]}. **{_md_text(behaviour_title(f))}**",
+                      f"   - class: {_md_text(triage_text(triage_of(f)))}",
+                      f"   - variants: {_md_text(variants_text(variants_of(f)))}",
+                      f"   - {seen}; [{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}"]
+        lines.append("")
+    return lines[:-1]
+
+
+def summary_markdown(c: Campaign, run_info: dict) -> str:
+    lines = ["# remat-conformance campaign summary", ""]
+    lines.append(f"- harness {__version__}; seed {c.opts.seed}; device {c.opts.device}; "
+                 f"budget {c.opts.budget:.0f}s; elapsed {c.elapsed():.0f}s; jobs {c.opts.jobs}"
+                 + (f"; shard {c.opts.shard[0]}/{c.opts.shard[1]}" if c.opts.shard[1] > 1 else "")
+                 + ("; **interrupted** (resumable with --resume)" if c.interrupted else ""))
+    lines.append("- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(run_info.get("versions", {}).items())))
+    lines.append(f"- pipelines: {', '.join(c.opts.pipelines)}")
+    rate = c.checked / c.elapsed() if c.elapsed() > 0 else 0.0
+    lines.append(f"- programs checked: **{c.checked}** ({rate:.2f}/s); shrink runs: {c.shrink_runs}; "
+                 f"distinct findings: **{len(c.new_findings())}**"
+                 + (f"; tracked behaviours seen: {len(c.tracked_seen())}" if c.tracked_seen() else ""))
+    d = shrink_distribution(c)
+    if d:
+        lines.append(f"- shrunk sizes (statements) over {d['shrinks']} shrinks: median {d['median']:g}, "
+                     f"90th percentile {d['p90']:g}, max {d['max']} (originals: median {d['median_original']:g})")
+    if c.harness_errors:
+        lines.append(f"- harness errors: {c.harness_errors} (bugs of this tool: see results.jsonl)")
+    ranked = sorted(c.new_findings(), key=lambda f: (class_rank(f), CHECK_RANK.get(f.check, 9), -f.count))
+    lines += ["", "## Findings by class (bugs first)", ""]
+    if not ranked:
+        lines.append("None.")
+    else:
+        lines += _class_sections(ranked)
+        lines += ["", "## Findings", ""]
+        lines.append("| # | class | check | pipeline | reference | error type | programs | shrunk size | features |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for i, f in enumerate(ranked, 1):
+            lines.append(f"| {i} | {class_label(triage_of(f))} | {f.check} | `{f.pipeline}` | `{f.reference}` | "
+                         f"{f.error_type or '-'} | {f.count} | {f.size} (from {f.original_size}) | "
+                         f"{', '.join(f.features)} |")
+        # one root behaviour per finding; where its shrunk program reproduces
+        shown = [p for p in c.opts.pipelines if not registry.is_reference(p)]
+        lines += ["", "## Behaviours by pipeline (x: the finding's shrunk program fails there the same way)", ""]
+        lines.append("| # | behaviour | " + " | ".join(f"`{p}`" for p in shown) + " |")
+        lines.append("|---|---|" + "---|" * len(shown))
+        for i, f in enumerate(ranked, 1):
+            where = set(f.behaviour_pipelines())
+            lines.append(f"| {i} | {f.check} {f.error_type or ''} vs `{f.reference}` | "
+                         + " | ".join("x" if p in where else "" for p in shown) + " |")
+    tracked = sorted(c.tracked_seen(), key=lambda f: (class_rank(f), f.tracked))
+    if tracked:
+        lines += ["", "## Tracked behaviours seen (`--known`: not new)", ""]
+        for cls, fs in by_class(tracked):
+            lines += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(fs)})", ""]
+            lines += [f"- `{f.tracked}`: **{_md_text(behaviour_title(f))}** ({_md_text(triage_text(triage_of(f)))}); "
+                      f"[{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}: {f.count} programs; "
+                      f"variants: {_md_text(variants_text(variants_of(f)))}" for f in fs]
+            lines.append("")
+        lines.pop()
+    checks = [ch for ch in CHECKS if ch not in ("crash", "timeout")]
+    lines += ["", "## Status by pipeline and check", ""]
+    lines.append("| pipeline | programs run | " + " | ".join(checks) + " |")
+    lines.append("|---|---|" + "---|" * len(checks))
+    for p in c.opts.pipelines:
+        cells = []
+        for ch in checks:
+            cnt = c.grid.get((p, ch), Counter())
+            cells.append(" ".join(f"{k}:{v}" for k, v in sorted(cnt.items())) or "-")
+        lines.append(f"| `{p}` | {c.ran[p]} | " + " | ".join(cells) + " |")
+    lines += ["", "## Checks that ran (share of the programs a pipeline ran on where the check had its inputs)", ""]
+    lines.append("| pipeline | " + " | ".join(checks) + " |")
+    lines.append("|---|" + "---|" * len(checks))
+    for p in c.opts.pipelines:
+        cells = []
+        for ch in checks:
+            cells.append(_pct(c.check_ran[(p, ch)], c.ran[p]) if (p, ch) in c.grid else "-")
+        lines.append(f"| `{p}` | " + " | ".join(cells) + " |")
+    lines += ["", "## Feature coverage: programs checked / programs with a failed verdict, per pipeline", ""]
+    shown = [p for p in c.opts.pipelines if c.ran[p]]
+    lines.append("| feature | programs | " + " | ".join(f"`{p}`" for p in shown) + " |")
+    lines.append("|---|---|" + "---|" * len(shown))
+    for ft, n in sorted(c.features.items()):
+        cells = []
+        for p in shown:
+            progs, failed = c.coverage.get((ft, p), [0, 0])
+            cells.append(f"{progs}/{failed}" if progs else "**0**")
+        lines.append(f"| {ft} | {n} | " + " | ".join(cells) + " |")
+    stale_ = c.stale_expectations()
+    lines += ["", "## Stale expectations", ""]
+    lines += [f"- `{s['id']}`: {s['why']}" for s in stale_] or ["None."]
+    return "\n".join(lines) + "\n"

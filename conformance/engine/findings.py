@@ -1,0 +1,203 @@
+"""Findings, corpus entries and exact input values (schemas exported as JSON Schema)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from conformance.errors import field_path
+from conformance.ir.dtypes import np_dtype
+from conformance.ir.program import Program
+from conformance.ir.verdict import Triage
+
+SCHEMA_VERSION = 1
+
+
+class InputValue(BaseModel):
+    """An exact input array: float32 values are exact in JSON's float64 and read back exactly."""
+    model_config = ConfigDict(extra="forbid")
+    dtype: str
+    shape: list[int]
+    data: Any  # nested lists (or a bare number for rank 0)
+
+
+def encode_inputs(values: dict[str, np.ndarray]) -> dict[str, InputValue]:
+    return {k: InputValue(dtype=str(v.dtype), shape=list(v.shape), data=np.asarray(v).astype(np.float64).tolist())
+            for k, v in values.items()}
+
+
+def decode_inputs(enc: dict[str, InputValue]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in enc.items():
+        a = np.asarray(v.data, dtype=np.float64).astype(np_dtype(v.dtype))
+        out[k] = a.reshape(v.shape)
+    return out
+
+
+class Seen(BaseModel):
+    """One variant of a root behaviour: how many programs showed it, and when it was first seen."""
+    model_config = ConfigDict(extra="forbid")
+    count: int = 0
+    first_seen: float | None = None  # seconds into the campaign
+
+
+# What a finding lists its variants by (conformance.engine.roots.VARIANT_DIMENSIONS derives from this).
+VARIANT_DIMENSIONS = ("pipelines", "labels", "policies", "features")
+
+
+class Finding(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    signature: str
+    check: str
+    pipeline: str
+    reference: str
+    error_type: str = ""
+    features: list[str]
+    program: dict
+    program_hash: str
+    inputs: dict[str, InputValue] = Field(default_factory=dict)
+    detail: dict = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    flags: dict[str, Any] = Field(default_factory=dict)
+    device: str = "cpu"
+    count: int = 1
+    shrunk: bool = False
+    shrink_steps: int = 0
+    original_size: int | None = None
+    size: int | None = None
+    expectation: str | None = None
+    first_seen: float | None = None   # seconds into the campaign
+    # Keys (check, pipeline, reference, error type) on which the shrunk program fails the same way:
+    # the same root behaviour on sibling pipelines (remat3 and remat3+cvjp3, their :jit forms...).
+    reproduces: list[list[str]] = Field(default_factory=list)
+    # The regression-corpus entry (`run --known`) this finding stands for; None for a behaviour
+    # this campaign found. A tracked finding's count is the programs of this run that showed it.
+    tracked: str | None = None
+    # The root behaviour (conformance.engine.roots.root_key of the shrunk program), its variants by
+    # dimension (pipelines, labels, policies, features -> Seen), its title and its class.
+    root: str = ""
+    title: str = ""
+    variants: dict[str, dict[str, Seen]] = Field(default_factory=dict)
+    triage: Triage | None = None
+
+    def behaviour_pipelines(self) -> list[str]:
+        """Where this behaviour reproduces: its own pipeline and its siblings'."""
+        return list(dict.fromkeys([self.pipeline] + [k[1] for k in self.reproduces]))
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.check, self.pipeline, self.reference, self.error_type)
+
+    def core_features(self) -> set[str]:
+        return set(signature_features(self.features))
+
+
+class CorpusEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    program: dict
+    inputs: dict[str, InputValue]
+    finding: Finding | None = None
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
+ROOT_SCHEMA_VERSION = 2
+
+
+class CorpusVariant(CorpusEntry):
+    """One program of a root: a finding of one of its variants (pipeline, label, policy...)."""
+    name: str                        # the file name of the entry it was, or a new name
+    finding: Finding
+
+
+class CorpusRoot(BaseModel):
+    """A regression-corpus root: one behaviour, its class, and every program known to show it.
+    The first variant is the representative (its program is the one a repro and an issue show)."""
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = ROOT_SCHEMA_VERSION
+    root: str                        # a short slug, the entry's file name without .json
+    title: str                       # the behaviour, as an upstream issue would title it
+    triage: Triage
+    reference_why: str = ""          # what the reference is and why it is the reference
+    replaces: list[str] = Field(default_factory=list)   # the corpus entries it was regrouped from
+    variants: list[CorpusVariant] = Field(min_length=1)
+
+    def representative(self) -> CorpusVariant:
+        return self.variants[0]
+
+
+# Features a shrunk program keeps by accident rather than because the behaviour needs them
+# (the shrinker always leaves some dtype; names nobody reads, layout ops...). They stay in a
+# finding's `features` but not in its signature, so that one behaviour is one finding. Per-op
+# features (op:<op>) serve expectations only; the op families (matmul, reduction...) sign.
+INCIDENTAL_FEATURES = frozenset({"float32", "float64", "unread_name", "dup_names", "layout", "reduction",
+                                 "prevent_cse_false"})
+
+
+class ObservationDigest(BaseModel):
+    """One pipeline's facts in a finding's detail.observations (what reports show)."""
+    model_config = ConfigDict(extra="allow")
+    error: str | None = None
+    saved: list[str] | None = None
+    saved_bytes: int | None = None
+    grads: dict[str, Any] | None = None
+
+
+def observations_problem(detail: dict) -> tuple[str, str] | None:
+    """(field under detail.observations, reason) of the first digest a report could not show;
+    None when every one is well formed. Corpus loading and report loading both refuse on it."""
+    obs = detail.get("observations")
+    if obs is None:
+        return None
+    if not isinstance(obs, dict):
+        return "", "must be an object"
+    for p, d in obs.items():
+        try:
+            ObservationDigest.model_validate(d)
+        except ValidationError as e:
+            return f".{p}.{field_path(e.errors()[0])}", e.errors()[0]["msg"]
+    return None
+
+
+def error_root(detail: dict) -> str | None:
+    """What an error finding raised, as the root of its behaviour: the type and the first two
+    lines of the message, numbers and addresses blanked (`float32[2]` and `float32[2,2]` read
+    alike). None for a missing error or a message too short to tell roots apart."""
+    got = detail.get("got") if isinstance(detail, dict) else None
+    if not isinstance(got, dict) or not isinstance(got.get("message"), str):
+        return None
+    lines = [x.strip() for x in got["message"].strip().splitlines() if x.strip()][:2]
+    text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))[:240]
+    return f"{got.get('type', '')}: {text}" if len(text) >= 12 else None
+
+
+def signature_features(features) -> list[str]:
+    return sorted(f for f in set(features) - INCIDENTAL_FEATURES if not f.startswith("op:"))
+
+
+def signature(check: str, pipeline: str, reference: str, error_type: str, features) -> str:
+    return f"{check}|{pipeline}|{reference}|{error_type or '-'}|{'+'.join(signature_features(features))}"
+
+
+def make_finding(verdict, program: Program, inputs: dict[str, np.ndarray], obs_versions: dict, flags: dict,
+                 device: str) -> Finding:
+    feats = sorted(program.features())
+    return Finding(
+        signature=signature(verdict.check, verdict.pipeline, verdict.reference, verdict.error_type or "", feats),
+        check=verdict.check,
+        pipeline=verdict.pipeline,
+        reference=verdict.reference,
+        error_type=verdict.error_type or "",
+        features=feats,
+        program=program.to_json_obj(),
+        program_hash=program.content_hash(),
+        inputs=encode_inputs(inputs),
+        detail=verdict.detail,
+        versions=obs_versions,
+        flags=flags,
+        device=device,
+        expectation=verdict.expectation,
+        size=program.size(),
+    )

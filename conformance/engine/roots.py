@@ -1,0 +1,220 @@
+"""Root behaviours: what a finding's minimal program needs to fail, apart from its variants.
+
+A root is keyed on the check, the pipeline family, the reference family, the features the shrunk
+program cannot lose (what the reductions left, less the variant dimensions below) and, for an
+error, its error root (findings.error_root). Everything else describes one difference of one
+check and is a variant of the root, listed inside it with counts:
+  pipelines  twins of one family: eager and `:jit`; remat3, remat3+cvjp3, remat3+cjvp3;
+             `:prefer`; compile backends and partitioners;
+  labels     residual symptoms (missing / extra / other / named), trace counters, custom-rule
+             fields (perturbed / fwd_ran / symbolic_zero_cts), an error's type;
+  policies   the policy kinds a failing program used;
+  features   dtypes, op families (matmul, nonsmooth, cast...) and spellings (a rule's static
+             arguments, a residual that is an argument...) the program happened to have.
+Rules suggest a class for a new root (`suggest_triage`); a person confirms it in the corpus.
+"""
+from __future__ import annotations
+
+import re
+
+from conformance.engine.findings import VARIANT_DIMENSIONS, Finding, Seen, error_root, signature_features
+from conformance.ir.verdict import Triage
+
+DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+# Op families: which op shows a behaviour is a variant of it when the minimal program fails
+# with another op alike (a dead matmul or sin in a custom_vjp fwd).
+OP_FAMILIES = frozenset({"matmul", "batch_matmul", "conv", "nonsmooth", "cast", "slicing", "layout", "reduction",
+                         "view"})
+# How a construct is spelled rather than what it does: a rule's static arguments, a residual that
+# is an argument or a result, a result nothing reads, seeded cotangents, pytrees. Variants of a
+# root, like the op families; a lax.switch is a cond of three branches.
+SPELLINGS = frozenset(
+    {
+        "custom_gradient",
+        "nondiff_args",
+        "residual_is_arg",
+        "residual_is_result",
+        "unused_result",
+        "seeded_cotangents",
+        "region_pytree",
+        "rule_pytree",
+        "residual_pytree",
+        "static_argnums",
+    }
+)
+SAME_AS = {"switch": "cond"}
+# References that stand for "the values without remat": one family.
+VALUE_FAMILY = "values"
+_VALUE_REFERENCES = ("ref:f64", "jax:none", "torch:none")
+_JAX_VARIANT = re.compile(r"^jax:(remat\d)(\+c(?:vj|jv)p\d)?(:jit)?$")
+_TORCH_COMPILE = re.compile(r"^torch:compile-(aot_eager\+default-partitioner|aot_eager|inductor)")
+
+
+def pipeline_family(name: str) -> str:
+    """The family a pipeline's twins share: jax:remat3 for remat3, remat3+cvjp3 and their :jit
+    forms; torch:compile for each backend and partitioner (options kept: torch:compile:budget-0);
+    :prefer dropped; the no-remat references are one value family. Verdict references that are
+    not pipelines (expectations, policy, vjp, device:cpu) are their own family."""
+    if name in _VALUE_REFERENCES:
+        return VALUE_FAMILY
+    m = _JAX_VARIANT.match(name)
+    if m:
+        return f"jax:{m.group(1)}"
+    name = name.replace(":prefer", "")
+    return _TORCH_COMPILE.sub("torch:compile", name)
+
+
+def is_variant_feature(feature: str) -> bool:
+    return (feature.startswith("policy:") or feature in DTYPES or feature in OP_FAMILIES or feature in SPELLINGS
+            or feature.startswith("op:"))
+
+
+def root_features(features) -> list[str]:
+    """The features a root is keyed on: the signature's, less the variant dimensions, spellings of
+    one construct read as one."""
+    return sorted({SAME_AS.get(f, f) for f in signature_features(features) if not is_variant_feature(f)})
+
+
+def family_key(check: str, pipeline: str, reference: str) -> tuple[str, str, str]:
+    """A wrong gradient is wrong whichever reference showed it (the float64 value reference, the
+    no-remat baseline, the eager pipeline a compiled one is compared with): one reference family."""
+    return check, pipeline_family(pipeline), VALUE_FAMILY if check == "gradient" else pipeline_family(reference)
+
+
+def root_key(f: Finding) -> str:
+    """The root behaviour a shrunk finding stands for. An error that raised keys on what it raised
+    (one raise reached through another policy or program is one root); a missing error, and every
+    other check, on the features its shrunk program cannot lose."""
+    check, pfam, rfam = family_key(f.check, f.pipeline, f.reference)
+    raised = error_root(f.detail) if f.check == "error" else None
+    what = raised if raised is not None else "+".join(root_features(f.features))
+    if f.check == "error" and raised is None:
+        # an error the expectations ask for that did not come: the expectation that asked is the root
+        what = f"{f.error_type or 'none'}:" + (f"expectation {f.expectation}" if f.expectation else what)
+    return f"{check}|{pfam}|{rfam}|{what}"
+
+
+def _same_label(check: str, a: str, b: str) -> bool:
+    """Labels of one shrunk behaviour: equal, or (trace_count) naming a counter in common."""
+    if (a or "-") == (b or "-"):
+        return True
+    return check == "trace_count" and bool(set((a or "").split("+")) & set((b or "").split("+")))
+
+
+# Options of a custom rule that the reductions cannot turn off without rewriting the rule: two
+# shrunk programs of one family and label that differ only by these are one root.
+RULE_OPTIONS = frozenset({"symbolic_zeros", "optimize_remat", "nondiff_input", "bwd_none", "once_differentiable",
+                          "perturbed_branch"})
+
+
+def nested_roots(f: Finding, g: Finding) -> bool:
+    """One shrunk program has all the root features of the other and only rule options besides,
+    with the same label in one family: the smaller program is the root, the larger a variant whose
+    options the reductions could not turn off."""
+    if family_key(f.check, f.pipeline, f.reference) != family_key(g.check, g.pipeline, g.reference):
+        return False
+    if f.check == "error" or not _same_label(f.check, f.error_type, g.error_type):
+        return False
+    a, b = set(root_features(f.features)), set(root_features(g.features))
+    return (a <= b or b <= a) and (a ^ b) <= RULE_OPTIONS
+
+
+def labels_seen(f: Finding) -> set[str]:
+    return {f.error_type or "-"} | set(f.variants.get("labels", {}))
+
+
+def pipelines_seen(f: Finding) -> set[str]:
+    return set(f.behaviour_pipelines()) | set(f.variants.get("pipelines", {}))
+
+
+def variant_values(pipelines, label: str, features) -> dict[str, list[str]]:
+    """One program's values of each variant dimension."""
+    feats = set(features)
+    return {"pipelines": list(dict.fromkeys(pipelines)), "labels": [label or "-"],
+            "policies": sorted(f.removeprefix("policy:") for f in feats if f.startswith("policy:")),
+            "features": sorted(f for f in feats if is_variant_feature(f) and not f.startswith(("policy:", "op:")))}
+
+
+def record_variant(f: Finding, values: dict[str, list[str]], when: float | None, count: int = 1) -> None:
+    """Count one program's variant values under finding `f` (the first time each was seen kept)."""
+    for dim in VARIANT_DIMENSIONS:
+        seen = f.variants.setdefault(dim, {})
+        for v in values.get(dim, []):
+            s = seen.setdefault(v, Seen(first_seen=when))
+            s.count += count
+            if s.first_seen is None or (when is not None and when < s.first_seen):
+                s.first_seen = when
+
+
+def finding_variants(f: Finding) -> dict[str, list[str]]:
+    return variant_values(f.behaviour_pipelines(), f.error_type, f.features)
+
+
+def merge_variants(into: Finding, other: Finding) -> None:
+    """Fold `other`'s variants (its own, and those it recorded) into `into`."""
+    for dim, seen in other.variants.items():
+        mine = into.variants.setdefault(dim, {})
+        for v, s in seen.items():
+            m = mine.setdefault(v, Seen(first_seen=s.first_seen))
+            m.count += s.count
+            if s.first_seen is not None and (m.first_seen is None or s.first_seen < m.first_seen):
+                m.first_seen = s.first_seen
+    if not other.variants:
+        record_variant(into, finding_variants(other), other.first_seen, max(other.count, 1))
+
+
+# -- triage ------------------------------------------------------------------------------------
+# Opt-in implementations and options: a residual or trace difference there is for upstream to
+# decide (a question), not a bug of a documented behaviour.
+OPT_IN = re.compile(r"^jax:remat3|\+c(?:vj|jv)p3|^torch:.*:(budget|stateful|checks-off|dynamic|graph-break)")
+# Exception types no user should see: the framework's internals failed.
+INTERNAL_ERRORS = frozenset({"StoreException", "AssertionError", "KeyError", "IndexError", "AttributeError",
+                             "TypeError", "UnboundLocalError", "InternalTorchDynamoError", "BackendCompilerFailed",
+                             "RecursionError", "SystemError", "XlaRuntimeError"})
+_INTERNAL_MESSAGE = re.compile(r"_src|internal|please report|this is a bug|should not happen|unreachable", re.I)
+
+
+def suggest_triage(f: Finding) -> Triage:
+    """A class suggested by rules (unconfirmed): a wrong or non-finite gradient, a crash, an
+    internal exception type or a message naming internals: bug; an expected error that did not
+    come, and a residual or trace difference under an opt-in flag: question; a residual or rule
+    difference of a default pipeline: bug."""
+    def t(cls: str, why: str) -> Triage:
+        return Triage(class_=cls, reason=f"suggested: {why}")
+    if f.check in ("gradient", "crash", "timeout"):
+        return t("bug", {"gradient": "remat changed a gradient", "crash": "the process crashed",
+                         "timeout": "the run hung"}[f.check])
+    if f.check == "error":
+        got = f.detail.get("got") if isinstance(f.detail.get("got"), dict) else None
+        if got is None:
+            return t("question", "an error the expectations ask for was not raised")
+        if got.get("type") in INTERNAL_ERRORS or _INTERNAL_MESSAGE.search(str(got.get("message", ""))):
+            return t("bug", f"an internal error ({got.get('type')}) where no error is expected")
+        return t("question", f"{got.get('type')} where the expectations ask for none: documented or not?")
+    if OPT_IN.search(f.pipeline):
+        return t("question", f"a {f.check} difference under an opt-in implementation ({pipeline_family(f.pipeline)})")
+    return t("bug", f"a {f.check} difference of a default pipeline ({f.pipeline} vs {f.reference})")
+
+
+def default_title(f: Finding) -> str:
+    """A title until a person writes one: the check, the families and what the root needs."""
+    check, pfam, rfam = family_key(f.check, f.pipeline, f.reference)
+    if f.check == "error":
+        raised = (f.detail.get("got") or {}).get("type") if isinstance(f.detail.get("got"), dict) else None
+        what = f"raises {raised}" if raised else "does not raise the expected error"
+    else:
+        what = f"{f.check} differ from {rfam}"
+    feats = root_features(f.features)
+    return f"{pfam} {what}" + (f" ({', '.join(feats)})" if feats else "")
+
+
+def stamp(f: Finding) -> Finding:
+    """Give a new finding its root key, its own variants, a title and a suggested class."""
+    f.root = root_key(f)
+    if not f.variants:
+        record_variant(f, finding_variants(f), f.first_seen, max(f.count, 1))
+    if not f.title:
+        f.title = default_title(f)
+    if f.triage is None:
+        f.triage = suggest_triage(f)
+    return f

@@ -1,0 +1,573 @@
+"""The searching side of a campaign: seeded Hypothesis rounds of generated programs.
+
+A round is the first `round_size` examples of Hypothesis seeded with (seed, round): the same
+programs whoever runs it, whatever was found before. Each program slot is run through the
+pipelines its time shares allow and judged. The first unexpected verdict whose behaviour is not
+yet known becomes the shrink target: Hypothesis shrinks while (check, pipeline, reference, error
+type) still holds, running only the pipelines that verdict needs (a program evaluated once in a
+shrink is not evaluated again), then tries IR reductions of what it left (conformance.engine.reduce:
+dead statements, outputs, the simplest policy kind). The program's other new behaviours are
+shrunk after it, each from the same program, unless the first finding already covers them. The
+shrunk program is replayed on every pipeline (the pipelines it also fails on are its siblings: one
+root behaviour), emitted as a finding, and the round is run again from its start, the programs
+already checked skipped, until every slot of it is checked. A round is therefore done (all its
+slots checked) or not (stopped); nothing in between is lost: the slots checked are recorded, the others are checked on
+resume.
+
+Shards: a slot belongs to shard i of N when its program's identity (hash, seed) says so; every
+shard generates every round and checks only its own programs, so shards are disjoint and their
+union is the unsharded campaign.
+
+A Searcher talks to its coordinator (conformance.engine.campaign.Campaign) only through `emit(event)`:
+  {"ev": "result", "rec": {...}}        a checked program (the coordinator numbers and stores it)
+  {"ev": "shrink", "key", "size", "steps", "seconds"}   shrinking, now and then
+  {"ev": "finding", "finding": {...}, "origin": [hash, seed]}
+  {"ev": "round", "round": r}           round r is done
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+from hypothesis import seed as hseed
+
+from conformance.engine.findings import Finding, error_root, make_finding
+from conformance.engine.reduce import candidates
+from conformance.engine.roots import (
+    family_key,
+    labels_seen,
+    merge_variants,
+    nested_roots,
+    pipelines_seen,
+    root_features,
+    root_key,
+)
+from conformance.ir.observation import residual_digest
+from conformance.ir.program import Program
+from conformance.ir.verdict import CHECK_RANK, Verdict
+from conformance.pipelines import registry
+from generators.programs import Config, cases, input_values
+from generators.swarm import focus_features
+from oracles.judge import judge
+
+RESULTS_SCHEMA = 1
+# Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
+SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
+# Evaluations of IR reductions after Hypothesis's shrink (conformance.engine.reduce), per target. The
+# reductions, not Hypothesis, make findings small: measured on default campaigns (seed 0, 240 s),
+# 1 Hypothesis step then these gave sizes median 4 / max 11 from programs of up to 26 statements,
+# the same as 40 Hypothesis steps first, in half the shrink time.
+REDUCE_STEPS = 64
+
+
+class _Found(Exception):
+    """Raised inside the Hypothesis test to make it shrink the current target."""
+
+
+def _found():
+    # One raise site: Hypothesis tells failures apart by where they were raised.
+    raise _Found()
+
+
+class _ShrinkDone(BaseException):
+    """Raised inside the Hypothesis test when the target's shrink budget is spent: not an
+    Exception, so Hypothesis stops shrinking at once (instead of generating candidates that
+    are no longer evaluated) and the target keeps the smallest failing program found."""
+
+
+def round_seed(seed: int, r: int) -> int:
+    return seed * 100003 + r
+
+
+def shard_of(prog_hash: str, seed: int, n: int) -> int:
+    """The shard a program slot belongs to: a stable function of the program's identity."""
+    if n <= 1:
+        return 0
+    d = hashlib.sha256(f"{prog_hash}:{seed}".encode()).digest()
+    return int.from_bytes(d[:8], "big") % n
+
+
+# Checks between two pipelines' own records (saved residuals, custom-rule logs): a shrink step
+# runs only those two (the value references matter to values, errors and the policy check).
+PAIRWISE_CHECKS = ("residuals", "custom_rule", "trace_count")
+
+
+def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
+    """The pipelines one verdict needs: its own and its reference; for an error against the
+    expectations also the value reference; for value, status-equivalence and policy verdicts the
+    value reference, the baseline and the same-semantics references."""
+    check, pipeline, reference, _ = key
+    if check in PAIRWISE_CHECKS and reference in all_names and pipeline in all_names:
+        return [reference, pipeline]
+    if check == "error" and reference == "expectations":
+        # a pipeline's own error verdict reads its run, the expectations and the value reference
+        # (which, failing the same way, carries the finding); status differences with the other
+        # references fold into it (oracles.judge) and do not change its key
+        return list(dict.fromkeys(n for n in (registry.value_reference(), pipeline) if n in all_names))
+    names = [registry.value_reference()]
+    b = registry.baseline_of(pipeline)
+    if b and b in all_names:
+        names.append(b)
+    names += [r for r, _ in registry.comparisons(pipeline, set(all_names))]
+    if reference in all_names:
+        names.append(reference)
+    names.append(pipeline)
+    return list(dict.fromkeys(n for n in names if n in all_names))
+
+
+def replay_pipelines(key: tuple) -> list[str]:
+    """The pipelines a corpus entry's replay runs: the references and what its verdict needs,
+    its own reference included (jax:remat2:jit, say, which a :jit rival's run set lacks)."""
+    rivals = [key[1]] + ([key[2]] if key[2] in registry.known_names() and not registry.is_reference(key[2]) else [])
+    return list(dict.fromkeys(list(registry.REFERENCES) + needed_pipelines(key, registry.run_set(rivals))))
+
+
+def sibling_keys(j, key: tuple) -> list[list[str]]:
+    """The keys other than `key` that judgement `j` fails of the same check and error type (the
+    pipelines a finding's program also fails the same way), or of the same root family under
+    another label (a wrong gradient against another reference): the finding's `reproduces`."""
+    fam = family_key(*key[:3])
+    return sorted([list(v.key()) for v in j.failures()
+                   if v.check == key[0] and v.key() != tuple(key)
+                   and ((v.error_type or "") == key[3] or family_key(*v.key()[:3]) == fam)])
+
+
+def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
+                  root: str | None = None) -> Finding | None:
+    """The finding a failing verdict `key` of a program (with features `feats`, failing the keys
+    `failing`) is an instance of: one of the same key whose shrunk program's core features the
+    program has all of, or one that lists `key` among its siblings when the program also fails
+    that finding's own key and has its core features; for an error verdict raising `root`
+    (findings.error_root), one of the same key that raised the same, or an error finding of the
+    same check, reference and error type that raised the same and whose key the program also fails
+    (one raise, reached through another policy or pipeline spelling); a trace count of several
+    counters is known when each counter's is. None: a behaviour not known yet."""
+    for f in findings:
+        if f.key() == tuple(key) and f.core_features() <= feats:
+            return f
+    for f in findings:
+        if list(key) in f.reproduces and f.key() in failing and f.core_features() <= feats:
+            return f
+    if root is not None:
+        raising = [f for f in findings if (f.check, f.reference, f.error_type) == (key[0], key[2], key[3])
+                   and error_root(f.detail) == root]
+        for f in raising:
+            if f.pipeline == key[1]:
+                return f
+        for f in raising:
+            if f.key() in failing:
+                return f
+    # The root level: a finding of the same check and pipeline and reference families (twins:
+    # eager and :jit, remat3 and remat3+cvjp3...) whose root features the program has, and that
+    # has seen this label (a label seen for the first time is shrunk once, then folds in by its
+    # root); an error, one that raised the same in the family.
+    fam = family_key(*key[:3])
+    for f in findings:
+        if family_key(f.check, f.pipeline, f.reference) != fam:
+            continue
+        if key[0] == "error":
+            if root is not None and error_root(f.detail) == root:
+                return f
+        elif ((key[3] or "-") in labels_seen(f) and set(root_features(f.features)) <= feats
+              and any(k[0] == key[0] and k[1] in pipelines_seen(f) for k in failing | {tuple(key)})):
+            return f
+    if key[0] == "trace_count" and "+" in key[3]:
+        # several counters grew (bwd_calls+fwd_traces+primal_traces): known when known findings
+        # of some of those counters each (bwd_calls+fwd_traces, primal_traces) cover them all
+        counters = set(key[3].split("+"))
+        covering = [f for f in findings if f.key()[:3] == tuple(key[:3]) and set(f.key()[3].split("+")) <= counters
+                    and set(f.key()[3].split("+")) != counters and f.core_features() <= feats]
+        if covering and set().union(*(f.key()[3].split("+") for f in covering)) == counters:
+            first = key[3].split("+")[0]   # the finding of the first counter stands for it
+            return next(f for f in covering if first in f.key()[3].split("+"))
+    return None
+
+
+def same_behaviour(f: Finding, g: Finding) -> bool:
+    """One root behaviour: the same root (conformance.engine.roots.root_key: check, pipeline and reference
+    families, and what the shrunk program cannot lose, or the same raise), or the same key shrunk
+    to the same or nested feature sets, or raising the same error (findings.error_root), or each
+    one's shrunk program fails the other's verdict (siblings: pipeline variants)."""
+    if f.root and f.root == g.root or nested_roots(f, g):
+        return True
+    nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
+    if f.key() == g.key():
+        return nested or (error_root(f.detail) is not None and error_root(f.detail) == error_root(g.detail))
+    return list(g.key()) in f.reproduces and list(f.key()) in g.reproduces
+
+
+def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
+    """Add a shrunk finding, or fold it into the finding of its behaviour (the smaller program of
+    one key is kept). Returns (the finding that stands for it, whether the list changed)."""
+    for k, g in enumerate(findings):
+        if not same_behaviour(g, f):
+            continue
+        g.count += 1
+        merge_variants(g, f)
+        for key in f.reproduces + ([list(f.key())] if f.key() != g.key() else []):
+            if key not in g.reproduces:
+                g.reproduces.append(key)
+        if g.key() == f.key() and f.core_features() < g.core_features():
+            # g's list already holds f's keys; a tracked behaviour stays tracked, and so do its
+            # title and class
+            f.count, f.reproduces, f.tracked, f.variants = g.count, g.reproduces, g.tracked, g.variants
+            f.title, f.triage = g.title or f.title, g.triage if g.tracked else f.triage
+            findings[k] = f
+            return f, True
+        return g, False
+    findings.append(f)
+    return f, True
+
+
+class Coverage:
+    """Coverage-directed rounds: round r focuses on the features (generators.swarm.FOCUS, and the
+    dtypes) that rounds 0..r-1 did not generate, so that rare constructs occur in every campaign
+    of a few rounds. What a round generates is found by generating it alone (no pipelines: ~5 ms a
+    program), which is what its checked run generates: the same seed, the same examples. So round
+    r's programs depend only on (seed, r, config), whoever runs it, whatever was found before, in
+    any shard and on resume."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self._generated: dict[int, set[str]] = {}
+
+    @property
+    def features(self) -> list[str]:
+        return focus_features(self.opts.generator)
+
+    def config(self, r: int) -> Config:
+        """The generator's config of round r."""
+        return replace(self.opts.generator, focus=self.focus(r))
+
+    def focus(self, r: int) -> tuple[str, ...]:
+        if r == 0 or not self.features:
+            return ()
+        seen = set().union(*(self.generated(q) for q in range(r)))
+        return tuple(f for f in self.features if f not in seen)
+
+    def generated(self, r: int) -> set[str]:
+        """The features of the programs round r generates."""
+        if r not in self._generated:
+            feats: set[str] = set()
+            s = round_settings(self.opts, r, phases=(Phase.generate,))
+            hseed(round_seed(self.opts.seed, r))(
+                s(given(cases(self.config(r)))(lambda c: feats.update(c[0].features())))
+            )()
+            self._generated[r] = feats
+        return self._generated[r]
+
+
+def round_settings(opts, r: int, phases=(Phase.generate, Phase.shrink)) -> settings:
+    """Hypothesis settings of round r: its slots (the campaign's last round may be cut short by its
+    slot limit)."""
+    n = min(opts.round_size, opts.max_examples - r * opts.round_size)
+    return settings(max_examples=max(1, n), deadline=None, database=None, phases=phases,
+                    report_multiple_bugs=False, suppress_health_check=list(HealthCheck), print_blob=False,
+                    verbosity=Verbosity.quiet)
+
+
+class Shares:
+    """Time shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at
+    most `share` of the searcher's elapsed time on its pipelines. Within its share it runs on a
+    program when it is under half its share, or when the program has a feature the family has
+    covered least (at most the median count): expensive pipelines cover features evenly."""
+
+    def __init__(self, names: list[str], shares: dict[str, float] | None = None):
+        self.shares = {**registry.FAMILY_SHARES, **(shares or {})}
+        self.family = {n: registry.family_of(n) for n in names}
+        self.spent: Counter = Counter()
+        self.covered: dict[str, Counter] = {}
+        self.skipped: Counter = Counter()
+        self.start = time.monotonic()
+
+    def select(self, prog: Program, names: list[str]) -> list[str]:
+        elapsed = max(time.monotonic() - self.start, 1.0)
+        feats = prog.features()
+        rivals = []
+        for n in names:
+            if registry.is_reference(n) or registry.role_of(n) == registry.REFERENCE:
+                continue
+            fam = self.family[n]
+            share = self.shares.get(fam, 1.0)
+            if share >= 1.0:
+                rivals.append(n)
+                continue
+            cap = share * elapsed
+            cov = self.covered.get(fam, Counter())
+            median = statistics.median(cov.values()) if cov else 0
+            if self.spent[fam] <= 0.5 * cap or (self.spent[fam] <= cap and any(cov[f] <= median for f in feats)):
+                rivals.append(n)
+            else:
+                self.skipped[n] += 1
+        keep = set(registry.run_set(rivals))
+        return [n for n in names if n in keep]
+
+    def account(self, prog: Program, obs: dict) -> None:
+        fams = set()
+        for n, o in obs.items():
+            fam = self.family.get(n)
+            if fam is None:
+                continue
+            self.spent[fam] += sum(o.timings.values())
+            fams.add(fam)
+        for fam in fams:
+            self.covered.setdefault(fam, Counter()).update(prog.features())
+
+
+@dataclass
+class Target:
+    key: tuple
+    program: Program
+    seed: int
+    verdict: Verdict
+    observations: dict
+    original_size: int
+    origin: tuple
+    started: float
+    steps: int = 0
+    last_emit: float = 0.0
+    tried: dict = dataclasses.field(default_factory=dict)   # (hash, seed) -> failed the target's way
+
+
+class Searcher:
+    def __init__(self, opts, executor, expectations, emit: Callable[[dict], None], findings: list[Finding],
+                 seen: set, shrinks_per_key: Counter, should_stop: Callable[[], bool], versions: dict | None = None):
+        self.opts, self.executor, self.expectations, self.emit = opts, executor, expectations, emit
+        self.findings, self.seen, self.shrinks_per_key = findings, seen, shrinks_per_key
+        self.should_stop = should_stop
+        self.versions = versions or {}
+        self.shares = Shares(opts.pipelines, getattr(opts, "shares", None))
+        self.coverage = Coverage(opts)
+        self.target: Target | None = None
+        self.halted = False
+        self.slot = 0
+        self.round = 0
+        # a checked program's new behaviours after the first, shrunk next from that program:
+        # (hash, seed) -> (verdicts, observations, the program's failing keys)
+        self.deferred: dict[tuple, tuple[list[Verdict], dict, set]] = {}
+
+    # -- known behaviours --------------------------------------------------------------
+    def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
+        """The finding this failure is an instance of (`known_finding`). Once a key has been
+        shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
+        finding whose features they share most instead of being shrunk again."""
+        f = known_finding(self.findings, v.key(), feats, failing, error_root(v.detail) if v.check == "error" else None)
+        if f is not None:
+            return f
+        same = [f for f in self.findings if f.key() == v.key()]
+        if same and self.shrinks_per_key.get(v.key(), 0) >= self.opts.max_shrinks_per_key:
+            return max(same, key=lambda f: (len(f.core_features() & feats), -len(f.core_features())))
+        return None
+
+    def evaluate(self, prog: Program, seed: int, names: list[str]):
+        inputs = input_values(prog, seed)
+        obs = self.executor.run(prog, inputs, names)
+        return inputs, obs, judge(prog, obs, self.expectations, self.opts.device)
+
+    # -- one round -----------------------------------------------------------------------
+    def run_round(self, r: int) -> bool:
+        """Check every slot of round r that is this shard's and not seen; True when done."""
+        self.round = r
+        while True:
+            self.target, self.halted, self.slot = None, False, 0
+            test = hseed(round_seed(self.opts.seed, r))(round_settings(self.opts, r)(
+                given(cases(self.coverage.config(r)))(self._body)))
+            try:
+                test()
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                # With a target, this is _Found after shrinking, _ShrinkDone when its budget is
+                # spent (or Hypothesis's flaky-replay error). Without one, a harness bug.
+                if self.target is None:
+                    raise
+            if self.target is not None:
+                t, self.target = self.target, None
+                self._finish(t)
+                if self.should_stop():
+                    return False
+                continue   # the rest of the round: checked slots are skipped
+            if not self.halted:
+                self.emit({"ev": "round", "round": r})
+            return not self.halted
+
+    def _body(self, case):
+        prog, seed = case
+        if self.target is not None:
+            return self._shrink_step(prog, seed)
+        if self.halted:
+            return
+        k, self.slot = self.slot, self.slot + 1
+        if self.round * self.opts.round_size + k >= self.opts.max_examples:
+            return   # beyond the campaign's last slot: the round is done as far as it goes
+        if self.should_stop():
+            self.halted = True
+            return
+        h = (prog.content_hash(), seed)
+        if self.deferred.get(h):
+            return self._shrink_deferred(prog, seed, h)
+        if h in self.seen or shard_of(h[0], seed, self.opts.shard[1]) != self.opts.shard[0]:
+            return
+        self._search_step(prog, seed, h)
+
+    def _search_step(self, prog: Program, seed: int, h: tuple):
+        names = self.shares.select(prog, self.opts.pipelines)
+        inputs, obs, j = self.evaluate(prog, seed, names)
+        self.shares.account(prog, obs)
+        self.seen.add(h)
+        failures = j.failures()
+        feats = prog.features()
+        failing = {v.key() for v in failures}
+        sigs, known_keys, new = [], [], []
+        for v in sorted(failures, key=lambda v: (CHECK_RANK[v.check], v.pipeline)):
+            f = self.known(v, feats, failing)
+            if f is not None:
+                sigs.append(f.signature)
+                known_keys.append(list(v.key()))
+            else:
+                new.append(v)
+        rec = {
+            "type": "result",
+            "schema_version": RESULTS_SCHEMA,
+            "round": self.round,
+            "slot": self.slot - 1,
+            "hash": h[0],
+            "seed": seed,
+            "size": prog.size(),
+            "features": sorted(feats),
+            "ran": names,
+            "status": "fail"
+            if failures
+            else ("expected" if any(v.status == "expected" for v in j.verdicts) else "pass"),
+            "verdicts": [[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts],
+            "known_signatures": sigs,
+            "known_keys": known_keys,
+            "new": [list(v.key()) for v in new],
+            "expectations": j.expectation_hits,
+            "errors": {n: o.error.type for n, o in obs.items() if o.error is not None},
+        }
+        self.emit({"ev": "result", "rec": rec})
+        if new:
+            self.deferred[h] = (new[1:], obs, failing)
+            self._start_shrink(new[0], prog, seed, obs, h)
+
+    def _shrink_deferred(self, prog: Program, seed: int, h: tuple):
+        """Shrink the next new behaviour of an already checked program that no finding covers yet."""
+        pending, obs, failing = self.deferred[h]
+        feats = prog.features()
+        while pending:
+            v = pending.pop(0)
+            if self.known(v, feats, failing) is None:
+                self._start_shrink(v, prog, seed, obs, h)
+        del self.deferred[h]
+
+    def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
+        self.shrinks_per_key[v.key()] += 1
+        self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
+                             original_size=prog.size(), origin=h, started=time.monotonic())
+        self._emit_shrink(force=True)
+        _found()
+
+    # -- shrinking -----------------------------------------------------------------------
+    def _emit_shrink(self, force=False, t: Target | None = None):
+        t = t or self.target
+        now = time.monotonic()
+        if force or now - t.last_emit >= 0.5:
+            t.last_emit = now
+            self.emit({"ev": "shrink", "key": list(t.key), "size": t.program.size(), "steps": t.steps,
+                       "seconds": round(now - t.started, 1), "original_size": t.original_size})
+
+    def shrink_seconds(self, key: tuple) -> float:
+        """The shrink budget of one target: compiled torch pipelines take seconds per step."""
+        return self.opts.shrink_seconds * SHRINK_TIME_FACTOR.get(registry.family_of(key[1]), 1.0) \
+            if key[1] in registry.known_names() else self.opts.shrink_seconds
+
+    def _shrink_step(self, prog: Program, seed: int):
+        t = self.target
+        budget = self.shrink_seconds(t.key)
+        if (t.steps >= self.opts.shrink_steps or time.monotonic() - t.started >= budget
+                or self.should_stop(grace=budget)):
+            raise _ShrinkDone()
+        h = (prog.content_hash(), seed)
+        if h in t.tried:   # the same program from another choice sequence: its answer is known
+            if t.tried[h]:
+                _found()
+            return
+        t.steps += 1
+        _, obs, j = self.evaluate(prog, seed, needed_pipelines(t.key, self.opts.pipelines))
+        self._emit_shrink()
+        v = next((v for v in j.failures() if v.key() == t.key), None)
+        t.tried[h] = v is not None
+        if v is not None:
+            if prog.size() <= t.program.size():
+                t.program, t.seed, t.verdict, t.observations = prog, seed, v, obs
+            _found()
+
+    def _reduce(self, t: Target) -> None:
+        """After Hypothesis: IR rewrites of the shrunk program (`conformance.engine.reduce`), each kept
+        when the target's verdict still fails, until none applies, REDUCE_STEPS evaluations or
+        the target's shrink time (once more, for these)."""
+        names, limit = needed_pipelines(t.key, self.opts.pipelines), t.steps + REDUCE_STEPS
+        budget = self.shrink_seconds(t.key)
+        deadline = time.monotonic() + budget
+        while True:   # each pass ends in a kept rewrite (a step) or returns
+            for cand in candidates(t.program):
+                if t.steps >= limit or time.monotonic() >= deadline or self.should_stop(grace=budget):
+                    return
+                h = (cand.content_hash(), t.seed)
+                if h in t.tried and not t.tried[h]:
+                    continue
+                t.steps += 1
+                _, obs, j = self.evaluate(cand, t.seed, names)
+                self._emit_shrink(t=t)
+                v = next((v for v in j.failures() if v.key() == t.key), None)
+                t.tried[h] = v is not None
+                if v is not None:
+                    t.program, t.verdict, t.observations = cand, v, obs
+                    break
+            else:
+                return
+
+    def _finish(self, t: Target) -> None:
+        """The shrunk program as a finding: reduced, then replayed on every pipeline for its
+        siblings."""
+        self._reduce(t)
+        inputs = input_values(t.program, t.seed)
+        obs0 = t.observations.get(t.key[1])
+        f = make_finding(t.verdict, t.program, inputs, obs0.versions if obs0 else self.versions,
+                         obs0.flags if obs0 else {}, self.opts.device)
+        f.shrunk = True
+        f.shrink_steps = t.steps
+        f.original_size = t.original_size
+        _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
+        f.detail = {**f.detail, "observations": obs_digest({**t.observations, **obs}, t.key[1])}
+        f.reproduces = sibling_keys(j, t.key)
+        f.root = root_key(f)
+        if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
+            pending = self.deferred[t.origin][0]
+            pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]
+        self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(t.origin),
+                   "shrink_steps": t.steps, "size": f.size, "original_size": t.original_size})
+
+
+def obs_digest(obs: dict, pipeline: str) -> dict:
+    """Short, readable per-pipeline facts for the finding's detail."""
+    out = {}
+    for n, o in obs.items():
+        d = {}
+        if o.error:
+            d["error"] = f"{o.error.type} ({o.error.stage}): {o.error.message[:300]}"
+        if o.residuals is not None:
+            d.update(residual_digest(o.residuals))
+        if o.custom_rules:
+            d["custom_rules"] = {k: v.model_dump() for k, v in o.custom_rules.items()}
+        if o.grads is not None and n in (pipeline, registry.value_reference()):
+            d["grads"] = o.grads
+        out[n] = d
+    return out

@@ -1,0 +1,328 @@
+"""Program features: the documented vocabulary (README "Feature vocabulary") and what a
+program has of it. Expectations, signatures, the swarm's coverage table and reports read them.
+
+Program layer: imports the IR and the op table only.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from conformance.ir import ops as O
+from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, is_name, live_values, walk
+from conformance.ir.policy import KINDS, POLICY_KINDS, combines, offloads
+from conformance.ir.typecheck import infer_types
+
+if TYPE_CHECKING:   # (the Program model reads this module)
+    from conformance.ir.program import Program
+
+# Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
+FEATURE_DOC: dict[str, str] = {
+    "checkpoint": "at least one checkpoint region",
+    "nested_checkpoint": "a region inside another region",
+    "depth3": "regions nested three deep or more",
+    "nested_policy_conflict": "a region inside another region with a different policy",
+    "prevent_cse_false": "a region with prevent_cse=False",
+    "static_argnums": "a region whose function takes a static argument (static_argnums) it branches on",
+    "region_pytree": "a region whose function takes and returns its values as one tuple or dict",
+    "offload_in_both": "a both(p, q) policy one of whose parts offloads",
+    "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
+    "op:<op>": "the program uses this op (for expectations; not part of signatures)",
+    "names": "checkpoint_name used",
+    "dup_names": "the same name on several values",
+    "unread_name": "a named value that nothing reads",
+    "dead_random": "a random op whose value the outputs do not depend on (dead code a compiler may drop)",
+    "names_in_fwd": "checkpoint_name inside a custom_vjp fwd",
+    "custom_vjp": "a custom_vjp block",
+    "custom_vjp_in_checkpoint": "a custom_vjp block inside a checkpoint region",
+    "symbolic_zeros": "custom_vjp with symbolic_zeros=True",
+    "optimize_remat": "custom_vjp with optimize_remat=True",
+    "optimize_remat_symbolic_zeros": "one custom_vjp block with both optimize_remat and symbolic_zeros",
+    "sz_fwd_remat": "a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
+                    "(remat3 must rematerialise that fwd)",
+    "nondiff_args": "custom_vjp with nondiff arguments",
+    "unused_result": "a custom_vjp result that nothing reads (zero cotangent)",
+    "nondiff_input": "a program input that is not differentiated",
+    "residual_is_arg": "a custom_vjp residual that is one of its args",
+    "residual_is_result": "a custom_vjp residual that is one of its results (an output aliased by a residual)",
+    "perturbed_branch": "a symbolic_zeros custom_vjp whose bwd returns None for the args its fwd saw unperturbed",
+    "non_differentiable": "a custom rule result marked non-differentiable (PyTorch: ctx.mark_non_differentiable)",
+    "once_differentiable": "a custom rule whose PyTorch backward is decorated @once_differentiable",
+    "bwd_branch": "a custom rule whose bwd branches on its cotangent's value (PyTorch: a Python if)",
+    "checkpoint_in_custom_vjp": "a checkpoint region in a custom_vjp fwd rule (PyTorch: in a Function's forward)",
+    "sequential_regions": "regions without a policy chained on one value, then an op reading it: what "
+                          "checkpoint_sequential spells",
+    "rule_pytree": "a custom_vjp or custom_jvp taking its args and returning its results (and cotangents or "
+                   "tangents) as one tuple or dict",
+    "residual_pytree": "custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
+    "bwd_none": "a custom_vjp bwd rule that returns None (a zero cotangent) for some argument",
+    "custom_gradient": "a custom rule spelled with jax.custom_gradient (remat=False)",
+    "rule_remat": "a custom rule with a rematerialisation rule: defremat or custom_gradient(remat=True) "
+                  "(needs jax_custom_vjp3 and jax_remat3)",
+    "custom_jvp": "a custom_jvp block",
+    "custom_jvp_in_checkpoint": "a custom_jvp block inside a checkpoint region",
+    "custom_jvp_in_fwd": "a custom_jvp block inside a custom_vjp fwd rule",
+    "names_in_custom_jvp": "checkpoint names in a custom_jvp body (its jvp rule runs them too)",
+    "scan": "a lax.scan (PyTorch: a Python loop over the body)",
+    "fori_loop": "a lax.fori_loop with a static trip count (differentiated; PyTorch: a Python loop)",
+    "while_loop": "a lax.while_loop that no gradient flows into (its inputs under stop_gradient)",
+    "vmap": "jax.vmap of a sub-function over stacked inputs (PyTorch: a Python loop)",
+    "scan_xs": "a scan or vmap over a stacked sequence (its xs, e.g. per-layer weights)",
+    "scan_unroll": "a scan or fori_loop with unroll > 1",
+    "checkpoint_in_scan": "a checkpoint region inside a scan, loop or vmap body (the checkpointed layer of a "
+                          "scanned model)",
+    "scan_in_checkpoint": "a scan, loop or vmap inside a checkpoint region (jax.checkpoint around a whole scan)",
+    "names_in_scan": "checkpoint names inside a scan, loop or vmap body",
+    "cond": "a lax.cond on a non-differentiated input (PyTorch: a Python if)",
+    "switch": "a lax.switch of three branches",
+    "checkpoint_in_cond": "a checkpoint region inside a cond branch",
+    "cond_in_checkpoint": "a cond inside a checkpoint region",
+    "names_in_cond": "checkpoint names inside a cond branch",
+    "nested_jit": "a jax.jit-ted sub-function inside the program (PyTorch: inline)",
+    "jit_in_checkpoint": "a jitted sub-function inside a checkpoint region",
+    "checkpoint_in_jit": "a checkpoint region inside a jitted sub-function",
+    **O.FEATURE_DOC,
+    "second_order": "a second-order program (H @ ones), in any mode",
+    "fwd_over_rev": "second order as jvp of grad (forward over reverse: a Hessian-vector product)",
+    "rev_over_fwd": "second order as grad of a jvp (reverse over forward)",
+    "linearize": "second order as jax.linearize of grad, applied to ones",
+    "seeded_cotangents": "first order with a non-scalar cotangent per output (a fixed pattern, not ones)",
+    "per_example": "per-example gradients: jax.vmap of value_and_grad over batched inputs, shared ones broadcast "
+                   "(PyTorch: a loop over the examples)",
+    "aux_outputs": "outputs returned as aux beside the loss, not differentiated (value_and_grad(has_aux=True))",
+    "forward_ad": "a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)",
+    "float32": "a float32 value",
+    "float64": "a float64 value",
+    "bfloat16": "a bfloat16 value (inputs of that dtype, or a cast to it)",
+    "float16": "a float16 value (inputs of that dtype, or a cast to it)",
+}
+
+
+def known_features() -> set[str]:
+    """Every feature name a program can have: the vocabulary with its patterns expanded."""
+    return ({k for k in FEATURE_DOC if "<" not in k} | {f"policy:{k}" for k in POLICY_KINDS}
+            | {f"op:{o}" for o in O.OPS})
+
+
+def compute_features(prog: Program) -> set[str]:
+    f: set[str] = set()
+    types = infer_types(prog)
+    name_counts: dict[str, int] = {}
+    reads: dict[str, int] = {}
+    for s, depth, _, ctx in walk(prog.body):
+        for a in s.args:
+            reads[a] = reads.get(a, 0) + 1
+        if isinstance(s, Checkpoint):
+            f.add("checkpoint")
+            if ctx == "fwd":
+                f.add("checkpoint_in_custom_vjp")
+            f.add(f"policy:{s.policy.kind}")
+            if combines(s.policy) and offloads(s.policy):
+                f.add("offload_in_both")
+            if depth >= 1:
+                f.add("nested_checkpoint")
+            if depth >= 2:
+                f.add("depth3")
+            if not s.prevent_cse:
+                f.add("prevent_cse_false")
+            if s.static_flag:
+                f.add("static_argnums")
+            if s.tree != "flat":
+                f.add("region_pytree")
+        elif isinstance(s, CustomVJP):
+            f.add("custom_vjp")
+            if depth >= 1:
+                f.add("custom_vjp_in_checkpoint")
+            if s.symbolic_zeros:
+                f.add("symbolic_zeros")
+            if s.optimize_remat:
+                f.add("optimize_remat")
+                if s.symbolic_zeros:
+                    f.add("optimize_remat_symbolic_zeros")
+            if s.symbolic_zeros and depth >= 1 and any(is_name(x) for x, _, _, _ in walk(s.fwd)):
+                f.add("sz_fwd_remat")
+            if s.nondiff:
+                f.add("nondiff_args")
+            if set(s.residuals) & set(s.args):
+                f.add("residual_is_arg")
+            if set(s.residuals) & set(s.results):
+                f.add("residual_is_result")
+            # (rule options whose feature is their field's name)
+            f.update(k for k in ("perturbed_branch", "non_differentiable", "once_differentiable", "bwd_branch")
+                     if getattr(s, k))
+            if s.residual_tree != "tuple":
+                f.add("residual_pytree")
+            if s.tree != "flat":
+                f.add("rule_pytree")
+            if any(r is None for r in s.bwd_results):
+                f.add("bwd_none")
+            if s.spelling == "custom_gradient":
+                f.add("custom_gradient")
+            elif s.spelling in ("defremat", "custom_gradient_remat"):
+                f.add("rule_remat")
+            for r in s.residuals:
+                reads[r] = reads.get(r, 0) + 1
+        elif isinstance(s, CustomJVP):
+            f.add("custom_jvp")
+            if depth >= 1:
+                f.add("custom_jvp_in_checkpoint")
+            if ctx == "fwd":
+                f.add("custom_jvp_in_fwd")
+            if any(is_name(x) for x, _, _, _ in walk(s.body)):
+                f.add("names_in_custom_jvp")
+            if s.tree != "flat":
+                f.add("rule_pytree")
+        elif isinstance(s, Scan):
+            f.add(s.spelling)
+            if s.xs:
+                f.add("scan_xs")
+            if s.unroll > 1:
+                f.add("scan_unroll")
+            if depth >= 1:
+                f.add("scan_in_checkpoint")
+            inner = [x for x, _, _, _ in walk(s.body)]
+            if any(isinstance(x, Checkpoint) for x in inner):
+                f.add("checkpoint_in_scan")
+            if any(is_name(x) for x in inner):
+                f.add("names_in_scan")
+            for r in s.carry_out + s.ys:
+                reads[r] = reads.get(r, 0) + 1
+        elif isinstance(s, Cond):
+            f.add("cond" if len(s.branches) == 2 else "switch")
+            if depth >= 1:
+                f.add("cond_in_checkpoint")
+            inner = [x for b in s.branches for x, _, _, _ in walk(b)]
+            if any(isinstance(x, Checkpoint) for x in inner):
+                f.add("checkpoint_in_cond")
+            if any(is_name(x) for x in inner):
+                f.add("names_in_cond")
+            for r in (r for rs in s.branch_results for r in rs):
+                reads[r] = reads.get(r, 0) + 1
+        elif isinstance(s, Jit):
+            f.add("nested_jit")
+            if depth >= 1:
+                f.add("jit_in_checkpoint")
+            if any(isinstance(x, Checkpoint) for x, _, _, _ in walk(s.body)):
+                f.add("checkpoint_in_jit")
+        elif isinstance(s, Op):
+            f.add(f"op:{s.op}")
+            if is_name(s):
+                f.add("names")
+                if ctx == "fwd":
+                    f.add("names_in_fwd")
+                n = s.params["name"]
+                name_counts[n] = name_counts.get(n, 0) + 1
+            d = O.OPS[s.op]
+            if d.features:
+                shapes = [types[a][0] for a in s.args]
+                f.add(d.batched_feature if d.batched(shapes) else d.features[0])
+                f.update(d.features[1:])
+    for o in prog.outputs:
+        reads[o] = reads.get(o, 0) + 1
+    for s, _, _, _ in walk(prog.body):
+        if is_name(s) and reads.get(s.out, 0) == 0:
+            f.add("unread_name")
+        if isinstance(s, (CustomVJP, CustomJVP)) and any(reads.get(r, 0) == 0 for r in s.results):
+            f.add("unused_result")
+    if sequential_runs(prog):
+        f.add("sequential_regions")
+    if "random" in f:
+        live = live_values(prog)
+        if any(isinstance(s, Op) and "random" in O.OPS[s.op].features and s.out not in live
+               for s, _, _, _ in walk(prog.body)) or _dead_in_early_iterations(prog):
+            f.add("dead_random")
+    if any(c > 1 for c in name_counts.values()):
+        f.add("dup_names")
+    if any(not i.diff for i in prog.inputs):
+        f.add("nondiff_input")
+    if prog.diff.cotangents == "seeded":
+        f.add("seeded_cotangents")
+    if prog.diff.aux:
+        f.add("aux_outputs")
+    if prog.diff.batch:
+        f.add("per_example")
+    if prog.diff.order == 2:
+        f.add("second_order")
+        if prog.diff.mode != "reverse":
+            f.update((prog.diff.mode, "forward_ad"))
+    if _policy_conflict(prog.body, None):
+        f.add("nested_policy_conflict")
+    for _, dt in types.values():
+        f.add(dt)
+    return f
+
+
+def _chain_region(s) -> bool:
+    return (isinstance(s, Checkpoint) and KINDS[s.policy.kind].region_only and len(s.args) == 1 and len(s.results) == 1
+            and s.tree == "flat" and not s.static_flag)
+
+
+def sequential_runs(prog: Program) -> dict[int, int]:
+    """Runs of the program's top-level statements that a checkpoint_sequential spells exactly: one
+    or more regions without a policy, each taking one value (the previous one's single result) and
+    exporting one, then a one-argument op reading the last result, every result read only there.
+    {first index: index of that op}."""
+    body, reads = prog.body, {}
+    for a in [a for st in body for a in st.args] + list(prog.outputs):   # (inner statements read through
+        reads[a] = reads.get(a, 0) + 1                                   # their container's args)
+    out, i = {}, 0
+    while i < len(body):
+        j = i
+        while _chain_region(body[j]) and (j == i or body[j].args == body[j - 1].results) \
+                and reads.get(body[j].results[0]) == 1 and j + 1 < len(body):
+            j += 1
+        last = body[j]
+        if j > i and isinstance(last, Op) and last.args == body[j - 1].results:
+            out[i] = j
+            i = j + 1
+        else:
+            i += 1
+    return out
+
+
+def _dead_in_early_iterations(prog: Program) -> bool:
+    """A random op in a scan body whose value reaches no ys and no carry that a live value of the
+    next iteration reads (of 2 or more iterations: every iteration's draw but the last one's is
+    dead code), or, in the last iteration, no ys and no final carry the program reads."""
+    program_live = None
+    for s, _, _, _ in walk(prog.body):
+        if not isinstance(s, Scan):
+            continue
+        if program_live is None:
+            program_live = live_values(prog)
+        body = [st for st, _, _, ctx in walk(s.body) if isinstance(st, Op)]
+
+        def closure(live):
+            changed = True
+            while changed:
+                changed = False
+                for st in body:
+                    if st.out in live and not set(st.args) <= live:
+                        live |= set(st.args)
+                        changed = True
+            return live
+        # the last iteration: its carries are the scan's final results (live when the program reads them)
+        final = {o for o, r in zip(s.carry_out, s.results[:len(s.carry)]) if r in program_live}
+        last = closure(set(s.ys) | final)
+        # an earlier iteration: what reaches the ys or a carry the last iteration's live values read
+        live = closure(set(s.ys) | {o for c, o in zip(s.carry, s.carry_out) if c in last})
+        if any("random" in O.OPS[st.op].features and st.out not in (live if s.length > 1 else last) for st in body):
+            return True
+    return False
+
+
+def _policy_conflict(body, outer) -> bool:
+    """A checkpoint region directly or indirectly inside another whose policy differs from the
+    nearest enclosing region's (custom_vjp fwd/bwd bodies included)."""
+    for s in body:
+        if isinstance(s, Checkpoint):
+            if outer is not None and s.policy != outer:
+                return True
+            if _policy_conflict(s.body, s.policy):
+                return True
+        elif isinstance(s, CustomVJP) and (_policy_conflict(s.fwd, outer) or _policy_conflict(s.bwd, outer)):
+            return True
+        elif isinstance(s, (CustomJVP, Scan, Jit)) and _policy_conflict(s.body, outer):
+            return True
+        elif isinstance(s, Cond) and any(_policy_conflict(b, outer) for b in s.branches):
+            return True
+    return False

@@ -1,0 +1,85 @@
+"""Verdicts and the one vocabulary of checks, statuses, stages and symptoms.
+
+A verdict is what an oracle concludes about one (program, pipeline, reference, check).
+Everything that names a check, a stage or a crash/timeout symptom takes it from here.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Triage order: silent wrong gradients first, then silently ignored policies and residual
+# differences, then custom-rule observations, JAX's own residual report disagreeing with what
+# was saved, how often custom rules were traced, error behaviour, crashes, timeouts.
+CHECKS = ("gradient", "residuals", "custom_rule", "residual_report", "trace_count", "error", "crash", "timeout")
+CHECK_RANK: dict[str, int] = {c: i for i, c in enumerate(CHECKS)}
+STATUSES = ("pass", "fail", "expected", "unsupported", "skipped")
+# Where a pipeline run failed, in the order a run goes through them.
+STAGES = ("setup", "validation", "lowering", "forward", "backward", "second_order")
+# Error types the isolated executor reports for a worker that died or hung.
+CRASH_PREFIX = "crash:"      # crash:SIGSEGV, crash:SIGABRT, crash:exit-1, crash:oom, ...
+CRASH_OOM = CRASH_PREFIX + "oom"
+TIMEOUT = "timeout"
+# Verdict references that are not pipelines.
+# "vjp": the pipeline's own vjp closure (what it really saved), for the residual-report check.
+# "device:cpu": the same pipeline on the CPU, for a run on a device (`remat-conformance devices`).
+DEVICE_REFERENCE = "device:cpu"
+NON_PIPELINE_REFERENCES = ("expectations", "policy", "vjp", DEVICE_REFERENCE)
+# Residual symptoms (a residual verdict's error_type).
+# saved_bytes_grew: a lower activation_memory_budget made the partitioner save more bytes.
+RESIDUAL_SYMPTOMS = ("missing", "extra", "named", "other", "saved_against_policy", "view_layout", "saved_bytes_grew")
+# Residual-report symptoms: it lists other shapes/dtypes or another count than the closure holds
+# ("count"), or prints a name that no saved value of that class carries ("names"); when the
+# report itself raises, the exception's type.
+REPORT_SYMPTOMS = ("count", "names")
+
+Check = Literal[CHECKS]
+Status = Literal[STATUSES]
+Stage = Literal[STAGES]
+
+
+def crash_type(what: str) -> str:
+    return CRASH_PREFIX + what
+
+
+def symptom_check(error_type: str) -> str | None:
+    """The check an isolated-run error type belongs to: crash, timeout, or None (an ordinary error)."""
+    if error_type == TIMEOUT:
+        return "timeout"
+    return "crash" if error_type.startswith(CRASH_PREFIX) else None
+
+
+class Verdict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    check: Check
+    pipeline: str
+    reference: str            # a pipeline name, "policy" or "expectations"
+    status: Status
+    error_type: str | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)
+    expectation: str | None = None   # id of the expectation entry that matched, if any
+
+    def key(self) -> tuple[str, str, str, str]:
+        """What shrinking preserves: (check, pipeline, reference, error type)."""
+        return (self.check, self.pipeline, self.reference, self.error_type or "")
+
+    @property
+    def unexpected(self) -> bool:
+        return self.status == "fail"
+
+
+# A root's class: a framework bug, a documented (intended) difference, a question upstream must
+# decide, or a limit of this harness (kept as a test of it). Rules suggest one (conformance.engine.roots);
+# a person confirms it in the corpus entry.
+TRIAGE_CLASSES = ("bug", "documented", "question", "harness")
+TriageClass = Literal[TRIAGE_CLASSES]
+
+
+class Triage(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+    class_: TriageClass = Field(alias="class")
+    reason: str
+    links: list[str] = Field(default_factory=list)
+    confirmed: bool = False          # False: suggested by the rules, not yet read by a person

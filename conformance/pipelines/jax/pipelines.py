@@ -1,0 +1,603 @@
+"""JAX pipelines: the float64 no-remat reference, the same-dtype no-remat baseline, and
+jax.checkpoint under remat2 / remat3 / remat3+custom_vjp3, eager and jit.
+
+Only this module (and the repro emitter) imports jax. x64 is on in every JAX process;
+every dtype in a program is explicit.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+from contextlib import contextmanager
+from typing import Any
+
+os.environ.setdefault("JAX_ENABLE_X64", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.ad_checkpoint import checkpoint_name  # noqa: E402
+
+try:
+    from jax.ad_checkpoint import checkpoint_name_fwd  # noqa: E402
+except ImportError:   # jax < 0.11 (a matrix cell): oracles/expectations.json declares names_fwd unsupported there
+    checkpoint_name_fwd = None
+
+from conformance.ir.batching import record_examples  # noqa: E402
+from conformance.ir.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
+from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan
+from conformance.ir.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
+from conformance.ir.ops import CAST_OP  # noqa: E402
+from conformance.ir.program import Program, node_index  # noqa: E402
+from conformance.ir.residuals import canonicalise  # noqa: E402
+from conformance.pipelines.base import Pipeline, timed  # noqa: E402
+from conformance.pipelines.jax import table as jax_table  # noqa: E402
+from conformance.pipelines.jax import xla_cache
+from conformance.pipelines.tables import compile_table, unlowered  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+# The campaign's XLA compile cache (conformance.pipelines.jax.xla_cache). Pipelines that differ only
+# in JAX flags (remat2, remat3, custom_vjp3) compile the same HLO for the same primitive or
+# program; jax_remat3 is part of the in-memory jit key, so each flag setting would compile it
+# again, where the disk cache compiles it once.
+_CACHE_DIR = xla_cache.cache_dir()
+if _CACHE_DIR:
+    jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_compilation_cache_max_size", -1)   # no LRU eviction: xla_cache.trim bounds it
+
+
+ALL_FLAGS = ("jax_remat3", "jax_custom_vjp3", "jax_custom_jvp3")
+
+
+def flags_supported() -> dict[str, bool]:
+    return {f: hasattr(jax.config, f) for f in ALL_FLAGS}
+
+
+@contextmanager
+def jax_flags(flags: dict[str, bool]):
+    """Set JAX config flags for one run and restore them afterwards, whatever happens."""
+    old = {k: getattr(jax.config, k) for k in flags}
+    try:
+        for k, v in flags.items():
+            jax.config.update(k, v)
+        yield
+    finally:
+        for k, v in old.items():
+            jax.config.update(k, v)
+
+
+# dt(name): the dtype a template's dtype name stands for (the repro's dt maps every dtype to
+# float64 in its float64 runs; here Lowering.op gives a cast float64 itself in those)
+NAMESPACE: dict = {"jax": jax, "jnp": jnp, "lax": jax.lax, "cp": jax.checkpoint_policies,
+                   "checkpoint_name": checkpoint_name, "checkpoint_name_fwd": checkpoint_name_fwd,
+                   "dt": lambda name: name}
+exec(jax_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
+OPS = compile_table(jax_table.OPS, NAMESPACE)
+
+
+def jax_policy(p):
+    """The JAX policy object for an IR policy, from the JAX table."""
+    return eval(jax_table.policy_source(p), NAMESPACE)   # noqa: S307 - the harness's own table
+
+
+class Lowering(Interpreter):
+    """Interprets a program with jax.numpy.
+
+    remat: apply checkpoint regions (else run their bodies inline).
+    custom: use jax.custom_vjp for blocks (else run fwd inline: plain primal semantics).
+    record: when a dict, every op's value is stored there (concrete evaluation only).
+    """
+
+    def __init__(self, prog: Program, remat: bool, custom: bool = True, record: dict | None = None,
+                 cast_f64: bool = False):
+        self.prog, self.remat, self.custom, self.record = prog, remat, custom, record
+        self.cast_f64 = cast_f64
+        self.logs: dict[str, CustomRuleLog] = {}
+
+    def op(self, s: Op, args: list, nondiff):
+        if self.cast_f64 and s.op == CAST_OP:   # the float64 evaluation keeps every value float64
+            return OPS[s.op](args, {**s.params, "dtype": "float64"}, nondiff)
+        return OPS[s.op](args, s.params, nondiff)
+
+    def stack(self, xs):
+        return jnp.stack(xs)
+
+    def stop_gradient(self, x):
+        return jax.lax.stop_gradient(x)
+
+    def scan(self, s: Scan, path: str, args: list) -> list:
+        """jax.lax.scan (a recording evaluation loops in Python, to keep each iteration's values)."""
+        if self.record is not None:
+            return super().scan(s, path, args)
+        init, xs, consts = s.split_args()
+        n_c, n_x = len(init), len(xs)
+        env0 = dict(zip(consts, args[n_c + n_x:]))
+
+        if s.spelling == "while_loop":   # no gradient flows into a while_loop
+            env0 = {k: jax.lax.stop_gradient(v) for k, v in env0.items()}
+
+        def step(carry, x):
+            env = dict(env0)
+            env.update(zip(s.carry, carry))
+            env.update(zip(s.xs, x))
+            env = self.body(s.body, env, None, path + ".body")
+            return tuple(env[c] for c in s.carry_out), tuple(env[y] for y in s.ys)
+        init, xs = tuple(args[:n_c]), tuple(args[n_c:n_c + n_x])
+        if s.spelling == "fori_loop":
+            return list(jax.lax.fori_loop(0, s.length, lambda i, c: step(c, ())[0], init, unroll=s.unroll))
+        if s.spelling == "while_loop":
+            init = tuple(jax.lax.stop_gradient(a) for a in init)
+            return list(jax.lax.while_loop(lambda ic: ic[0] < s.length, lambda ic: (ic[0] + 1, step(ic[1], ())[0]),
+                                           (0, init))[1])
+        if s.spelling == "vmap":
+            return list(jax.vmap(lambda *x: step((), x)[1])(*xs))
+        carry, ys = jax.lax.scan(step, init, xs, length=s.length, unroll=s.unroll)
+        return list(carry) + list(ys)
+
+    def branch(self, pred, n: int) -> int:
+        return int(NAMESPACE["branch_index"](pred, n))
+
+    def cond(self, s: Cond, path: str, args: list) -> list:
+        """lax.cond (two branches) or lax.switch (a recording evaluation branches in Python)."""
+        if self.record is not None:
+            return super().cond(s, path, args)
+
+        def fn(k):
+            def branch(*ops):
+                e = self.body(s.branches[k], dict(zip(s.args[1:], ops)), None, f"{path}.branches[{k}]")
+                return tuple(e[r] for r in s.branch_results[k])
+            return branch
+        index = NAMESPACE["branch_index"](args[0], len(s.branches))
+        if len(s.branches) == 2:
+            return list(jax.lax.cond(index == 1, fn(1), fn(0), *args[1:]))
+        return list(jax.lax.switch(index, [fn(k) for k in range(len(s.branches))], *args[1:]))
+
+    def jit(self, s: Jit, path: str):
+        """jax.jit of the sub-function (a recording evaluation runs it inline)."""
+        fn = self.region_fn(s, path)
+        return fn if self.record is not None else jax.jit(fn)
+
+    def region(self, s: Checkpoint, path: str):
+        fn = self.region_fn(s, path)
+        if not self.remat:
+            return fn
+        spelled, call, read = self.spelled_region(s, fn)
+        n = 1 if s.tree != "flat" else len(s.args)
+        ck = jax.checkpoint(spelled, policy=jax_policy(s.policy), prevent_cse=s.prevent_cse,
+                            static_argnums=(n,) if s.static_flag else ())
+        return lambda *args: read(call(ck, args))
+
+    def block(self, s: CustomVJP, path: str, args: list) -> list:
+        if not self.custom:
+            return self.inline(s, path, args)
+        if s.tree != "flat":   # one tuple or dict in, one out
+            return list(from_tree(s, s.results, self.custom_vjp(s, path)(*s.nondiff, as_tree(s, s.args, args))))
+        return self.custom_vjp(s, path)(*s.nondiff, *args)
+
+    def jvp_block(self, s: CustomJVP, path: str, args: list) -> list:
+        if not self.custom:
+            return super().jvp_block(s, path, args)
+        if s.tree != "flat":
+            return list(from_tree(s, s.results, self.custom_jvp(s, path)(as_tree(s, s.args, args))))
+        return self.custom_jvp(s, path)(*args)
+
+    def custom_jvp(self, s: CustomJVP, path: str):
+        """jax.custom_jvp: the primal body, and a rule that runs it again and then the tangent
+        statements. Its log counts primal runs (primal_traces) and rule runs (fwd_traces)."""
+        log = self.logs.setdefault(path, CustomRuleLog())
+
+        def primal(*args):
+            log.primal_traces += 1
+            e = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+            return tuple(e[r] for r in s.results)
+
+        def rule(primals, tangents):
+            log.fwd_traces += 1
+            e = self.body(s.body, dict(zip(s.args, primals)), None, path + ".body")
+            outs = tuple(e[r] for r in s.results)
+            e.update(zip(s.tangents, tangents))
+            e = self.body(s.jvp, e, None, path + ".jvp")
+            return outs, tuple(e[t] for t in s.jvp_results)
+
+        if s.tree != "flat":   # the function takes one tuple or dict, and returns one
+            primal, rule = _tree_jvp(s, primal, rule)
+        f = jax.custom_jvp(primal)
+        f.defjvp(rule)
+        return f
+
+    def custom_vjp(self, s: CustomVJP, path: str):
+        nnd = len(s.nondiff)
+        log = self.logs.setdefault(path, CustomRuleLog())
+        tree = s.residual_tree
+        pack = lambda res: NAMESPACE["pack_residuals"](tree, res)          # noqa: E731
+        unpack = lambda res: NAMESPACE["unpack_residuals"](tree, res)      # noqa: E731
+
+        def run_fwd(nondiff, arrs):
+            e = self.body(s.fwd, dict(zip(s.args, arrs)), nondiff, path + ".fwd")
+            return e
+
+        def primal(*args):
+            log.primal_traces += 1
+            e = run_fwd(args[:nnd], args[nnd:])
+            return tuple(e[r] for r in s.results)
+
+        def fwd(*args):
+            log.fwd_traces += 1
+            arrs = list(args[nnd:])
+            if s.symbolic_zeros:
+                flags = [bool(a.perturbed) for a in arrs]
+                if flags not in log.perturbed:
+                    log.perturbed.append(flags)
+                arrs = [a.value for a in arrs]
+            e = run_fwd(args[:nnd], arrs)
+            res = pack(tuple(e[r] for r in s.residuals))
+            if s.perturbed_branch:   # the perturbed args, as the residual pytree's structure
+                res = NAMESPACE["mark_perturbed"](res, flags)
+            return tuple(e[r] for r in s.results), res
+
+        def bwd(*args):
+            log.bwd_calls += 1
+            nondiff, res, cts = args[:nnd], args[nnd], args[nnd + 1]
+            types = {k: (shp, "float64" if self.cast_f64 else dt) for k, (shp, dt) in self.prog.types().items()}
+            cts = list(cts)
+            if s.symbolic_zeros:
+                zs = [isinstance(c, jax.custom_derivatives.SymbolicZero) for c in cts]
+                if zs not in log.symbolic_zero_cts:
+                    log.symbolic_zero_cts.append(zs)
+                cts = [jnp.zeros(types[r][0], types[r][1]) if z else c for c, z, r in zip(cts, zs, s.results)]
+            keep = None
+            if s.perturbed_branch:
+                res, keep = NAMESPACE["read_perturbed"](res, len(s.args))
+            e = dict(zip(s.residuals, unpack(res)))
+            e.update(zip(s.cts, cts))
+            e = self.body(s.bwd, e, nondiff, path + ".bwd")
+            outs = []
+            for r, a in zip(s.bwd_results, s.args):
+                shp, dt = types[a]
+                # a zero cotangent is None, as users write it; custom_gradient's vjp returns arrays
+                outs.append(e[r] if r is not None else None if s.spelling in NONE_ZEROS else jnp.zeros(shp, dt))
+            if s.bwd_branch and outs[0] is not None:   # (PyTorch: a Python if on the cotangent's sum)
+                outs[0] = jnp.where(jnp.sum(cts[0]) < 0, outs[0] * 2, outs[0])
+            if keep is not None:   # the branch: nothing for an arg fwd saw unperturbed
+                outs = [o if k else None for o, k in zip(outs, keep)]
+            return tuple(outs)
+
+        run_spelled = run_fwd   # the fwd statements on the args as the rule takes them
+        if s.tree != "flat":   # fwd and primal take one tuple or dict; bwd returns one
+            primal, fwd, bwd, run_spelled = _tree_vjp(s, primal, fwd, bwd, run_fwd)
+
+        def outs_of(e):  # the results, as the rule returns them
+            return (
+                tuple(e[r] for r in s.results) if s.tree == "flat" else as_tree(s, s.results, [e[r] for r in s.results])
+            )
+
+        spelling = s.spelling
+        if not self.remat and spelling in REMAT_SPELLINGS:
+            # outside jax.remat a rematerialisation rule defines the same VJP as running rem
+            # right after fwd (custom_vjp.defremat's docstring): no-remat references use that
+            spelling = REMAT_SPELLINGS[spelling]
+        if spelling == "custom_gradient":
+            def spelled(*args):
+                outs, res = fwd(*args)
+                return outs, lambda g: bwd(res, g)
+            return jax.custom_gradient(spelled)   # (residual_tree is "tuple" here)
+        if spelling == "custom_gradient_remat":
+            def spelled(*args):
+                log.fwd_traces += 1
+                e = run_spelled((), args)
+
+                def rem(*args2):
+                    log.rem_traces += 1
+                    e2 = run_spelled((), args2)
+                    res = pack(tuple(e2[r] for r in s.residuals))
+                    return outs_of(e2), lambda g: bwd(res, g)
+                return outs_of(e), rem
+            return jax.custom_gradient(spelled, remat=True)
+        if spelling == "defremat":
+            def fwd_nothing(*args):   # saves nothing: rem recomputes the residuals from the args
+                log.fwd_traces += 1
+                e = run_spelled((), args)
+                return outs_of(e), ()
+
+            def rem(_, *args):
+                log.rem_traces += 1
+                e = run_spelled((), args)
+                return outs_of(e), pack(tuple(e[r] for r in s.residuals))
+            f = jax.custom_vjp(primal)
+            f.defremat(fwd_nothing, rem, bwd)
+            return f
+        f = jax.custom_vjp(primal, nondiff_argnums=tuple(range(nnd)))
+        kw = {}
+        if s.symbolic_zeros:
+            kw["symbolic_zeros"] = True
+        if s.optimize_remat:
+            kw["optimize_remat"] = True
+        f.defvjp(fwd, bwd, **kw)
+        return f
+
+
+def as_tree(s, keys, vals):
+    return NAMESPACE["as_tree"](s.tree, keys, vals)
+
+
+def from_tree(s, keys, t):
+    return NAMESPACE["from_tree"](s.tree, keys, t)
+
+
+def _tree_vjp(s: CustomVJP, primal, fwd, bwd, run_fwd):
+    """A custom_vjp's positional rules as rules of one pytree (the prelude's tree_rules); fwd
+    statements run on the args of one pytree."""
+    def run_fwd_t(nondiff, arrs):
+        return run_fwd(nondiff, from_tree(s, s.args, arrs[0]))
+    return (*NAMESPACE["tree_rules"](s.tree, s.args, s.results, len(s.nondiff), primal, fwd, bwd), run_fwd_t)
+
+
+def _tree_jvp(s: CustomJVP, primal, rule):
+    return NAMESPACE["tree_jvp"](s.tree, s.args, s.results, primal, rule)
+
+
+# Spellings whose bwd rule says a zero cotangent with None.
+NONE_ZEROS = ("defvjp", "defremat")
+# A spelling with a rematerialisation rule -> the spelling of the same VJP outside jax.remat.
+REMAT_SPELLINGS = {"defremat": "defvjp", "custom_gradient_remat": "custom_gradient"}
+
+
+def _tolist(x) -> Any:
+    return np.asarray(x).astype(np.float64).tolist()
+
+
+def _device(device: str):
+    kind = {"cpu": "cpu", "cuda": "gpu"}[device]
+    return jax.devices(kind)[0]
+
+
+class JaxBase(Pipeline):
+    """A JAX pipeline; its registry entry (spec) says remat, f64, jit and the remat variant."""
+
+    def versions(self) -> dict[str, str]:
+        import jaxlib
+        return {"jax": jax.__version__, "jaxlib": jaxlib.__version__, "numpy": np.__version__}
+
+    def devices(self) -> list[str]:
+        out = ["cpu"]
+        try:
+            if jax.devices("gpu"):
+                out.append("cuda")
+        except RuntimeError:
+            pass
+        return out
+
+    def available(self) -> tuple[bool, str]:
+        missing = [f for f, ok in flags_supported().items() if not ok and self.spec.flags.get(f)]
+        if missing:
+            return False, f"jax {jax.__version__} lacks flags {missing}"
+        return True, ""
+
+    def flags(self) -> dict[str, bool]:
+        sup = flags_supported()
+        return {k: v for k, v in self.spec.flags.items() if sup[k]}
+
+    # ---------------------------------------------------------------------------
+    def run(self, program: Program, inputs: dict[str, np.ndarray], device: str = "cpu") -> Observation:
+        obs = Observation(pipeline=self.name, device=device, versions=self.versions(), flags=self.flags())
+        ok, why = self.available()
+        missing = unlowered(program, jax_table.OPS)
+        if not ok or missing:
+            obs.unsupported = why or f"no JAX lowering for ops {missing}"
+            return obs
+        with jax_flags(self.flags()), jax.default_device(_device(device)):
+            self._run(program, inputs, obs)
+        xla_cache.ran(_CACHE_DIR)
+        return obs
+
+    def _arrays(self, program: Program, inputs):
+        out = {}
+        for i in program.inputs:
+            dt = "float64" if self.spec.f64 else i.dtype
+            out[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype=dt))
+        return out
+
+    def _run(self, program: Program, inputs, obs: Observation):
+        t = obs.timings
+        self._inputs = inputs
+        arrays = self._arrays(program, inputs)
+        diff_ids = [i.id for i in program.inputs if i.diff]
+        const = {i.id: arrays[i.id] for i in program.inputs if not i.diff}
+        low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
+
+        loss_fn, value_and_grad, hvp_fn = _differentiated(low, const, diff_ids, program)
+
+        def fwd(*d):
+            loss, vjp_fn, outs = jax.vjp(loss_fn, *d, has_aux=True)
+            return loss, outs, vjp_fn
+
+        def bwd(vjp_fn):
+            return vjp_fn(jnp.ones((), jnp.float64))
+
+        d = [arrays[i] for i in diff_ids]
+        stage = "lowering"
+        try:
+            if self.spec.jit:
+                # One compile: forward and backward in one jitted function (as jax.jit(jax.grad(f))
+                # is used), its outputs also carrying the pullback's residual leaves.
+                def fwd_bwd(*d):
+                    loss, outs, vjp_fn = fwd(*d)
+                    if value_and_grad is not None:
+                        (loss, outs), grads = value_and_grad(*d)
+                        return loss, outs, vjp_fn, grads
+                    return loss, outs, vjp_fn, bwd(vjp_fn)
+                with timed(t, "lowering"):
+                    compiled = jax.jit(fwd_bwd).lower(*d).compile()
+                stage = "forward"
+                with timed(t, "forward"):
+                    loss, outs, vjp_fn, grads = compiled(*d)
+                    jax.block_until_ready(grads)
+            else:
+                stage = "forward"
+                with timed(t, "forward"):
+                    loss, outs, vjp_fn = fwd(*d)
+                stage = "backward"
+                with timed(t, "backward"):
+                    if value_and_grad is not None:
+                        (loss, outs), grads = value_and_grad(*d)
+                    else:
+                        grads = bwd(vjp_fn)
+                    jax.block_until_ready(grads)
+            obs.loss = float(loss)
+            obs.outputs = [_tolist(o) for o in outs]
+            obs.grads = {i: _tolist(g) for i, g in zip(diff_ids, grads)}
+            if not self.spec.f64:
+                with timed(t, "residuals"):
+                    leaves = [x for x in jax.tree.leaves(vjp_fn) if hasattr(x, "shape")]
+                    obs.residuals = self._canonical(program, leaves)
+                    if self.spec.residual_report:
+                        obs.saved_arrays = [(int(np.size(x)), str(x.dtype)) for x in leaves]
+            if self.spec.residual_report:
+                with timed(t, "residual_report"):
+                    self._report(program, const, diff_ids, d, obs)
+            if program.diff.order == 2:
+                stage = "second_order"
+
+                g2 = hvp_fn
+                if self.spec.jit:
+                    g2 = jax.jit(g2)
+                with timed(t, "second_order"):
+                    grads2 = g2(*d)
+                    jax.block_until_ready(grads2)
+                obs.grads2 = {i: _tolist(g) for i, g in zip(diff_ids, grads2)}
+        except Exception as e:  # the observation records it; oracles judge  # noqa: BLE001
+            obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
+        obs.custom_rules = {k: v for k, v in low.logs.items()}
+
+    def _report(self, program: Program, const, diff_ids, d, obs: Observation):
+        """JAX's own residual report of the loss this run differentiates (traced afresh with its
+        own lowering, so that the custom-rule logs stay this run's)."""
+        loss_fn = _differentiated(Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64), const, diff_ids,
+                                  program)[0]
+        try:
+            rows = saved_residuals(lambda *x: loss_fn(*x)[0], *d)
+        except Exception as e:   # the diagnostic itself failed: the oracle judges it  # noqa: BLE001
+            obs.residual_report_error = f"{type(e).__name__}: {str(e)[:2000]}"
+            return
+        obs.residual_report = [reported(aval, text) for aval, text in rows]
+
+    def _canonical(self, program: Program, leaves):
+        values = node_values(program, self._inputs)
+        return canonicalise([np.asarray(x) for x in leaves], values, node_index(program),
+                            memory=[_memory_kind(x) for x in leaves])
+
+
+def _loss_fn(low: Lowering, diff_ids: list[str], program: Program):
+    """The scalar loss a run differentiates, of the constant inputs `c` and the differentiated
+    ones (float64 sum of every output but the auxiliary ones, each times its seeded cotangent
+    where the program says so), with all outputs as aux."""
+    cts, n = output_cotangents(program), loss_outputs(program)
+
+    def loss_fn(c, *d):
+        outs = low.outputs(c, diff_ids, d)
+        if cts is not None:
+            return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
+        return sum(jnp.sum(o).astype(jnp.float64) for o in outs[:n]), outs
+    return loss_fn
+
+
+def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Program):
+    """(the loss with all outputs as aux, whose vjp gives the residuals; the value_and_grad that
+    gives the gradients where the program spells them so, else None; H @ ones).
+
+    Auxiliary outputs: value_and_grad(has_aux=True), as a training step spells it. Per-example
+    programs: the loss is the sum of the examples' losses (jax.vmap over the batched inputs),
+    and the gradients are per example, jax.vmap of value_and_grad (shared inputs broadcast)."""
+    ex = _loss_fn(low, diff_ids, program)
+    argn = tuple(range(1, len(diff_ids) + 1))
+    mode = program.diff.mode
+    if not program.diff.batch:
+        loss_fn = functools.partial(ex, const)
+        vg = jax.value_and_grad(loss_fn, argnums=tuple(range(len(diff_ids))), has_aux=True) if (
+            program.diff.aux) else None
+        return loss_fn, vg, lambda *d: NAMESPACE["hvp"](mode, lambda *x: loss_fn(*x)[0], *d)
+    batched = {i.id for i in program.inputs if i.batched}
+    axes = ({k: 0 if k in batched else None for k in const}, *[0 if i in batched else None for i in diff_ids])
+
+    def loss_fn(*d):   # the batch's loss; outputs per example
+        losses, outs = jax.vmap(ex, in_axes=axes)(const, *d)
+        return jnp.sum(losses), outs
+
+    def per_example(*d):   # jax.vmap of value_and_grad: one gradient per example
+        (losses, outs), grads = jax.vmap(jax.value_and_grad(ex, argnums=argn, has_aux=True), in_axes=axes)(const, *d)
+        return (jnp.sum(losses), outs), grads
+
+    def hvp_fn(*d):   # H @ ones per example
+        return jax.vmap(lambda c, *x: NAMESPACE["hvp"](mode, lambda *y: ex(c, *y)[0], *x), in_axes=axes)(const, *d)
+    return loss_fn, per_example, hvp_fn
+
+
+_NAMED = re.compile(r"^named '(.*)' from ")
+
+
+def saved_residuals(f, *args):
+    """JAX's residual report: (aval, text) per saved value (a private API; public from
+    jax.ad_checkpoint.print_saved_residuals)."""
+    from jax._src.ad_checkpoint import saved_residuals as report
+    return report(f, *args)
+
+
+def reported(aval, text: str) -> ReportedResidual:
+    m = _NAMED.match(text)
+    return ReportedResidual(shape=list(aval.shape), dtype=str(aval.dtype), source=text, name=m.group(1) if m else None)
+
+
+def _memory_kind(x) -> str | None:
+    try:
+        return x.sharding.memory_kind
+    except Exception:  # noqa: BLE001
+        return None
+
+
+_NODE_VALUES: dict = {}
+
+
+def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool = False) -> dict[str, np.ndarray]:
+    """Every primal value of the program, evaluated concretely without remat. The pipelines of one
+    program share it: the last program's values are kept (keyed by program, inputs and dtype)."""
+    key = (program.content_hash(), cast_f64,
+           tuple((k, v.dtype.str, v.shape, np.asarray(v).tobytes()) for k, v in sorted(inputs.items())))
+    hit = _NODE_VALUES.get(key)
+    if hit is None:
+        hit = _node_values(program, inputs, cast_f64)
+        if len(_NODE_VALUES) >= 4:
+            _NODE_VALUES.clear()
+        _NODE_VALUES[key] = hit
+    return hit
+
+
+def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool) -> dict[str, np.ndarray]:
+    def record(inputs):   # one example's values
+        env = {}
+        for i in program.inputs:
+            env[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
+        rec = dict(env)
+        Lowering(program, remat=False, custom=False, record=rec, cast_f64=cast_f64).body(program.body, env)
+        return {k: np.asarray(v) for k, v in rec.items()}
+    return record_examples(program, inputs, record)
+
+
+class JaxReference(JaxBase):
+    """ref:f64: float64, no checkpoint at all, custom rules kept. Records every node's value."""
+
+    def _run(self, program, inputs, obs):
+        super()._run(program, inputs, obs)
+        if obs.error is None:
+            obs.values = {k: v.tolist() for k, v in node_values(program, inputs, cast_f64=True).items()}
+
+
+class JaxNoRemat(JaxBase):
+    """jax:none: the program's own dtypes, no checkpoint: the tight same-dtype baseline."""
+
+
+class JaxRemat(JaxBase):
+    """jax.checkpoint under one of the remat variants, eager or jit."""

@@ -1,0 +1,337 @@
+"""The pipeline registry: every pipeline declared once, as data.
+
+An entry names the framework, the class that runs it (in the framework's own module,
+imported lazily, so the rest loads without that framework), its variant settings (JAX
+flags, jit, torch.compile backend and partitioner, PREFER_* hints), its role, and which
+references it is compared with. The judge, campaign, CLI, repro and report read these
+entries; nothing outside this module parses pipeline names.
+
+Roles:
+  value      the value reference (float64, no checkpoint, custom rules kept)
+  baseline   a framework's same-dtype no-checkpoint run (the tight value check)
+  reference  the residual, custom-rule and error reference (judged itself against the policy)
+  rival      everything else: judged against the value references, the policy and `compare`
+
+Importing this module loads no pipeline code and no framework (the oracles read it); the
+pipeline modules of this package import the IR, the observation type and their own
+framework, loaded lazily by `get`.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+from conformance import __version__
+
+if TYPE_CHECKING:   # the registry is data: importing it loads no pipeline code
+    from conformance.pipelines.base import Pipeline
+
+VALUE, BASELINE, REFERENCE, RIVAL = "value", "baseline", "reference", "rival"
+MODULES = {"jax": "conformance.pipelines.jax.pipelines", "torch": "conformance.pipelines.torch.pipelines"}
+FRAMEWORKS = tuple(MODULES)
+# JAX remat variant -> the flags it runs under. Every run sets all of them and restores them after.
+JAX_VARIANT_FLAGS: dict[str, dict[str, bool]] = {
+    "remat2": {"jax_remat3": False, "jax_custom_vjp3": False, "jax_custom_jvp3": False},
+    "remat3": {"jax_remat3": True, "jax_custom_vjp3": False, "jax_custom_jvp3": False},
+    "remat3+cvjp3": {"jax_remat3": True, "jax_custom_vjp3": True, "jax_custom_jvp3": False},
+    "remat3+cjvp3": {"jax_remat3": True, "jax_custom_vjp3": False, "jax_custom_jvp3": True},
+}
+# Variants whose pipelines are in the default set (remat3+cjvp3 changes custom_jvp blocks only:
+# a campaign over custom_jvp names it).
+DEFAULT_VARIANTS = ("remat2", "remat3", "remat3+cvjp3")
+# activation_memory_budget values below 1 that torch pipelines run (each its own pipeline).
+MEMORY_BUDGETS = (0.5, 0.0)
+# Spec's PyTorch checkpoint and compile options (on/off): recorded in a run's flags when on,
+# carried by repro scripts.
+TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break",
+                 "policy_state", "sequential")
+
+
+@dataclass(frozen=True)
+class Compare:
+    """Compare a rival with the first of `refs` that ran. mode 'same': same framework and
+    semantics (all residuals, custom rules); 'eager': compiled against eager PyTorch; 'cross':
+    PyTorch against JAX (values, and the named residuals the policy decides); 'values': values
+    only (a checkpoint that honours no policy, against one that does); 'budget': the rival runs
+    a lower activation_memory_budget than the reference, and must not save more bytes."""
+    refs: tuple[str, ...]
+    mode: str
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    framework: str
+    cls: str
+    role: str = RIVAL
+    remat: bool = True
+    f64: bool = False
+    jit: bool = False
+    variant: str = "remat2"          # JAX: the remat variant (its flags)
+    compile: str | None = None       # torch: the torch.compile backend
+    partitioner: str = "min_cut"     # torch aot_eager: min_cut or default
+    prefer: bool = False             # torch: PREFER_* instead of MUST_*
+    reentrant: bool = False          # torch: use_reentrant=True (no policy: whole regions recomputed)
+    checks_off: bool = False         # torch: determinism_check="none" (and debug=True without a policy)
+    memory_budget: float = 1.0       # torch min-cut partitioner: functorch's activation_memory_budget
+    compile_inside: bool = False     # torch: eager checkpoint of region functions compiled with `compile`
+    backward_twice: bool = False     # torch: backward twice (retain_graph=True the first time); the second's gradients
+    dynamic: bool = False            # torch.compile: every input dim of size >= 2 maybe_mark_dynamic (dynamic shapes)
+    graph_break: bool = False        # torch.compile: a graph break at the start of every checkpoint region's function
+    preserve_rng_state: bool = True  # torch checkpoint's preserve_rng_state (False: test-only mutants)
+    policy_state: str = ""           # torch: "every_other", a stateful policy_fn per checkpoint call (sac_policy)
+    sequential: bool = False         # torch: chained regions without a policy as checkpoint_sequential
+    compare: tuple[Compare, ...] = ()
+    added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
+    default: bool = False            # in the default set of rivals
+    # JAX: also record JAX's own residual report (saved_residuals) of the function it
+    # differentiates, judged against the closure. Only traced (jit) runs: eager vjp shares one
+    # buffer between equal concrete values (a name and its producer), which the report of the
+    # traced function cannot know.
+    residual_report: bool = False
+    repro_default: bool = False      # the framework's pipeline for repros of bare programs
+
+    @property
+    def flags(self) -> dict[str, bool]:
+        return dict(JAX_VARIANT_FLAGS[self.variant]) if self.framework == "jax" else {}
+
+
+def _jax_rivals():
+    out = []
+    for variant in JAX_VARIANT_FLAGS:
+        for jit in (False, True):
+            name = f"jax:{variant}" + (":jit" if jit else "")
+            if name == "jax:remat2":
+                continue
+            refs = ("jax:remat2:jit", "jax:remat2") if jit and variant != "remat2" else ("jax:remat2",)
+            out.append(Spec(name, "jax", "JaxRemat", variant=variant, jit=jit, compare=(Compare(refs, "same"),),
+                            default=variant in DEFAULT_VARIANTS, repro_default=name == "jax:remat3",
+                            residual_report=jit))
+    return out
+
+
+def _torch_rivals():
+    out = []
+    cross = Compare(("jax:remat2",), "cross")
+    for prefer in (False, True):
+        sfx = ":prefer" if prefer else ""
+        eager = Compare(("torch:eager-sac" + sfx,), "eager")
+        out.append(Spec("torch:eager-sac" + sfx, "torch", "TorchSAC", prefer=prefer, compare=(cross,),
+                        added_with=frozenset() if prefer else frozenset({"torch"}), repro_default=not prefer,
+                        default=not prefer))
+        for backend, part, label in (("aot_eager", "min_cut", "aot_eager"),
+                                     ("aot_eager", "default", "aot_eager+default-partitioner"),
+                                     ("inductor", "min_cut", "inductor")):
+            out.append(Spec(f"torch:compile-{label}{sfx}", "torch", "TorchSAC", compile=backend, partitioner=part,
+                            prefer=prefer, compare=(eager, cross), default=label == "aot_eager" and not prefer))
+    # Checkpoint options and compile knobs (MUST_* policies), each against eager SAC: the
+    # reentrant implementation (values only: it takes no policy), the determinism check off
+    # (changes nothing: all residuals and rules alike), the min-cut partitioner under
+    # lower activation memory budgets (each also against the next higher budget: saved bytes
+    # must not grow as the budget falls), and checkpoint of region functions compiled one by one.
+    eager = Compare(("torch:eager-sac",), "eager")
+    out.append(Spec("torch:eager-reentrant", "torch", "TorchSAC", reentrant=True,
+                    compare=(Compare(("torch:eager-sac",), "values"),)))
+    out.append(Spec("torch:compile-aot_eager:reentrant", "torch", "TorchSAC", compile="aot_eager", reentrant=True,
+                    compare=(Compare(("torch:eager-reentrant",), "values"),)))
+    out.append(Spec("torch:eager-sequential", "torch", "TorchSAC", sequential=True,
+                    compare=(Compare(("torch:eager-sac",), "same"),)))
+    out.append(Spec("torch:eager-sac:checks-off", "torch", "TorchSAC", checks_off=True,
+                    compare=(Compare(("torch:eager-sac",), "same"),)))
+    higher = "torch:compile-aot_eager"
+    for budget in MEMORY_BUDGETS:
+        name = f"torch:compile-aot_eager:budget-{budget:g}"
+        out.append(Spec(name, "torch", "TorchSAC", compile="aot_eager", memory_budget=budget,
+                        compare=(eager, Compare((higher,), "budget"))))
+        higher = name
+    out.append(Spec("torch:checkpoint-of-compiled", "torch", "TorchSAC", compile="aot_eager", compile_inside=True,
+                    compare=(eager,)))
+    # Backward twice (retain_graph=True, then again): the second gradients against eager SAC's one
+    # backward (values only for eager: its custom rules run twice).
+    out.append(Spec("torch:eager-sac:backward-twice", "torch", "TorchSAC", backward_twice=True,
+                    compare=(Compare(("torch:eager-sac",), "values"),)))
+    out.append(Spec("torch:compile-aot_eager:backward-twice", "torch", "TorchSAC", compile="aot_eager",
+                    backward_twice=True, compare=(eager,)))
+    # A stateful policy (saves every other op its decisions save, by call order), eager against its
+    # stateless sibling's values, compiled against eager (the same decisions if the compiler calls
+    # the policy once per op, in order).
+    out.append(Spec("torch:eager-sac:stateful", "torch", "TorchSAC", policy_state="every_other",
+                    compare=(Compare(("torch:eager-sac",), "values"),)))
+    out.append(Spec("torch:compile-aot_eager:stateful", "torch", "TorchSAC", compile="aot_eager",
+                    policy_state="every_other", compare=(Compare(("torch:eager-sac:stateful",), "eager"),)))
+    # Dynamic shapes, and a graph break inside every region, under aot_eager.
+    out.append(Spec("torch:compile-aot_eager:dynamic", "torch", "TorchSAC", compile="aot_eager", dynamic=True,
+                    compare=(eager,)))
+    out.append(Spec("torch:compile-aot_eager:graph-break", "torch", "TorchSAC", compile="aot_eager", graph_break=True,
+                    compare=(eager,)))
+    return out
+
+
+_ALL = frozenset(FRAMEWORKS)
+SPECS: dict[str, Spec] = {s.name: s for s in [
+    Spec("ref:f64", "jax", "JaxReference", role=VALUE, remat=False, f64=True, added_with=_ALL),
+    Spec("jax:none", "jax", "JaxNoRemat", role=BASELINE, remat=False, added_with=_ALL),
+    Spec("jax:remat2", "jax", "JaxRemat", role=REFERENCE, added_with=_ALL),
+    *_jax_rivals(),
+    Spec("torch:none", "torch", "TorchNoRemat", role=BASELINE, remat=False, added_with=frozenset({"torch"})),
+    *_torch_rivals(),
+]}
+
+# Added automatically to every run.
+REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == _ALL)
+DEFAULT_PIPELINES = tuple(n for n, s in SPECS.items() if s.default)
+
+_extra: dict[str, "Pipeline"] = {}   # test-only pipelines (mutants, fault injection)
+_extra_specs: dict[str, Spec] = {}
+_extra_makers: dict = {}           # name -> make(spec): test-only pipelines built on first use
+_cache: dict[str, "Pipeline"] = {}
+
+
+class UnknownPipeline(ValueError):
+    pass
+
+
+def derive(like: str, name: str, **changes) -> Spec:
+    """A spec for a test-only pipeline that takes its settings, role and comparisons from `like`."""
+    return replace(spec(like), name=name, added_with=frozenset(), default=False, repro_default=False, **changes)
+
+
+def register_instance(p: "Pipeline") -> None:
+    """Register a ready pipeline object (the harness's own tests: mutants, fault injection)."""
+    _extra[p.name] = p
+    _extra_specs[p.name] = p.spec
+
+
+def register_lazy(s: Spec, make) -> None:
+    """Register a test-only pipeline built by `make(spec)` on first use (its framework is then
+    imported only by a run that uses it)."""
+    _extra_specs[s.name] = s
+    _extra_makers[s.name] = make
+
+
+def known_names() -> list[str]:
+    return list(SPECS) + [n for n in _extra_specs if n not in SPECS]
+
+
+def _lookup(name: str) -> Spec | None:
+    return SPECS.get(name) or _extra_specs.get(name)
+
+
+def spec(name: str) -> Spec:
+    s = _lookup(name)
+    if s is None:
+        raise UnknownPipeline(f"unknown pipeline {name!r}; known: {', '.join(known_names())}")
+    return s
+
+
+def framework_of(name: str) -> str:
+    """The framework a pipeline runs on; for a name from another harness version, its prefix."""
+    s = _lookup(name)
+    return s.framework if s else name.split(":", 1)[0]
+
+
+def value_reference() -> str:
+    return next(n for n, s in SPECS.items() if s.role == VALUE)
+
+
+def baseline(framework: str) -> str | None:
+    """The framework's same-dtype no-checkpoint pipeline."""
+    return next((n for n, s in SPECS.items() if s.role == BASELINE and s.framework == framework), None)
+
+
+def baseline_of(name: str) -> str | None:
+    return baseline(framework_of(name))
+
+
+def role_of(name: str) -> str | None:
+    s = _lookup(name)
+    return s.role if s else None
+
+
+def runs_in(name: str, framework: str) -> bool:
+    """Whether a repro script of `framework` can run the pipeline: its own, or the value
+    reference (a float64 no-checkpoint run exists in every framework)."""
+    return framework_of(name) == framework or role_of(name) == VALUE
+
+
+def residual_reference(framework: str) -> str | None:
+    return next((n for n, s in SPECS.items() if s.role == REFERENCE and s.framework == framework), None)
+
+
+def same_mode(a: str, b: str) -> bool:
+    """Whether two pipelines execute alike (both eager, both jit, or compiled with one backend)."""
+    sa, sb = _lookup(a), _lookup(b)
+    return bool(sa and sb and (sa.jit, sa.compile) == (sb.jit, sb.compile))
+
+
+def records_report(name: str) -> bool:
+    """Whether the pipeline records JAX's residual report (the residual_report check)."""
+    s = _lookup(name)
+    return bool(s and s.residual_report)
+
+
+def is_reference(name: str) -> bool:
+    """Value references and baselines: never judged themselves."""
+    s = SPECS.get(name)
+    return s is not None and s.role in (VALUE, BASELINE)
+
+
+def repro_default(framework: str) -> str:
+    return next(n for n, s in SPECS.items() if s.repro_default and s.framework == framework)
+
+
+def comparisons(name: str, present) -> list[tuple[str, str]]:
+    """(reference, mode) pairs a pipeline is compared with, given the pipelines that ran."""
+    s = _lookup(name)
+    out = []
+    for c in (s.compare if s else ()):
+        ref = next((r for r in c.refs if r in present), None)
+        if ref is not None and ref != name:
+            out.append((ref, c.mode))
+    return out
+
+
+def run_set(rivals: list[str]) -> list[str]:
+    """The pipelines a run needs: the references its rivals' frameworks bring, the references
+    the rivals are compared with, then the rivals."""
+    fws = {framework_of(r) for r in rivals} | {"jax"}
+    names = [n for n, s in SPECS.items() if s.added_with & fws]
+    for r in rivals:
+        for c in spec(r).compare:
+            names.append(c.refs[-1])
+    return list(dict.fromkeys(names + list(rivals)))
+
+
+def get(name: str) -> "Pipeline":
+    if name in _extra:
+        return _extra[name]
+    if name in _extra_makers:
+        _extra[name] = _extra_makers.pop(name)(_extra_specs[name])
+        return _extra[name]
+    if name in _cache:
+        return _cache[name]
+    s = spec(name)
+    p = getattr(importlib.import_module(MODULES[s.framework]), s.cls)(s)
+    _cache[name] = p
+    return p
+
+
+# Cost families: pipelines of one family cost alike per program (eager dispatch, one XLA
+# compile, torch.compile graphs). A campaign gives each family a share of its time (see
+# conformance.engine.search.Shares); a family over its share skips programs until it is back under.
+FAMILY_SHARES = {"jax:eager": 1.0, "jax:jit": 1.0, "torch:eager": 1.0, "torch:compile": 0.4}
+
+
+def family_of(name: str) -> str:
+    s = spec(name)
+    return f"{s.framework}:{'compile' if s.compile else 'jit' if s.jit else 'eager'}"
+
+
+def versions_of(names) -> dict[str, str]:
+    """The harness's, Python's and each named pipeline's framework versions (a run records them)."""
+    out = {"remat-conformance": __version__, "python": sys.version.split()[0]}
+    for n in names:
+        out.update(get(n).versions())
+    return out
