@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from conformance.ir.nodes import DERIVATIVE_CTX, CustomJVP, CustomVJP, live_values, walk
 from conformance.ir.observation import ErrorInfo, Observation
@@ -172,27 +173,56 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         add(residuals.check_policy(program, obs, ref))
         if registry.records_report(name):
             add(residual_report.check(obs))
+        pair = _Pair(program, feats, values, values_missing, jvp_blocks)
         for rname, mode in registry.comparisons(name, names):
-            rref = observations[rname]
-            if mode == "same":
-                checks = [residuals.compare(obs, rref), compare_custom_rules(obs, rref, jvp_blocks),
-                          trace_counts.compare(obs, rref, registry.same_mode(name, rname))]
-            elif mode == "values":
-                checks = [cross_framework.compare_grads(program, obs, rref, values=values,
-                                                        values_missing=values_missing)]
-            elif mode == "budget":
-                checks = [memory_budget.compare(obs, rref)]
-            else:
-                checks = [
-                    _draws_differ(feats, obs, rref)
-                    or cross_framework.compare_grads(program, obs, rref, values=values, values_missing=values_missing),
-                    cross_framework.compare_residuals(obs, rref, program, across=mode == "cross"),
-                ]
-                if mode == "eager":   # what rules received, where the compiled pipeline ran them eagerly
-                    checks.append(compare_custom_rules(obs, rref, jvp_blocks, observed_only=True))
-            for v in checks:
+            for v in COMPARISONS[mode](pair, obs, observations[rname]):
                 add(v)
     return j
+
+
+@dataclass
+class _Pair:
+    """What every comparison of a rival with a reference pipeline reads besides the two observations."""
+    program: Program
+    feats: set
+    values: dict | None
+    values_missing: str | None
+    jvp_blocks: set
+
+
+def _same(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
+    return [residuals.compare(obs, ref), compare_custom_rules(obs, ref, c.jvp_blocks),
+            trace_counts.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline))]
+
+
+def _values(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
+    return [cross_framework.compare_grads(c.program, obs, ref, values=c.values, values_missing=c.values_missing)]
+
+
+def _budget(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
+    return [memory_budget.compare(obs, ref)]
+
+
+def _across(c: _Pair, obs: Observation, ref: Observation, across: bool) -> list[Verdict]:
+    return [_draws_differ(c.feats, obs, ref)
+            or cross_framework.compare_grads(c.program, obs, ref, values=c.values, values_missing=c.values_missing),
+            cross_framework.compare_residuals(obs, ref, c.program, across=across)]
+
+
+def _eager(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
+    # what rules received too, where the compiled pipeline ran them eagerly
+    return _across(c, obs, ref, False) + [compare_custom_rules(obs, ref, c.jvp_blocks, observed_only=True)]
+
+
+def _cross(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
+    return _across(c, obs, ref, True)
+
+
+# Each comparison mode's checks (tests/test_oracles.py: every registry.CompareMode has an entry).
+COMPARISONS: dict[registry.CompareMode, Callable[[_Pair, Observation, Observation], list[Verdict]]] = {
+    registry.CompareMode.SAME: _same, registry.CompareMode.VALUES: _values, registry.CompareMode.BUDGET: _budget,
+    registry.CompareMode.EAGER: _eager, registry.CompareMode.CROSS: _cross,
+}
 
 
 def _draws_differ(feats: set, obs: Observation, ref: Observation) -> Verdict | None:

@@ -340,3 +340,13 @@ def test_judge_wires_torch_pipelines_to_their_baseline_eager_and_cross_reference
     # right, but its eager counterpart is not: only the eager comparison fails
     v = judged(g, off)
     assert [k for k, s in v.items() if s == "fail"] == [("gradient", "torch:eager-sac:prefer")], v
+
+
+def test_every_comparison_mode_is_dispatched_and_explained_and_a_misspelt_one_is_refused():
+    from conformance.engine.describe import WHY_COMPARED
+    from conformance.pipelines.registry import SPECS, Compare, CompareMode
+    from oracles.judge import COMPARISONS
+    assert set(COMPARISONS) == set(CompareMode) == set(WHY_COMPARED)
+    assert {c.mode for s in SPECS.values() for c in s.compare} == set(CompareMode)   # each mode is used
+    with pytest.raises(ValueError, match="'crosss' is not a valid CompareMode"):
+        Compare(("jax:remat2",), "crosss")

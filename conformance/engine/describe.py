@@ -253,18 +253,21 @@ def why_reference(f) -> str:
                 "float64 result without it is what every pipeline is held to, within its dtype's tolerance")
     if role == registry.BASELINE:
         return "checkpointing changes what is saved and recomputed, never the values computed"
-    mode = _compare_mode(pipe, ref)
-    if mode == "eager":
-        return (f"it runs the same program eagerly, and compiling it (`{pipe}`) must not change what its "
-                "checkpoint policy decides nor the values")
-    if mode == "budget":
-        return "it runs the same program under a higher activation memory budget, and a lower one must not save more"
-    if mode == "cross":
-        return "it runs the same program in the other framework: the values and the named residuals must agree"
-    if mode == "values":
-        return "it runs the same program with the same semantics: the values must agree"
-    return (f"it runs the same program through the same API and policy, and `{pipe}` is another "
-            "implementation of that API that claims the same semantics")
+    return WHY_COMPARED[_compare_mode(pipe, ref) or registry.CompareMode.SAME].format(pipe=pipe)
+
+
+# Why a reference compared in each mode is the reference (tests: every mode has a sentence).
+WHY_COMPARED = {
+    registry.CompareMode.EAGER: ("it runs the same program eagerly, and compiling it (`{pipe}`) must not change "
+                                 "what its checkpoint policy decides nor the values"),
+    registry.CompareMode.BUDGET: ("it runs the same program under a higher activation memory budget, and a lower "
+                                  "one must not save more"),
+    registry.CompareMode.CROSS: ("it runs the same program in the other framework: the values and the named "
+                                 "residuals must agree"),
+    registry.CompareMode.VALUES: "it runs the same program with the same semantics: the values must agree",
+    registry.CompareMode.SAME: ("it runs the same program through the same API and policy, and `{pipe}` is another "
+                                "implementation of that API that claims the same semantics"),
+}
 
 
 def reference_subject(ref: str) -> str:

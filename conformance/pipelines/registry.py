@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from conformance import __version__
@@ -49,15 +50,24 @@ TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", 
                  "policy_state", "sequential")
 
 
+class CompareMode(StrEnum):
+    """How a rival is compared with a reference pipeline: a closed set (the judge dispatches on it
+    by a table that names every mode; a misspelt mode fails when the registry is built)."""
+    SAME = "same"       # same framework and semantics: all residuals, custom rules, trace counts
+    EAGER = "eager"     # compiled against eager PyTorch: values, named residuals, what rules received
+    CROSS = "cross"     # PyTorch against JAX: values, and the named residuals the policy decides
+    VALUES = "values"   # values only (a checkpoint that honours no policy, against one that does)
+    BUDGET = "budget"   # a lower activation_memory_budget than the reference's: must not save more bytes
+
+
 @dataclass(frozen=True)
 class Compare:
-    """Compare a rival with the first of `refs` that ran. mode 'same': same framework and
-    semantics (all residuals, custom rules); 'eager': compiled against eager PyTorch; 'cross':
-    PyTorch against JAX (values, and the named residuals the policy decides); 'values': values
-    only (a checkpoint that honours no policy, against one that does); 'budget': the rival runs
-    a lower activation_memory_budget than the reference, and must not save more bytes."""
+    """Compare a rival with the first of `refs` that ran, in `mode`."""
     refs: tuple[str, ...]
-    mode: str
+    mode: CompareMode
+
+    def __post_init__(self):
+        object.__setattr__(self, "mode", CompareMode(self.mode))   # ValueError names a misspelt mode
 
 
 @dataclass(frozen=True)
@@ -282,7 +292,7 @@ def repro_default(framework: str) -> str:
     return next(n for n, s in SPECS.items() if s.repro_default and s.framework == framework)
 
 
-def comparisons(name: str, present) -> list[tuple[str, str]]:
+def comparisons(name: str, present) -> list[tuple[str, CompareMode]]:
     """(reference, mode) pairs a pipeline is compared with, given the pipelines that ran."""
     s = _lookup(name)
     out = []
