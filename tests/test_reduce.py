@@ -1,7 +1,6 @@
 """IR reductions after the shrink (conformance.engine.reduce) and their use by the campaign."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections import Counter
@@ -142,7 +141,7 @@ def test_the_reductions_stop_at_the_targets_shrink_time():
     prog = t.program
     s._reduce(t)
     assert t.steps == 0 and t.program is prog
-    s.opts = dataclasses.replace(s.opts, shrink_seconds=600.0)
+    s.opts = s.opts.model_copy(update={"shrink_seconds": 600.0})
     s._reduce(t)
     assert t.steps > 0 and t.program.size() < prog.size()
 

@@ -34,7 +34,7 @@ from conformance.engine.describe import (
 from conformance.engine.isolation import IsolatedExecutor, load_plugins
 from conformance.engine.isolation.supervisor import MEMORY_ENV
 from conformance.engine.loading import load_known, load_program_file
-from conformance.engine.options import SHRINK_STEPS, Options, positive, seed, shard, share, swarm_dimension
+from conformance.engine.options import Options, add_run_flags, options_from_args, positive, seed
 from conformance.engine.parallel import worker_memory_limit
 from conformance.engine.runner import InProcessExecutor
 from conformance.engine.search import replay_pipelines
@@ -42,9 +42,8 @@ from conformance.engine.store import Store, StoreError
 from conformance.errors import UsageError
 from conformance.ir.nodes import Limits
 from conformance.pipelines import registry as reg
-from conformance.pipelines.registry import FAMILY_SHARES, REFERENCES
 from conformance.reporting.issue_text import issue_text_or_reason
-from generators.programs import Config, input_values
+from generators.programs import input_values
 from oracles.expectations import Expectations, ExpectationsError
 from oracles.judge import judge
 
@@ -82,50 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     r = sub.add_parser("run", help="run a campaign")
-    r.add_argument("--pipelines", default=None,
-                   help="comma-separated exact pipeline names (see `pipelines`); the references (" +
-                        ", ".join(REFERENCES) + ") are added")
-    r.add_argument(
-        "--budget", type=positive(float, "--budget"), default=240.0, help="wall-clock seconds, shrinking included"
-    )
-    r.add_argument("--max-examples", type=positive(int, "--max-examples"), default=100000)
-    r.add_argument("--seed", type=seed, default=0)
-    r.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    r.add_argument("--out", default="reports/latest")
-    r.add_argument("--overwrite", action="store_true", help="replace the contents of a non-empty --out")
-    r.add_argument("--resume", action="store_true", help="continue an interrupted campaign in --out")
-    r.add_argument("--strict", action="store_true", help="exit 1 when there are new findings (unexpected, not --known)")
-    r.add_argument("--known", action="append", default=[], metavar="CORPUS",
-                   help="a regression corpus (directory of corpus entries, or one entry) whose behaviours are "
-                        "known: programs failing their way are counted, not shrunk or reported as new; repeatable")
-    r.add_argument("--expectations", default=None, help="expectations JSON (default: the packaged file)")
-    r.add_argument("--shrink-seconds", type=positive(float, "--shrink-seconds"), default=45.0)
-    r.add_argument("--shrink-steps", type=positive(int, "--shrink-steps"), default=SHRINK_STEPS,
-                   help=f"Hypothesis shrink steps of a new behaviour before the IR reductions (default {SHRINK_STEPS})")
-    r.add_argument(
-        "--max-stmts",
-        type=positive(int, "--max-stmts"),
-        default=6,
-        help="generator: a program draws at most 2 x N ops and region/block openings",
-    )
-    r.add_argument("--require", action="append", default=[], metavar="DIMENSION", type=swarm_dimension,
-                   help="generator: a swarm dimension on in every program (repeatable), e.g. --require scan "
-                        "--require cond; the rest are drawn as usual")
-    r.add_argument("--isolate", action=argparse.BooleanOptionalAction, default=None,
-                   help="run pipelines in supervised worker processes (default on)")
-    r.add_argument("--timeout", type=positive(float, "--timeout"), default=60.0,
-                   help="per-pipeline timeout in seconds for one program (isolated runs)")
-    r.add_argument("--jobs", type=positive(int, "--jobs"), default=None,
-                   help="searching worker processes (default: the machine's cores)")
-    r.add_argument("--shard", type=shard, default=(0, 1), metavar="I/N",
-                   help="check only shard I of N (0 <= I < N): N machines running shards 0..N-1 check "
-                        "disjoint programs whose union is the unsharded campaign")
-    r.add_argument("--share", action="append", default=[], metavar="FAMILY=FRACTION", type=share,
-                   help="time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
-                        + " by default); repeatable")
-    r.add_argument("--round-size", type=positive(int, "--round-size"), default=40,
-                   help="programs per seeded round")
-    r.add_argument("--quiet", action="store_true")
+    add_run_flags(r)   # every flag, default and help from engine.options.Options
 
     rp = sub.add_parser("replay", help="re-run corpus entries or programs")
     rp.add_argument("files", nargs="+")
@@ -196,36 +152,12 @@ def _run(args) -> int:
         raise UsageError(str(e)) from None
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     isolate = _isolate(args)
-    opts = Options(pipelines=names, budget=args.budget, max_examples=args.max_examples, seed=args.seed,
-                   device=args.device, shrink_seconds=args.shrink_seconds, shrink_steps=args.shrink_steps,
-                   generator=Config(max_stmts=args.max_stmts, require=tuple(args.require)), jobs=jobs, shard=args.shard,
-                   shares=dict(args.share), round_size=args.round_size,
-                   executor={"isolate": isolate, "timeout": args.timeout,
-                             "memory_limit": _memory_limit(jobs) if isolate else None},
-                   expectations_path=args.expectations)
+    opts = options_from_args(args, pipelines=names, jobs=jobs, isolate=isolate,
+                             memory_limit=_memory_limit(jobs) if isolate else None,
+                             expectations=str(expectations.source))
     versions = reg.versions_of(names)
-    run_info = {
-        "schema_version": 1,
-        "harness": __version__,
-        "options": {
-            "pipelines": names,
-            "budget": args.budget,
-            "max_examples": args.max_examples,
-            "seed": args.seed,
-            "device": args.device,
-            "shrink_seconds": args.shrink_seconds,
-            "shrink_steps": args.shrink_steps,
-            "max_stmts": args.max_stmts,
-            "require": sorted(args.require),
-            "expectations": str(expectations.source),
-            "jobs": jobs,
-            "shard": list(args.shard),
-            "shares": dict(args.share),
-            "round_size": args.round_size,
-        },
-        "versions": versions,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
+    run_info = {"schema_version": 1, "harness": __version__, "options": opts.recorded(), "versions": versions,
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if args.resume:
         try:
             prev = store.read_run()
@@ -235,15 +167,16 @@ def _run(args) -> int:
             raise UsageError(str(e)) from None
         if warn:
             print(f"warning: {warn}", file=sys.stderr)
-        po = prev["options"]
+        po = prev["options"] if isinstance(prev.get("options"), dict) else {}
         if not isinstance(prev.get("resumed", 0), int) or isinstance(prev.get("resumed", 0), bool):
             raise UsageError(f"{store.dir}/run.json: resumed: must be an integer")
-        # (options added later: a run that did not record them had their defaults)
-        later = {"shard": run_info["options"]["shard"], "round_size": run_info["options"]["round_size"], "require": []}
-        for k in ("pipelines", "seed", "device", "max_stmts", "shard", "round_size", "require"):
-            if po.get(k, later.get(k)) != run_info["options"][k]:
-                raise UsageError(f"--resume: option {k} differs from the interrupted run "
-                                 f"({po.get(k)!r} there, {run_info['options'][k]!r} now)")
+        try:   # (options added later: a run that did not record them had their defaults)
+            previous = Options.from_record(po, f"{store.dir}/run.json")
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        for k in opts.resume_conflicts(previous):
+            raise UsageError(f"--resume: option {k} differs from the interrupted run "
+                             f"({po.get(k)!r} there, {run_info['options'][k]!r} now)")
         run_info["resumed"] = prev.get("resumed", 0) + 1
         run_info["started"] = prev.get("started")
     store.write_run(run_info)
@@ -302,8 +235,8 @@ def _memory_limit(jobs: int):
 
 
 def _executor(args, opts):
-    if opts.executor["isolate"]:
-        return IsolatedExecutor(args.device, timeout=args.timeout, memory_limit=opts.executor["memory_limit"])
+    if opts.isolate:
+        return IsolatedExecutor(opts.device, timeout=opts.timeout, memory_limit=opts.memory_limit)
     return InProcessExecutor(args.device)
 
 

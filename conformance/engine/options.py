@@ -1,11 +1,13 @@
-"""A campaign's options (Options) and the option value converters the commands share: finite,
-bounded numbers only."""
+"""A campaign's options, declared once (Options: the parser's flags and defaults, run.json, resume,
+workers), and the option value converters the commands share: finite, bounded numbers only."""
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Annotated, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from conformance.pipelines.registry import FAMILY_SHARES
 from generators.programs import Config
@@ -73,26 +75,163 @@ def share(s):
     return (fam, v)
 
 
-@dataclass
-class Options:
-    pipelines: list[str]
-    budget: float = 240.0
-    max_examples: int = 1000         # program slots of the whole campaign (all shards together)
-    seed: int = 0
-    device: str = "cpu"
-    shrink_seconds: float = 60.0
-    shrink_steps: int = SHRINK_STEPS
-    round_size: int = 40
+# -- the run options, declared once ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Flag:
+    """How an Options field appears on `remat-conformance run`'s command line. `record`: written to
+    run.json (and read back by the report); `resume`: a resumed run must be given the same value."""
+    help: str = ""
+    type: Callable | None = None
+    metavar: str | None = None
+    repeat: bool = False        # the flag may be given several times (a list)
+    switch: bool = False        # a store_true flag
+    negatable: bool = False     # --x / --no-x
+    choices: tuple | None = None
+    record: bool = True
+    resume: bool = False
+    unset: bool = False         # the parser's default is None: the command decides (e.g. --jobs: the cores)
+
+
+_seed, _shard = seed, shard   # (inside Options the names are its fields)
+
+
+def _flag(name: str) -> Flag | None:
+    return next((m for m in Options.model_fields[name].metadata if isinstance(m, Flag)), None)
+
+
+def _shares(pairs) -> dict[str, float]:
+    return dict(pairs) if isinstance(pairs, list) else pairs
+
+
+class Options(BaseModel):
+    """Every option of a campaign and of `remat-conformance run`, declared once: the parser takes
+    flags, defaults and help from here (`add_run_flags`), run.json records the fields marked
+    `record` (`recorded`) and is read back and validated by this model (`from_record`), a resumed
+    run is checked against the fields marked `resume` (`resume_conflicts`), and workers receive
+    `model_dump` (jobs > 1). Fields without a Flag are for callers (tests, tools)."""
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    pipelines: Annotated[list[str], Flag(
+        "comma-separated exact pipeline names (see `pipelines`); the references are added", type=str,
+        resume=True, unset=True)] = Field(default_factory=list)
+    budget: Annotated[float, Flag("wall-clock seconds, shrinking included", positive(float, "--budget"))] = 240.0
+    max_examples: Annotated[int, Flag("program slots of the whole campaign (all shards together)",
+                                      positive(int, "--max-examples"))] = 100000
+    seed: Annotated[int, Flag("the campaign's seed", _seed, resume=True)] = 0
+    device: Annotated[Literal["cpu", "cuda"], Flag("where the pipelines run", choices=("cpu", "cuda"),
+                                                   resume=True)] = "cpu"
+    shrink_seconds: Annotated[float, Flag("seconds one shrink may take", positive(float, "--shrink-seconds"))] = 45.0
+    shrink_steps: Annotated[int, Flag(
+        f"Hypothesis shrink steps of a new behaviour before the IR reductions (default {SHRINK_STEPS})",
+        positive(int, "--shrink-steps"))] = SHRINK_STEPS
+    max_stmts: Annotated[int, Flag("generator: a program draws at most 2 x N ops and region/block openings",
+                                   positive(int, "--max-stmts"), resume=True)] = 6
+    require: Annotated[list[str], Flag(
+        "generator: a swarm dimension on in every program (repeatable), e.g. --require scan --require cond; "
+        "the rest are drawn as usual", swarm_dimension, "DIMENSION", repeat=True, resume=True)] = \
+        Field(default_factory=list)
+    jobs: Annotated[int, Flag("searching worker processes (default: the machine's cores)",
+                              positive(int, "--jobs"), unset=True)] = 1
+    shard: Annotated[tuple[int, int], Flag(
+        "check only shard I of N (0 <= I < N): N machines running shards 0..N-1 check disjoint programs whose "
+        "union is the unsharded campaign", _shard, "I/N", resume=True)] = (0, 1)
+    shares: Annotated[dict[str, float], Flag(
+        "time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
+        + " by default); repeatable", share, "FAMILY=FRACTION", repeat=True)] = Field(default_factory=dict)
+    round_size: Annotated[int, Flag("programs per seeded round", positive(int, "--round-size"), resume=True)] = 40
     max_shrinks_per_key: int = 3
-    generator: Config = field(default_factory=Config)
-    jobs: int = 1
-    shard: tuple[int, int] = (0, 1)
-    shares: dict[str, float] = field(default_factory=dict)
-    # How jobs > 1 build their executors: {"isolate": bool, "timeout": s, "memory_limit": bytes|None}
-    executor: dict = field(default_factory=lambda: {"isolate": True})
-    expectations_path: str | None = None
-    # Stop early once this returns True for the findings so far (tests use it).
-    stop_when: Callable[[list], bool] | None = None
+    isolate: Annotated[bool | None, Flag("run pipelines in supervised worker processes (default on)",
+                                         negatable=True, record=False)] = None
+    timeout: Annotated[float, Flag("per-pipeline timeout in seconds for one program (isolated runs)",
+                                   positive(float, "--timeout"), record=False)] = 60.0
+    memory_limit: int | str | None = "default"   # each isolated worker's (the CLI derives it from jobs)
+    expectations: Annotated[str | None, Flag("expectations JSON (default: the packaged file)")] = None
+    # the command's own flags: where and how a run writes (not campaign settings)
+    out: Annotated[str, Flag("the run directory", record=False)] = "reports/latest"
+    overwrite: Annotated[bool, Flag("replace the contents of a non-empty --out", switch=True, record=False)] = False
+    resume: Annotated[bool, Flag("continue an interrupted campaign in --out", switch=True, record=False)] = False
+    strict: Annotated[bool, Flag("exit 1 when there are new findings (unexpected, not --known)", switch=True,
+                                 record=False)] = False
+    known: Annotated[list[str], Flag(
+        "a regression corpus (directory of corpus entries, or one entry) whose behaviours are known: programs "
+        "failing their way are counted, not shrunk or reported as new; repeatable", metavar="CORPUS", repeat=True,
+        record=False)] = Field(default_factory=list)
+    quiet: Annotated[bool, Flag("no progress line", switch=True, record=False)] = False
+    generator: Config | None = Field(default=None, exclude=True)   # a whole generator config (tests)
+    stop_when: Callable[[list], bool] | None = Field(default=None, exclude=True)   # stop early (tests)
+
+    @field_validator("shares", mode="before")
+    @classmethod
+    def _pairs(cls, v):
+        return _shares(v)
+
+    @field_validator("require")
+    @classmethod
+    def _canonical(cls, v):   # the dimensions on in every program: a set, recorded sorted
+        return sorted(set(v))
+
+    @property
+    def config(self) -> Config:
+        """The generator's configuration: `generator` where a caller gave one, else the flags'."""
+        return self.generator or Config(max_stmts=self.max_stmts, require=tuple(self.require))
 
     def rounds(self) -> int:
         return -(-self.max_examples // self.round_size)
+
+    def recorded(self) -> dict:
+        """run.json's options: the fields marked `record`."""
+        d = self.model_dump(mode="json")
+        return {k: d[k] for k in Options.model_fields if (f := _flag(k)) is not None and f.record}
+
+    @classmethod
+    def from_record(cls, options: dict, where: str) -> "Options":
+        """A run.json's options, validated (a run written before an option existed had its default);
+        ValueError names the file and the field."""
+        known = {k: v for k, v in options.items() if k in cls.model_fields}
+        try:
+            return cls.model_validate(known)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValueError(f"{where}: options.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+    def resume_conflicts(self, previous: "Options") -> list[str]:
+        """The fields marked `resume` whose value differs from the interrupted run's."""
+        return [k for k in Options.model_fields if (f := _flag(k)) and f.resume
+                and getattr(previous, k) != getattr(self, k)]
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """`run`'s flags, from the Options fields that have a Flag."""
+    for name, info in Options.model_fields.items():
+        f = _flag(name)
+        if f is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if name == "shares":
+            flag = "--share"
+        default = info.get_default(call_default_factory=True)
+        if f.switch:
+            parser.add_argument(flag, dest=name, action="store_true", help=f.help)
+        elif f.negatable:
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=default, help=f.help)
+        else:
+            kw = {"type": f.type} if f.type else {}
+            if f.choices:
+                kw["choices"] = list(f.choices)
+            if f.metavar:
+                kw["metavar"] = f.metavar
+            if f.repeat:
+                kw["action"] = "append"
+            parser.add_argument(flag, dest=name, default=None if f.unset else ([] if f.repeat else default),
+                                help=f.help, **kw)
+
+
+def options_from_args(args, **overrides) -> Options:
+    """The Options a parsed `run` command line gives (each flagged field; `overrides` win)."""
+    values = {k: getattr(args, k) for k in Options.model_fields if _flag(k) is not None and hasattr(args, k)}
+    return Options(**{**values, **overrides})
+
+
+class RecordedOptions(Options):
+    """A run.json's options as the report reads them: the same fields, others kept (later versions)."""
+    model_config = ConfigDict(extra="allow", arbitrary_types_allowed=True)

@@ -49,9 +49,8 @@ def worker_memory_limit(jobs: int) -> int | None:
 
 
 def _options_cfg(opts) -> dict:
-    d = {f.name: getattr(opts, f.name) for f in dataclasses.fields(opts) if f.name not in ("stop_when", "generator")}
-    d["generator"] = dataclasses.asdict(opts.generator)
-    d["shard"] = list(opts.shard)
+    d = opts.model_dump(mode="json")
+    d["generator"] = dataclasses.asdict(opts.generator) if opts.generator else None
     return d
 
 
@@ -70,16 +69,14 @@ def _searcher_main(conn, cfg: dict) -> None:
     if os.environ.get("REMAT_CONFORMANCE_PLUGINS"):
         load_plugins()
     o = dict(cfg["options"])
-    o["generator"] = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in o["generator"].items()})
-    o["shard"] = tuple(o["shard"])
+    if o["generator"] is not None:
+        o["generator"] = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in o["generator"].items()})
     opts = Options(**o)
-    ex = opts.executor
-    if ex.get("isolate", True):
-        executor = IsolatedExecutor(opts.device, timeout=ex.get("timeout", 60.0),
-                                    memory_limit=ex.get("memory_limit", "default"))
+    if opts.isolate is not False:
+        executor = IsolatedExecutor(opts.device, timeout=opts.timeout, memory_limit=opts.memory_limit)
     else:
         executor = InProcessExecutor(opts.device)
-    expectations = Expectations.load(opts.expectations_path)
+    expectations = Expectations.load(opts.expectations)
     findings: list[Finding] = []
     seen: set = set()
     spk: Counter = Counter()

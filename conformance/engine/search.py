@@ -239,11 +239,11 @@ class Coverage:
 
     @property
     def features(self) -> list[str]:
-        return focus_features(self.opts.generator)
+        return focus_features(self.opts.config)
 
     def config(self, r: int) -> Config:
         """The generator's config of round r."""
-        return replace(self.opts.generator, focus=self.focus(r))
+        return replace(self.opts.config, focus=self.focus(r))
 
     def focus(self, r: int) -> tuple[str, ...]:
         if r == 0 or not self.features:

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conformance.engine.findings import Finding, observations_problem
+from conformance.engine.options import RecordedOptions
 from conformance.engine.store import StoreError, read_jsonl
 from conformance.errors import field_path
 from conformance.files import InputRefused, read_text
@@ -32,20 +33,11 @@ class ReportInputError(ValueError):
 
 
 # ---- input schemas ------------------------------------------------------------------------------
-class _Opts(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    pipelines: list[str] = Field(default_factory=list)
-    device: str = "cpu"
-    expectations: str | None = None
-    seed: int | None = None
-    budget: float | None = None
-
-
 class _Run(BaseModel):
     model_config = ConfigDict(extra="allow")
     schema_version: int
     harness: str = "?"
-    options: _Opts = Field(default_factory=_Opts)
+    options: RecordedOptions = Field(default_factory=RecordedOptions)   # the one Options model
     versions: dict[str, str] = Field(default_factory=dict)
     started: str | None = None
 
