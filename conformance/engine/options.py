@@ -139,7 +139,8 @@ class Options(BaseModel):
         "time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
         + " by default); repeatable", share, "FAMILY=FRACTION", repeat=True)] = Field(default_factory=dict)
     round_size: Annotated[int, Flag("programs per seeded round", positive(int, "--round-size"), resume=True)] = 40
-    max_shrinks_per_key: int = 3
+    max_shrinks_per_key: Annotated[int, Flag("shrinks of one key (check, pipeline, reference, error type) at most",
+                                             positive(int, "--max-shrinks-per-key"))] = 3
     isolate: Annotated[bool | None, Flag("run pipelines in supervised worker processes (default on)",
                                          negatable=True, record=False)] = None
     timeout: Annotated[float, Flag("per-pipeline timeout in seconds for one program (isolated runs)",
