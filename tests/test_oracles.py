@@ -350,3 +350,18 @@ def test_every_comparison_mode_is_dispatched_and_explained_and_a_misspelt_one_is
     assert {c.mode for s in SPECS.values() for c in s.compare} == set(CompareMode)   # each mode is used
     with pytest.raises(ValueError, match="'crosss' is not a valid CompareMode"):
         Compare(("jax:remat2",), "crosss")
+
+
+def test_every_check_is_declared_once_with_its_words_and_evidence():
+    from conformance.engine.describe import expected_actual, title
+    from conformance.engine.findings import Finding
+    from conformance.ir.verdict import CHECK_SPECS, CHECKS, PAIRWISE_CHECKS, Verdict
+    assert CHECKS == tuple(c.name for c in CHECK_SPECS) and set(PAIRWISE_CHECKS) < set(CHECKS)
+    assert set(Verdict.model_fields["check"].annotation.__args__) == set(CHECKS)
+    for c in CHECK_SPECS:
+        assert c.sentence and c.title and c.expected and c.evidence, c.name
+        f = Finding.model_validate({"check": c.name, "pipeline": "jax:remat3", "reference": "jax:remat2",
+                                    "error_type": "x", "detail": {}, "features": [], "signature": "s",
+                                    "program_hash": "h", "program": {}, "inputs": {}})
+        assert title(f).startswith("jax:remat3: ") and "{" not in title(f)
+        assert "{" not in expected_actual(f)[0]

@@ -35,7 +35,7 @@ from conformance.engine.roots import record_variant, stamp, variant_values
 from conformance.engine.search import Searcher, merge_finding, same_behaviour
 from conformance.engine.store import Store
 from conformance.files import read_text
-from conformance.ir.verdict import CHECK_RANK, CHECKS
+from conformance.ir.verdict import CHECK, CHECK_RANK, CHECKS
 from conformance.pipelines import registry
 from oracles.expectations import Expectations, stale
 
@@ -357,7 +357,7 @@ def summary_markdown(c: Campaign, run_info: dict) -> str:
                       f"variants: {_md_text(variants_text(variants_of(f)))}" for f in fs]
             lines.append("")
         lines.pop()
-    checks = [ch for ch in CHECKS if ch not in ("crash", "timeout")]
+    checks = [ch for ch in CHECKS if CHECK[ch].grid]
     lines += ["", "## Status by pipeline and check", ""]
     lines.append("| pipeline | programs run | " + " | ".join(checks) + " |")
     lines.append("|---|---|" + "---|" * len(checks))

@@ -9,7 +9,7 @@ import re
 
 from conformance.engine.findings import VARIANT_DIMENSIONS, Seen
 from conformance.engine.roots import default_title, finding_variants, merge_variants, suggest_triage
-from conformance.ir.verdict import DEVICE_REFERENCE, Triage
+from conformance.ir.verdict import CHECK, DEVICE_REFERENCE, Triage
 from conformance.pipelines import registry
 
 # Which reference says what is expected, by the finding's reference (a pipeline's role or a verdict
@@ -47,19 +47,15 @@ def title(f) -> str:
         if isinstance(d.get("expected"), dict):
             return f"{f.pipeline}: does not raise the documented error (/{d['expected'].get('regex', '')}/)"
         return f"{f.pipeline}: raises {_err(d, 100)}"
-    if f.check == "gradient":
-        return f"{f.pipeline}: {d.get('value', 'values')} differ from {f.reference}"
     if f.check == "residuals":
         if f.reference == "policy":
             return f"{f.pipeline}: saves values its checkpoint policy says to recompute"
         what = {"missing": "saves fewer residuals than", "extra": "saves more residuals than",
                 "named": "saves other named residuals than"}.get(f.error_type, "saves other residuals than")
         return f"{f.pipeline}: {what} {f.reference} under the same policy"
-    if f.check == "custom_rule":
-        return f"{f.pipeline}: custom rule receives other {f.error_type.replace('+', ', ')} than under {f.reference}"
-    if f.check == "trace_count":
-        return f"{f.pipeline}: custom rules traced or called a different number of times ({f.error_type})"
-    return f"{f.pipeline}: {f.check} ({f.error_type or 'no error type'})"
+    title = CHECK[f.check].title.format(pipeline=f.pipeline, reference=f.reference,
+                                        label=(f.error_type or "no error type").replace("+", ", "))
+    return title.replace(": values differ", f": {d.get('value', 'values')} differ", 1)
 
 
 def expected_actual(f) -> tuple[str, str]:
@@ -99,7 +95,7 @@ def expected_actual(f) -> tuple[str, str]:
         if parts:
             return (f"Expected ({who}): the custom rules see and run the same under `{f.pipeline}`.",
                     "Actual: " + "; ".join(parts)[:600] + ".")
-    return (f"Expected ({who}): the same observations as under `{f.reference}`.",
+    return (CHECK[f.check].expected.format(who=who, reference=f.reference, pipeline=f.pipeline),
             f"Actual: {json.dumps(d, sort_keys=True, default=str)[:400]}.")
 
 

@@ -50,7 +50,7 @@ from conformance.engine.roots import (
 )
 from conformance.ir.observation import residual_digest
 from conformance.ir.program import Program
-from conformance.ir.verdict import CHECK_RANK, Verdict
+from conformance.ir.verdict import CHECK_RANK, PAIRWISE_CHECKS, Verdict
 from conformance.pipelines import registry
 from generators.programs import Config, cases, input_values
 from generators.swarm import focus_features
@@ -91,11 +91,6 @@ def shard_of(prog_hash: str, seed: int, n: int) -> int:
         return 0
     d = hashlib.sha256(f"{prog_hash}:{seed}".encode()).digest()
     return int.from_bytes(d[:8], "big") % n
-
-
-# Checks between two pipelines' own records (saved residuals, custom-rule logs): a shrink step
-# runs only those two (the value references matter to values, errors and the policy check).
-PAIRWISE_CHECKS = ("residuals", "custom_rule", "trace_count")
 
 
 def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:

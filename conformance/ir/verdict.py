@@ -5,15 +5,75 @@ Everything that names a check, a stage or a crash/timeout symptom takes it from 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check, declared once. `pairwise`: it compares two pipelines' own records (saved
+    residuals, custom-rule logs), so a shrink step runs only those two; `sentence`: what the
+    finding means, for repros and issue texts ({P} the pipeline, {R} its reference); `title`: the
+    behaviour's one-line title ({pipeline}, {reference}, {label}: the verdict's error type);
+    `expected`: what the reference says ({who}: its authority, {reference}, {pipeline});
+    `evidence`: what a repro prints to show it; `grid`: summary.md's grid has a column for it."""
+    name: str
+    pairwise: bool
+    sentence: str
+    title: str
+    expected: str
+    evidence: str
+    grid: bool = True
+
+
 # Triage order: silent wrong gradients first, then silently ignored policies and residual
 # differences, then custom-rule observations, JAX's own residual report disagreeing with what
 # was saved, how often custom rules were traced, error behaviour, crashes, timeouts.
-CHECKS = ("gradient", "residuals", "custom_rule", "residual_report", "trace_count", "error", "crash", "timeout")
+CHECK_SPECS = (
+    CheckSpec("gradient", False,
+              "{P} computes outputs/gradients that differ from {R} beyond the tolerance "
+              "(rematerialization must never change values).",
+              "{pipeline}: values differ from {reference}",
+              "Expected ({who}): the same values as `{reference}` within the tolerance.",
+              "both sides' outputs and gradients, and which differ beyond the tolerance"),
+    CheckSpec("residuals", True,
+              "{P} and {R} claim the same checkpoint policy but save different residuals.",
+              "{pipeline}: saves other residuals than {reference} under the same policy",
+              "Expected ({who}): the same saved residuals as `{reference}`.",
+              "each side's saved residuals (shape, dtype, name), the framework's own listing"),
+    CheckSpec("custom_rule", True,
+              "The custom_vjp rules see different perturbed flags / symbolic-zero cotangents under {P} "
+              "than under {R}.",
+              "{pipeline}: custom rule receives other {label} than under {reference}",
+              "Expected ({who}): the custom rules see and run the same under `{pipeline}`.",
+              "what each rule received on each side (perturbed flags, zero cotangents, whether fwd ran)"),
+    CheckSpec("residual_report", False,
+              "JAX's residual report (print_saved_residuals) under {P} disagrees with what its vjp "
+              "closure saves.",
+              "{pipeline}: the residual report disagrees with what the vjp closure saves ({label})",
+              "Expected ({who}): the report lists what the vjp closure saves.",
+              "print_saved_residuals and the arrays the vjp closure holds"),
+    CheckSpec("trace_count", True,
+              "The custom rules are traced or called a different number of times under {P} than under {R}.",
+              "{pipeline}: custom rules traced or called a different number of times ({label})",
+              "Expected ({who}): the custom rules run as often under `{pipeline}` as under `{reference}`.",
+              "counters in each rule (primal, fwd, bwd) on each side"),
+    CheckSpec("error", False,
+              "{P} raises an error where nothing should raise.",
+              "{pipeline}: raises {label}",
+              "Expected ({who}): the same error behaviour as `{reference}`.",
+              "the exception each side raises, or that it raises none"),
+    CheckSpec("crash", False, "{P} crashes the process.", "{pipeline}: crashes the process ({label})",
+              "Expected ({who}): the process survives.", "the signal or exit status", grid=False),
+    CheckSpec("timeout", False, "{P} does not finish (timeout).", "{pipeline}: does not finish (timeout)",
+              "Expected ({who}): the run finishes.", "the time it ran before it was stopped", grid=False),
+)
+CHECK: dict[str, CheckSpec] = {c.name: c for c in CHECK_SPECS}
+CHECKS = tuple(CHECK)
 CHECK_RANK: dict[str, int] = {c: i for i, c in enumerate(CHECKS)}
+PAIRWISE_CHECKS = tuple(c.name for c in CHECK_SPECS if c.pairwise)
 STATUSES = ("pass", "fail", "expected", "unsupported", "skipped")
 # Where a pipeline run failed, in the order a run goes through them.
 STAGES = ("setup", "validation", "lowering", "forward", "backward", "second_order")

@@ -9,6 +9,7 @@ from conformance.ir.nodes import checkpoint_name_of, input_elements, primal_ops,
 from conformance.ir.ops import OPS
 from conformance.ir.policy import decide, judged_by_meaning
 from conformance.ir.program import Program
+from conformance.ir.verdict import CHECK, CHECK_SPECS
 from conformance.ir.verdict import NON_PIPELINE_REFERENCES as VERDICT_REFS
 from conformance.pipelines import registry
 from oracles.expectations import Expectations
@@ -119,20 +120,11 @@ def must_not_save(prog: Program) -> list[str]:
     return sorted(out)
 
 
+# Each check's sentence (conformance.ir.verdict.CHECK_SPECS), and the two that depend on the reference.
 _SENTENCE = {
-    "gradient": "{P} computes outputs/gradients that differ from {R} beyond the tolerance "
-                "(rematerialization must never change values).",
+    **{c.name: c.sentence for c in CHECK_SPECS},
     "residuals:policy": "{P} saves a value that its checkpoint policy says to recompute.",
-    "residuals": "{P} and {R} claim the same checkpoint policy but save different residuals.",
-    "custom_rule": "The custom_vjp rules see different perturbed flags / symbolic-zero cotangents under {P} "
-                   "than under {R}.",
-    "residual_report": "JAX's residual report (print_saved_residuals) under {P} disagrees with what its vjp "
-                       "closure saves.",
-    "trace_count": "The custom rules are traced or called a different number of times under {P} than under {R}.",
     "error:expect": "{P} must raise an error matching {E} ({W}) but does not.",
-    "error": "{P} raises an error where nothing should raise.",
-    "crash": "{P} crashes the process.",
-    "timeout": "{P} does not finish (timeout).",
 }
 
 
@@ -145,7 +137,8 @@ def summary(finding, pl: Plan, fw: str) -> str:
         E=pl.expect_raises and f"type /{pl.expect_raises[0]}/ message /{pl.expect_raises[1]}/",
         W=pl.expect_why,
     )
-    lines = [f"Check: [{pl.check}] {pl.pipeline} vs {pl.reference}. {s}"]
+    lines = [f"Check: [{pl.check}] {pl.pipeline} vs {pl.reference}. {s}",
+             f"Evidence: {CHECK[pl.check].evidence}."]
     if finding is not None:
         lines.insert(
             0,
