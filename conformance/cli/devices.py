@@ -12,8 +12,7 @@ from conformance.engine.findings import CorpusEntry, make_finding
 from conformance.engine.loading import corpus_entry_stem
 from conformance.engine.options import positive, seed
 from conformance.engine.runner import InProcessExecutor
-from conformance.engine.search import RESULTS_SCHEMA
-from conformance.engine.store import Store, StoreError
+from conformance.engine.store import ResultRecord, Store, StoreError
 from conformance.errors import UsageError
 from conformance.pipelines import registry
 from conformance.reporting.issue_text import issue_text_or_reason
@@ -84,12 +83,10 @@ def main(args) -> int:
         a, b = cpu.run(prog, inputs, names), dev.run(prog, inputs, names)
         verdicts = [v for n in names for v in compare_devices(prog, n, a[n], b[n])]
         fails = [v for v in verdicts if v.status == "fail"]
-        store.append_result({"type": "result", "schema_version": RESULTS_SCHEMA, "hash": prog.content_hash(),
-                             "seed": s, "seq": k, "round": 0,
-                             "t": round(time.monotonic() - t0, 3), "status": "fail" if fails else "pass",
-                             "features": sorted(prog.features()), "ran": names,
-                             "verdicts": [[v.check, v.pipeline, v.reference, v.status, v.error_type or ""]
-                                          for v in verdicts]})
+        store.append_result(ResultRecord(
+            hash=prog.content_hash(), seed=s, seq=k, t=round(time.monotonic() - t0, 3),
+            status="fail" if fails else "pass", features=sorted(prog.features()), ran=names,
+            verdicts=[[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in verdicts]).line())
         for v in fails:
             if v.key() in found:
                 found[v.key()].count += 1

@@ -48,6 +48,7 @@ from conformance.engine.roots import (
     root_features,
     root_key,
 )
+from conformance.engine.store import ResultRecord
 from conformance.ir.observation import residual_digest
 from conformance.ir.program import Program
 from conformance.ir.verdict import CHECK_RANK, PAIRWISE_CHECKS, Verdict
@@ -56,7 +57,6 @@ from generators.programs import Config, cases, input_values
 from generators.swarm import focus_features
 from oracles.judge import judge
 
-RESULTS_SCHEMA = 1
 # Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
 SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
 # Evaluations of IR reductions after Hypothesis's shrink (conformance.engine.reduce), per target. The
@@ -427,26 +427,14 @@ class Searcher:
                 known_keys.append(list(v.key()))
             else:
                 new.append(v)
-        rec = {
-            "type": "result",
-            "schema_version": RESULTS_SCHEMA,
-            "round": self.round,
-            "slot": self.slot - 1,
-            "hash": h[0],
-            "seed": seed,
-            "size": prog.size(),
-            "features": sorted(feats),
-            "ran": names,
-            "status": "fail"
-            if failures
-            else ("expected" if any(v.status == "expected" for v in j.verdicts) else "pass"),
-            "verdicts": [[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts],
-            "known_signatures": sigs,
-            "known_keys": known_keys,
-            "new": [list(v.key()) for v in new],
-            "expectations": j.expectation_hits,
-            "errors": {n: o.error.type for n, o in obs.items() if o.error is not None},
-        }
+        rec = ResultRecord(
+            seq=-1, round=self.round, slot=self.slot - 1, hash=h[0], seed=seed, size=prog.size(),
+            features=sorted(feats), ran=names,
+            status="fail" if failures else ("expected" if any(v.status == "expected" for v in j.verdicts) else "pass"),
+            verdicts=[[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts],
+            known_signatures=sigs, known_keys=known_keys, new=[list(v.key()) for v in new],
+            expectations=dict(j.expectation_hits),
+            errors={n: o.error.type for n, o in obs.items() if o.error is not None}).line()
         self.emit({"ev": "result", "rec": rec})
         if new:
             self.deferred[h] = (new[1:], obs, failing)

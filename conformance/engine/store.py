@@ -85,22 +85,35 @@ PAUSE_AFTER_ENV = "REMAT_CONFORMANCE_TEST_PAUSE_AFTER"
 PAUSED_MARK = ".paused"   # created in the output directory while paused
 
 
+RESULTS_SCHEMA = 1   # results.jsonl's records
+
+
 class ResultRecord(BaseModel):
-    """A "result" line of results.jsonl: the fields that resuming and reports rely on (others pass)."""
+    """A "result" line of results.jsonl: one program checked. The one model of it: the campaign's
+    search and `devices` build it, the store validates it on resume, the report reads it."""
     model_config = ConfigDict(extra="allow", strict=True)
-    type: Literal["result"]
+    type: Literal["result"] = "result"
+    schema_version: int = RESULTS_SCHEMA
     hash: str
     seed: int
-    seq: int
+    seq: int                    # 0, 1, 2... over the file: Store.append_result numbers it (-1 until then)
     round: int = 0
-    t: float = 0.0
+    slot: int | None = None     # the program's slot in its seeded round (campaigns)
+    t: float = 0.0              # seconds into the run
+    size: int | None = None     # statements
     status: str = ""
     features: list[str] = Field(default_factory=list)
+    ran: list[str] | None = None   # the pipelines that ran on it (older runs: those with verdicts)
     verdicts: list[Annotated[list[str], Field(min_length=5, max_length=5)]] = Field(default_factory=list)
     expectations: dict[str, str] = Field(default_factory=dict)
     errors: dict[str, str] = Field(default_factory=dict)
     known_signatures: list[str] = Field(default_factory=list)
+    known_keys: list[list[Any]] = Field(default_factory=list)
     new: list[list[Any]] = Field(default_factory=list)
+
+    def line(self) -> dict:
+        """The record as it is appended (fields that do not apply left out)."""
+        return self.model_dump(exclude_none=True)
 
 
 class FindingRecord(BaseModel):

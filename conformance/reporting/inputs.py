@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from conformance.engine.findings import Finding, observations_problem
 from conformance.engine.options import RecordedOptions
-from conformance.engine.store import StoreError, read_jsonl
+from conformance.engine.store import ResultRecord, StoreError, read_jsonl
 from conformance.errors import field_path
 from conformance.files import InputRefused, read_text
 from conformance.ir.nodes import ProgramError
@@ -40,17 +40,6 @@ class _Run(BaseModel):
     options: RecordedOptions = Field(default_factory=RecordedOptions)   # the one Options model
     versions: dict[str, str] = Field(default_factory=dict)
     started: str | None = None
-
-
-class _Result(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-    schema_version: int = READS_SCHEMA
-    verdicts: list[tuple[str, str, str, str, str]] = Field(default_factory=list)
-    expectations: dict[str, str] = Field(default_factory=dict)
-    features: list[str] = Field(default_factory=list)
-    ran: list[str] | None = None     # the pipelines that ran on it (older runs: those with verdicts)
-    t: float = 0.0
 
 
 _loc = field_path
@@ -91,7 +80,7 @@ def _check_version(path: Path, where: str, sv) -> None:
 class RunData:
     dir: Path
     info: _Run | None
-    results: list[_Result] = field(default_factory=list)
+    results: list[ResultRecord] = field(default_factory=list)
     findings: list = field(default_factory=list)          # conformance.engine.findings.Finding
     warnings: list[str] = field(default_factory=list)
     report: dict | None = None   # a previous report.json (baselines only)
@@ -160,8 +149,10 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
             raise ReportInputError(str(resp), f"record {k + 1}", "must be a JSON object")
         if r.get("type") == "result":
             _check_version(resp, f"record {k + 1}.schema_version", r.get("schema_version"))
-        try:
-            rd.results.append(_Result.model_validate(r))
+        if r.get("type") != "result":
+            continue
+        try:   # (the store checked it already: the same model)
+            rd.results.append(ResultRecord.model_validate(r))
         except ValidationError as e:
             raise ReportInputError(str(resp), f"record {k + 1}.{_loc(e.errors()[0])}", e.errors()[0]["msg"]) from None
     if _exists(findp):
