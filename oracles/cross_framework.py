@@ -35,8 +35,6 @@ from conformance.ir.nodes import (
     checkpoint_name_of,
     input_elements,
     is_name,
-    live_values,
-    region_context,
     walk,
 )
 from conformance.ir.observation import Observation
@@ -97,7 +95,7 @@ def derivative_factor_reads(program: Program) -> set[str]:
     may save unnamed values around: whether such an id is saved depends on each framework's
     derivative rule (JAX keeps cos(x) for sin(x) when the policy saves it, PyTorch keeps x),
     not on the policy's decision for the id."""
-    policies, _ = region_context(program)
+    policies, _ = program.analysis().contexts
     return {a for s, _, _, ctx in walk(program.body)
             if isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].tangent == "diagonal"
             and any(saves_unnamed(p) for p in policies.get(s.out, [])) for a in s.args}
@@ -140,9 +138,9 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
     code). `across`: the two run different frameworks, whose derivative rules differ (False: eager
     against compiled PyTorch, one framework's rules)."""
     if program is not None and torch_obs.residuals is not None and jax_obs.residuals is not None:
-        live = live_values(program)
+        live = program.analysis().live
         ids = policy_named(program) & live
-        _, exempt = region_context(program)
+        _, exempt = program.analysis().contexts
         if across:
             exempt = exempt | derivative_factor_reads(program)
         v = residuals.compare(_restrict(torch_obs, ids, exempt), _restrict(jax_obs, ids, exempt),

@@ -45,7 +45,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from conformance.ir.nodes import DERIVATIVE_CTX, CustomJVP, CustomVJP, live_values, walk
+from conformance.ir.nodes import DERIVATIVE_CTX, CustomJVP, CustomVJP, walk
 from conformance.ir.observation import ErrorInfo, Observation
 from conformance.ir.program import Program
 from conformance.ir.verdict import Verdict, symptom_check
@@ -77,7 +77,7 @@ def dead_blocks(program: Program) -> frozenset[str]:
     """Paths of custom_vjp blocks none of whose results the program's outputs depend on (through
     statements, scan carries and ys, cond branch results, enclosing blocks' residuals): dead code,
     which a rival may drop."""
-    live = live_values(program)
+    live = program.analysis().live
     return frozenset(p for st, _, p, ctx in walk(program.body)
                      if ctx not in DERIVATIVE_CTX and isinstance(st, CustomVJP) and not live & set(st.results))
 

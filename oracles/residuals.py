@@ -18,7 +18,6 @@ from conformance.ir.nodes import (
     checkpoint_name_of,
     input_elements,
     primal_ops,
-    region_context,
     walk,
 )
 from conformance.ir.observation import Observation, Residual
@@ -154,7 +153,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference="policy", status="pass")
     if skip_unless(v, "residuals", obs):
         return v
-    policies, exempt = region_context(program)
+    policies, exempt = program.analysis().contexts
     values = (ref.values or {}) if ref is not None else {}
     # torch.compile's partitioner may compute a backward op (cos(x) for sin(x)) in the forward and
     # save it: no policy decides on ops autograd creates (the CI gate's torch campaign: cos(0) = 1 =

@@ -8,9 +8,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from conformance.ir import ops as O
-from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, is_name, live_values, walk
+from conformance.ir.nodes import (
+    Checkpoint,
+    Cond,
+    CustomJVP,
+    CustomVJP,
+    Jit,
+    Op,
+    Scan,
+    children,
+    is_name,
+    live_values,
+    walk,
+)
 from conformance.ir.policy import KINDS, POLICY_KINDS, combines, offloads
-from conformance.ir.typecheck import infer_types
 
 if TYPE_CHECKING:   # (the Program model reads this module)
     from conformance.ir.program import Program
@@ -30,7 +41,8 @@ FEATURE_DOC: dict[str, str] = {
     "names": "checkpoint_name used",
     "dup_names": "the same name on several values",
     "unread_name": "a named value that nothing reads",
-    "dead_random": "a random op whose value the outputs do not depend on (dead code a compiler may drop)",
+    "dead_random": "a random op whose value the outputs do not depend on (torch.compile drops it, and later draws "
+                   "differ from eager's: entry torch-compile-drops-dead-random-ops)",
     "names_in_fwd": "checkpoint_name inside a custom_vjp fwd",
     "custom_vjp": "a custom_vjp block",
     "custom_vjp_in_checkpoint": "a custom_vjp block inside a checkpoint region",
@@ -105,7 +117,7 @@ def known_features() -> set[str]:
 
 def compute_features(prog: Program) -> set[str]:
     f: set[str] = set()
-    types = infer_types(prog)
+    types = prog.types()
     name_counts: dict[str, int] = {}
     reads: dict[str, int] = {}
     for s, depth, _, ctx in walk(prog.body):
@@ -319,10 +331,6 @@ def _policy_conflict(body, outer) -> bool:
                 return True
             if _policy_conflict(s.body, s.policy):
                 return True
-        elif isinstance(s, CustomVJP) and (_policy_conflict(s.fwd, outer) or _policy_conflict(s.bwd, outer)):
-            return True
-        elif isinstance(s, (CustomJVP, Scan, Jit)) and _policy_conflict(s.body, outer):
-            return True
-        elif isinstance(s, Cond) and any(_policy_conflict(b, outer) for b in s.branches):
+        elif any(_policy_conflict(b, outer) for _, b, ctx in children(s) if ctx != "jvp"):
             return True
     return False

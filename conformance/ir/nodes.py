@@ -298,6 +298,21 @@ class ProgramError(ValueError):
         self.reason = reason
 
 
+def children(s) -> list[tuple[str, list, str | None]]:
+    """A statement's bodies, the one place that knows them: (path suffix, body, context), where
+    the context is 'fwd', 'bwd', 'primal' or 'jvp' inside a custom rule, None where the body
+    runs in the statement's own context (regions, scans, jitted functions, cond branches)."""
+    if isinstance(s, (Checkpoint, Scan, Jit)):
+        return [(".body", s.body, None)]
+    if isinstance(s, CustomVJP):
+        return [(".fwd", s.fwd, "fwd"), (".bwd", s.bwd, "bwd")]
+    if isinstance(s, CustomJVP):
+        return [(".body", s.body, "primal"), (".jvp", s.jvp, "jvp")]
+    if isinstance(s, Cond):
+        return [(f".branches[{k}]", b, None) for k, b in enumerate(s.branches)]
+    return []
+
+
 def walk(body, depth=0, path="body", ctx=None):
     """Yield (stmt, depth, path, ctx) for every statement, recursively.
     depth counts enclosing checkpoint regions; ctx is 'main', 'fwd', 'bwd', 'primal' or 'jvp'."""
@@ -305,19 +320,8 @@ def walk(body, depth=0, path="body", ctx=None):
     for i, s in enumerate(body):
         p = f"{path}[{i}]"
         yield s, depth, p, ctx
-        if isinstance(s, Checkpoint):
-            yield from walk(s.body, depth + 1, p + ".body", ctx)
-        elif isinstance(s, CustomVJP):
-            yield from walk(s.fwd, depth, p + ".fwd", "fwd")
-            yield from walk(s.bwd, depth, p + ".bwd", "bwd")
-        elif isinstance(s, CustomJVP):
-            yield from walk(s.body, depth, p + ".body", "primal")
-            yield from walk(s.jvp, depth, p + ".jvp", "jvp")
-        elif isinstance(s, (Scan, Jit)):
-            yield from walk(s.body, depth, p + ".body", ctx)
-        elif isinstance(s, Cond):
-            for k, b in enumerate(s.branches):
-                yield from walk(b, depth, f"{p}.branches[{k}]", ctx)
+        for suffix, b, inner in children(s):
+            yield from walk(b, depth + isinstance(s, Checkpoint), p + suffix, inner or ctx)
 
 
 MAX_BATCH = 4
@@ -338,15 +342,10 @@ def scan_lengths(body) -> dict[str, list[int]]:
             elif isinstance(s, Op):
                 if lengths:
                     out[s.out] = lengths
-            elif isinstance(s, (Checkpoint, Jit)):
-                visit(s.body, lengths)
-            elif isinstance(s, CustomVJP):
-                visit(s.fwd, lengths)
-            elif isinstance(s, CustomJVP):
-                visit(s.body, lengths)
-            elif isinstance(s, Cond):
-                for b in s.branches:
-                    visit(b, lengths)
+            else:   # the primal bodies (not a rule's derivative)
+                for _, b, ctx in children(s):
+                    if ctx not in DERIVATIVE_CTX:
+                        visit(b, lengths)
     visit(body, [])
     return out
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError
@@ -27,6 +28,8 @@ from conformance.ir.nodes import (
     checkpoint_name_of,
     drop_later_defaults,
     iteration_ids,
+    live_values,
+    region_context,
     walk,
 )
 from conformance.ir.policy import POLICY_KINDS
@@ -62,11 +65,62 @@ class Program(_M):
     def size(self) -> int:
         return sum(1 for _ in walk(self.body))
 
+    # --- what is derived from it: computed once per program (Analysis), read by the oracles ------
+    def analysis(self) -> "Analysis":
+        a = self.__dict__.get(_ANALYSIS)   # (not a field: equality, dumps and hashes ignore it)
+        if a is None:
+            a = self.__dict__[_ANALYSIS] = Analysis(self)
+        return a
+
     def features(self) -> frozenset[str]:
-        return frozenset(compute_features(self))
+        return self.analysis().features
 
     def types(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        return infer_types(self)
+        return dict(self.analysis().types)
+
+    def __copy__(self):
+        return _fresh(super().__copy__())
+
+    def __deepcopy__(self, memo=None):   # a copy may be changed in place: it analyses itself again
+        return _fresh(super().__deepcopy__(memo))
+
+
+_ANALYSIS = "analysis_cache"
+
+
+def _fresh(p: Program) -> Program:
+    p.__dict__.pop(_ANALYSIS, None)
+    return p
+
+
+class Analysis:
+    """A program's types, features, live values, region contexts and value index, each computed
+    on first use and kept: search, judge, oracles and pipelines read one program many times.
+    Programs are not changed in place once built (a copy analyses itself afresh)."""
+
+    def __init__(self, prog: Program):
+        self._prog = prog
+
+    @cached_property
+    def types(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        return infer_types(self._prog)
+
+    @cached_property
+    def features(self) -> frozenset[str]:
+        return frozenset(compute_features(self._prog))
+
+    @cached_property
+    def live(self) -> frozenset[str]:
+        return frozenset(live_values(self._prog))
+
+    @cached_property
+    def contexts(self) -> tuple[dict[str, list], frozenset[str]]:
+        policies, exempt = region_context(self._prog)
+        return policies, frozenset(exempt)
+
+    @cached_property
+    def index(self) -> dict[str, NodeInfo]:
+        return node_index(self._prog)
 
 
 def validate(prog: Program, limits: Limits | None = None) -> Program:

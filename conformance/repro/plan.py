@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
-from conformance.ir.nodes import checkpoint_name_of, input_elements, primal_ops, region_context
+from conformance.ir.nodes import checkpoint_name_of, input_elements, primal_ops
 from conformance.ir.ops import OPS
 from conformance.ir.policy import decide, judged_by_meaning
 from conformance.ir.program import Program
@@ -107,7 +107,7 @@ def settings(p: str, fw: str, finding) -> dict:
 
 def must_not_save(prog: Program) -> list[str]:
     """Values every enclosing policy says to recompute (the policy check of the script)."""
-    policies, exempt = region_context(prog)
+    policies, exempt = prog.analysis().contexts
     types = prog.types()
     out = []
     for vid, s in primal_ops(prog).items():
