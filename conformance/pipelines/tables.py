@@ -56,3 +56,18 @@ def missing_lowerings(
             if not all(any(fnmatch.fnmatchcase(n, g) for e in entries for g in e.pipelines) for n in pipelines[fw]):
                 out.append(f"{fw}: {op}")
     return out
+
+
+HELPERS_MARK = "# --- helpers: repros paste the source from here on ---\n"
+
+
+def helpers_source(path) -> str:
+    """A framework prelude module's helpers as source text (what follows HELPERS_MARK), read from
+    the file so that the table that pastes it imports no framework."""
+    text = path.read_text()
+    return text[text.index(HELPERS_MARK) + len(HELPERS_MARK):]
+
+
+def helpers(module) -> dict:
+    """A prelude module's helper functions by name (the namespace a table's templates run in)."""
+    return {k: v for k, v in vars(module).items() if callable(v) and getattr(v, "__module__", None) == module.__name__}

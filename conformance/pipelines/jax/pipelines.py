@@ -28,13 +28,13 @@ from conformance.ir.batching import record_examples  # noqa: E402
 from conformance.ir.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan
 from conformance.ir.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
-from conformance.ir.ops import CAST_OP  # noqa: E402
-from conformance.ir.program import Program, node_index  # noqa: E402
+from conformance.ir.ops import CAST_OP, dropout_mask  # noqa: E402
+from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
+from conformance.pipelines.jax import prelude, xla_cache
 from conformance.pipelines.jax import table as jax_table  # noqa: E402
-from conformance.pipelines.jax import xla_cache
-from conformance.pipelines.tables import compile_table, unlowered  # noqa: E402
+from conformance.pipelines.tables import compile_table, helpers, unlowered  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
@@ -75,7 +75,7 @@ def jax_flags(flags: dict[str, bool]):
 NAMESPACE: dict = {"jax": jax, "jnp": jnp, "lax": jax.lax, "cp": jax.checkpoint_policies,
                    "checkpoint_name": checkpoint_name, "checkpoint_name_fwd": checkpoint_name_fwd,
                    "dt": lambda name: name}
-exec(jax_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
+NAMESPACE.update(helpers(prelude), dropout_mask=dropout_mask)   # what the templates call
 OPS = compile_table(jax_table.OPS, NAMESPACE)
 
 
@@ -139,7 +139,7 @@ class Lowering(Interpreter):
         return list(carry) + list(ys)
 
     def branch(self, pred, n: int) -> int:
-        return int(NAMESPACE["branch_index"](pred, n))
+        return int(prelude.branch_index(pred, n))
 
     def cond(self, s: Cond, path: str, args: list) -> list:
         """lax.cond (two branches) or lax.switch (a recording evaluation branches in Python)."""
@@ -151,7 +151,7 @@ class Lowering(Interpreter):
                 e = self.body(s.branches[k], dict(zip(s.args[1:], ops)), None, f"{path}.branches[{k}]")
                 return tuple(e[r] for r in s.branch_results[k])
             return branch
-        index = NAMESPACE["branch_index"](args[0], len(s.branches))
+        index = prelude.branch_index(args[0], len(s.branches))
         if len(s.branches) == 2:
             return list(jax.lax.cond(index == 1, fn(1), fn(0), *args[1:]))
         return list(jax.lax.switch(index, [fn(k) for k in range(len(s.branches))], *args[1:]))
@@ -213,8 +213,8 @@ class Lowering(Interpreter):
         nnd = len(s.nondiff)
         log = self.logs.setdefault(path, CustomRuleLog())
         tree = s.residual_tree
-        pack = lambda res: NAMESPACE["pack_residuals"](tree, res)          # noqa: E731
-        unpack = lambda res: NAMESPACE["unpack_residuals"](tree, res)      # noqa: E731
+        pack = lambda res: prelude.pack_residuals(tree, res)          # noqa: E731
+        unpack = lambda res: prelude.unpack_residuals(tree, res)      # noqa: E731
 
         def run_fwd(nondiff, arrs):
             e = self.body(s.fwd, dict(zip(s.args, arrs)), nondiff, path + ".fwd")
@@ -236,7 +236,7 @@ class Lowering(Interpreter):
             e = run_fwd(args[:nnd], arrs)
             res = pack(tuple(e[r] for r in s.residuals))
             if s.perturbed_branch:   # the perturbed args, as the residual pytree's structure
-                res = NAMESPACE["mark_perturbed"](res, flags)
+                res = prelude.mark_perturbed(res, flags)
             return tuple(e[r] for r in s.results), res
 
         def bwd(*args):
@@ -251,7 +251,7 @@ class Lowering(Interpreter):
                 cts = [jnp.zeros(types[r][0], types[r][1]) if z else c for c, z, r in zip(cts, zs, s.results)]
             keep = None
             if s.perturbed_branch:
-                res, keep = NAMESPACE["read_perturbed"](res, len(s.args))
+                res, keep = prelude.read_perturbed(res, len(s.args))
             e = dict(zip(s.residuals, unpack(res)))
             e.update(zip(s.cts, cts))
             e = self.body(s.bwd, e, nondiff, path + ".bwd")
@@ -321,11 +321,11 @@ class Lowering(Interpreter):
 
 
 def as_tree(s, keys, vals):
-    return NAMESPACE["as_tree"](s.tree, keys, vals)
+    return prelude.as_tree(s.tree, keys, vals)
 
 
 def from_tree(s, keys, t):
-    return NAMESPACE["from_tree"](s.tree, keys, t)
+    return prelude.from_tree(s.tree, keys, t)
 
 
 def _tree_vjp(s: CustomVJP, primal, fwd, bwd, run_fwd):
@@ -333,11 +333,11 @@ def _tree_vjp(s: CustomVJP, primal, fwd, bwd, run_fwd):
     statements run on the args of one pytree."""
     def run_fwd_t(nondiff, arrs):
         return run_fwd(nondiff, from_tree(s, s.args, arrs[0]))
-    return (*NAMESPACE["tree_rules"](s.tree, s.args, s.results, len(s.nondiff), primal, fwd, bwd), run_fwd_t)
+    return (*prelude.tree_rules(s.tree, s.args, s.results, len(s.nondiff), primal, fwd, bwd), run_fwd_t)
 
 
 def _tree_jvp(s: CustomJVP, primal, rule):
-    return NAMESPACE["tree_jvp"](s.tree, s.args, s.results, primal, rule)
+    return prelude.tree_jvp(s.tree, s.args, s.results, primal, rule)
 
 
 # Spellings whose bwd rule says a zero cotangent with None.
@@ -487,7 +487,7 @@ class JaxBase(Pipeline):
 
     def _canonical(self, program: Program, leaves):
         values = node_values(program, self._inputs)
-        return canonicalise([np.asarray(x) for x in leaves], values, node_index(program),
+        return canonicalise([np.asarray(x) for x in leaves], values, program.analysis().index,
                             memory=[_memory_kind(x) for x in leaves])
 
 
@@ -519,7 +519,7 @@ def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Pr
         loss_fn = functools.partial(ex, const)
         vg = jax.value_and_grad(loss_fn, argnums=tuple(range(len(diff_ids))), has_aux=True) if (
             program.diff.aux) else None
-        return loss_fn, vg, lambda *d: NAMESPACE["hvp"](mode, lambda *x: loss_fn(*x)[0], *d)
+        return loss_fn, vg, lambda *d: prelude.hvp(mode, lambda *x: loss_fn(*x)[0], *d)
     batched = {i.id for i in program.inputs if i.batched}
     axes = ({k: 0 if k in batched else None for k in const}, *[0 if i in batched else None for i in diff_ids])
 
@@ -532,7 +532,7 @@ def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Pr
         return (jnp.sum(losses), outs), grads
 
     def hvp_fn(*d):   # H @ ones per example
-        return jax.vmap(lambda c, *x: NAMESPACE["hvp"](mode, lambda *y: ex(c, *y)[0], *x), in_axes=axes)(const, *d)
+        return jax.vmap(lambda c, *x: prelude.hvp(mode, lambda *y: ex(c, *y)[0], *x), in_axes=axes)(const, *d)
     return loss_fn, per_example, hvp_fn
 
 

@@ -38,7 +38,8 @@ from conformance.ir.interpreter import Interpreter
 from conformance.ir.nodes import Checkpoint, CustomVJP, Op, walk
 from conformance.ir.observation import CustomRuleLog
 from conformance.ir.program import Program
-from conformance.pipelines.tables import compile_table
+from conformance.pipelines.tables import compile_table, helpers
+from conformance.pipelines.torch import prelude
 from conformance.pipelines.torch import table as torch_table
 
 # Newer torch routes SAC's cached tensors through saved-tensor hooks when asked (residual capture
@@ -84,7 +85,7 @@ A = torch.ops.aten
 # dtype to float64 in its float64 run; PyTorch pipelines run in the program's dtypes)
 NAMESPACE: dict = {"torch": torch, "A": A, "tag": torch.ops.rc.tag, "CheckpointPolicy": CheckpointPolicy,
                    "dt": DTYPES.__getitem__}
-exec(torch_table.PRELUDE, NAMESPACE)   # noqa: S102 - the harness's own table
+NAMESPACE.update(helpers(prelude))   # what the templates call
 OPS = compile_table(torch_table.OPS, NAMESPACE)
 KINDS_OF: dict = eval(torch_table.kinds_of_source(), NAMESPACE)   # noqa: S307
 TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
@@ -105,7 +106,7 @@ CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside":
 
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
     """The SAC policy_fn of a region with policy p, for a program with these checkpoint names."""
-    return NAMESPACE["sac_policy"](torch_table.region_decisions(p, names), KINDS_OF, TAG_PACKET, prefer, calls, state)
+    return prelude.sac_policy(torch_table.region_decisions(p, names), KINDS_OF, TAG_PACKET, prefer, calls, state)
 
 
 def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
@@ -177,7 +178,7 @@ class Lowering(Interpreter):
         return outs if self.custom else super().non_differentiable(s, outs)   # (the Function marks them)
 
     def branch(self, pred, n: int) -> int:
-        return NAMESPACE["branch_index"](pred, n)
+        return prelude.branch_index(pred, n)
 
     def block(self, s: CustomVJP, path: str, args: list) -> list:
         if not self.custom:

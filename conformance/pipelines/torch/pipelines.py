@@ -31,15 +31,16 @@ import torch._functorch.config as functorch_config  # noqa: E402
 from conformance.ir.batching import example_inputs  # noqa: E402
 from conformance.ir.interpreter import loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir.observation import ErrorInfo, Observation  # noqa: E402
-from conformance.ir.program import Program, node_index  # noqa: E402
+from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.registry import TORCH_OPTIONS
 from conformance.pipelines.tables import unlowered  # noqa: E402
+from conformance.pipelines.torch import prelude
 from conformance.pipelines.torch import table as torch_table  # noqa: E402
 from conformance.pipelines.torch.capture import SavedRecorder, memory_kind  # noqa: E402
 from conformance.pipelines.torch.compile import inductor_partitioner, recording_aot_backend, torch_settings  # noqa: E402
-from conformance.pipelines.torch.lowering import NAMESPACE, SAC_THROUGH_HOOKS, Lowering, node_values, numpy_of, tensor
+from conformance.pipelines.torch.lowering import SAC_THROUGH_HOOKS, Lowering, node_values, numpy_of, tensor
 
 
 def _tolist(x) -> Any:
@@ -270,7 +271,7 @@ class TorchBase(Pipeline):
             with timed(t, "residuals"):
                 saved = self._capture(rec.saved)
                 values = node_values(program, inputs, device)
-                index = node_index(program)
+                index = program.analysis().index
                 obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
                                              memory=[memory_kind(s, device) for s in saved])
                 if not SAC_THROUGH_HOOKS and self.remat and any(f.startswith("policy:") for f in program.features()):
@@ -293,7 +294,7 @@ class TorchBase(Pipeline):
                         g2s = []
                         for x in examples:
                             c = tensors(x, const_ids, False)
-                            g2s.append(NAMESPACE["second_order"](program.diff.mode, lambda *d: loss2(*c, *d),
+                            g2s.append(prelude.second_order(program.diff.mode, lambda *d: loss2(*c, *d),
                                                                  tensors(x, diff_ids, True), grad))
                     obs.grads2 = {i: _tolist(per_example(g[k] for g in g2s)) for k, i in enumerate(diff_ids)}
         except Exception as e:  # the observation records it; oracles judge  # noqa: BLE001
