@@ -185,3 +185,19 @@ def test_live_values_follow_reads_into_regions():
                                       "body": [op("sin", ["c"], "y")], "carry_out": ["y"], "ys": ["y"],
                                       "results": ["cf", "ys"]}], outputs=["cf"])
     assert {"a", "x", "y"} <= live_values(q)
+
+
+def test_readme_feature_table_is_generated_from_the_declarations():
+    """A feature is declared once (its name and doc, conformance.ir.features or the op table); the
+    README's table is `tools/feature_table.py --write`'s, and every focus feature is declared."""
+    import importlib.util
+    from pathlib import Path
+
+    from conformance.ir.features import known_features
+    from generators.swarm import FOCUS
+    path = Path(__file__).resolve().parents[1] / "tools" / "feature_table.py"
+    spec = importlib.util.spec_from_file_location("feature_table", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.readme_table(tool.README.read_text()) == tool.table(), "run tools/feature_table.py --write"
+    assert set(FOCUS) <= known_features(), set(FOCUS) - known_features()

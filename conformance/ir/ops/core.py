@@ -394,7 +394,8 @@ define(NAME_OP, 1, "name", _infer_name, params=("name",), vjp=vjp_unary(lambda d
 # values unchanged. Generated in custom_vjp fwd rules, where it is meant to be used.
 define(NAME_FWD_OP, 1, "name", _infer_name, params=("name",), vjp=vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
        pseudo="checkpoint_name_fwd({x}, {name})", in_fwd_only=True,
-       features=(feature("names_fwd", "checkpoint_name_fwd in a custom rule's primal code"),), tangent="identity")
+       features=(feature("names_fwd", "checkpoint_name_fwd in a custom rule's primal code (custom_vjp fwd, "
+                                      "custom_jvp body)"),), tangent="identity")
 define(
     "add",
     2,
@@ -456,7 +457,8 @@ define("nondiff_scale", 1, "nondiff", _infer_nondiff_scale, params=(ND_INDEX,),
        gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True, tangent="linear")
 
 
-_NONSMOOTH = feature("nonsmooth", "relu or step: a derivative that jumps at 0")
+_NONSMOOTH = feature("nonsmooth", "relu or step: a derivative that jumps at 0 (value checks skip programs whose "
+                                  "inputs sit at the kink)")
 define("relu", 1, "nonsmooth", infer_same, gen=_keep, nonsmooth=True, features=(_NONSMOOTH,), keeps_output=True,
        vjp=vjp_unary(lambda d, s, g, a: d.emit("mul", [g, d.emit("step", [a])])), tangent="diagonal")
 define("step", 1, "nonsmooth", infer_same, gen=_bounded, nonsmooth=True, features=(_NONSMOOTH,),
@@ -594,5 +596,6 @@ def _gen_dropout(c, x):
 
 
 define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dropout,
-       pseudo="dropout({x}, p={p})", features=(feature("random", "dropout: a random op inside or outside regions"),))
+       pseudo="dropout({x}, p={p})", features=(feature("random", "dropout: a random op inside or outside regions "
+                                                                 "(values compared within a framework only)"),))
 

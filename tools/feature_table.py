@@ -1,0 +1,40 @@
+"""README's feature vocabulary table, generated from the declarations (conformance.ir.features
+FEATURE_DOC and the op table's features): prints it, or with --write replaces README's table.
+tests/test_ir.py holds README to it."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+README = ROOT / "README.md"
+SECTION = re.compile(r"(### Feature vocabulary\n\n)(\| feature \| meaning \|\n\|---\|---\|\n(?:\|.*\|\n)+)")
+
+
+def table() -> str:
+    from conformance.ir.features import FEATURE_DOC
+    from conformance.ir.ops import FEATURE_DOC as OP_FEATURES
+    rows = {**FEATURE_DOC, **{k: v for k, v in OP_FEATURES.items() if k not in FEATURE_DOC}}
+    return "| feature | meaning |\n|---|---|\n" + "".join(f"| `{k}` | {v} |\n" for k, v in rows.items())
+
+
+def readme_table(text: str) -> str:
+    m = SECTION.search(text)
+    if m is None:
+        raise SystemExit(f"{README}: no '### Feature vocabulary' table")
+    return m.group(2)
+
+
+def main() -> int:
+    if "--write" in sys.argv[1:]:
+        text = README.read_text()
+        README.write_text(SECTION.sub(lambda m: m.group(1) + table(), text, count=1))
+        return 0
+    print(table(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
