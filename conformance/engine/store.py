@@ -147,6 +147,16 @@ class RoundRecord(BaseModel):
 _RECORDS = {"result": ResultRecord, "finding": FindingRecord, "round": RoundRecord}
 
 
+def _load_json(p: Path):
+    """A JSON file of the run directory, read within bounds; StoreError names the file."""
+    try:
+        return json.loads(read_text(p))
+    except InputRefused as e:
+        raise StoreError(str(e)) from None
+    except (json.JSONDecodeError, RecursionError, ValueError) as e:
+        raise StoreError(f"{p}: not valid JSON: {e}") from None
+
+
 def check_record(rec: Any, where: str) -> dict:
     """A results.jsonl record, checked: raises StoreError naming `where` and the field."""
     if not isinstance(rec, dict):
@@ -231,12 +241,7 @@ class Store:
 
     def read_run(self) -> dict:
         p = self.dir / RUN
-        try:
-            obj = json.loads(read_text(p))
-        except InputRefused as e:
-            raise StoreError(str(e)) from None
-        except (json.JSONDecodeError, RecursionError, ValueError) as e:
-            raise StoreError(f"{p}: not valid JSON: {e}") from None
+        obj = _load_json(p)
         if not isinstance(obj, dict) or not isinstance(obj.get("options"), dict):
             raise StoreError(f"{p}: options: run.json must be an object with an object 'options'")
         if obj.get("schema_version") != 1:
@@ -317,16 +322,10 @@ class Store:
 
     def read_findings(self) -> list[dict]:
         """The findings, each validated (a refused one names its index and field)."""
-        from pydantic import ValidationError
         p = self.dir / FINDINGS
         if not p.exists() and not p.is_symlink():
             return []
-        try:
-            obj = json.loads(read_text(p))
-        except InputRefused as e:
-            raise StoreError(str(e)) from None
-        except (json.JSONDecodeError, RecursionError, ValueError) as e:
-            raise StoreError(f"{p}: not valid JSON: {e}") from None
+        obj = _load_json(p)
         if not isinstance(obj, list):
             raise StoreError(f"{p}: must be a list of findings")
         for k, f in enumerate(obj):
