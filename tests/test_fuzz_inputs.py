@@ -2,7 +2,7 @@
 
 Valid generated programs are mutated (fields dropped or renamed, wrong types, huge shapes, deep
 nesting, unknown ops and policies, long names, NaN, wrong ids) and fed to
-`conformance.ir.load_program` (accepts, or raises ProgramError naming a field),
+`conformance.ir.program.load_program` (accepts, or raises ProgramError naming a field),
 `conformance.cli.load_program_file` (accepts, or raises UsageError starting with the file's path)
 and the results reader (`store.read_jsonl`, then `Campaign.restore`: accepts, or StoreError
 naming the file and line). Anything else (KeyError, TypeError, RecursionError...) is a bug.

@@ -1,6 +1,6 @@
 """Type checking of the program IR: every id defined once and read where it is visible, op
 shapes inferred from the op table, regions, custom rules and scans well formed, the limits
-held. `conformance.ir.infer_types` calls it; it raises ProgramError naming the field.
+held. conformance.ir.program.validate and Program.types call it; it raises ProgramError naming the field.
 
 Program layer: imports the IR and the op table only.
 """

@@ -93,7 +93,7 @@ def save_min_elements(n):
 
 def branch_index(pred, n):
     """The branch a cond on n branches takes: how many thresholds lie below the sum of its
-    predicate (conformance.ir.branch_thresholds)."""
+    predicate (conformance.ir.nodes.branch_thresholds)."""
     thresholds = jnp.asarray([-0.5 + (j + 1) / n for j in range(n - 1)], pred.dtype)
     return jnp.sum(jnp.sum(pred) > thresholds).astype(jnp.int32)
 

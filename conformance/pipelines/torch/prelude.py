@@ -11,7 +11,7 @@ from torch.utils.checkpoint import CheckpointPolicy
 # --- helpers: repros paste the source from here on ---
 def branch_index(pred, n):
     """The branch a cond on n branches takes: how many thresholds lie below the sum of its
-    predicate (conformance.ir.branch_thresholds)."""
+    predicate (conformance.ir.nodes.branch_thresholds)."""
     total = torch.sum(pred)
     return int(sum(bool(total > -0.5 + (j + 1) / n) for j in range(n - 1)))
 
