@@ -180,7 +180,7 @@ def _run(args) -> int:
         run_info["resumed"] = prev.get("resumed", 0) + 1
         run_info["started"] = prev.get("started")
     store.write_run(run_info)
-    executor = _executor(args, opts) if jobs == 1 else None   # jobs > 1: each searcher builds its own
+    executor = _executor(opts) if jobs == 1 else None   # jobs > 1: each searcher builds its own
     progress = None if args.quiet else Progress().start()
     camp = Campaign(opts, store, executor, expectations, progress, versions, issue_text=issue_text_or_reason)
     if args.resume:
@@ -234,10 +234,10 @@ def _memory_limit(jobs: int):
     return worker_memory_limit(jobs)
 
 
-def _executor(args, opts):
+def _executor(opts):
     if opts.isolate:
         return IsolatedExecutor(opts.device, timeout=opts.timeout, memory_limit=opts.memory_limit)
-    return InProcessExecutor(args.device)
+    return InProcessExecutor(opts.device)
 
 
 # ---------------------------------------------------------------------------------------

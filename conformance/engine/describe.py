@@ -53,9 +53,8 @@ def title(f) -> str:
         what = {"missing": "saves fewer residuals than", "extra": "saves more residuals than",
                 "named": "saves other named residuals than"}.get(f.error_type, "saves other residuals than")
         return f"{f.pipeline}: {what} {f.reference} under the same policy"
-    title = CHECK[f.check].title.format(pipeline=f.pipeline, reference=f.reference,
-                                        label=(f.error_type or "no error type").replace("+", ", "))
-    return title.replace(": values differ", f": {d.get('value', 'values')} differ", 1)
+    return CHECK[f.check].title.format(pipeline=f.pipeline, reference=f.reference, value=d.get("value", "values"),
+                                       label=(f.error_type or "no error type").replace("+", ", "))
 
 
 def expected_actual(f) -> tuple[str, str]:

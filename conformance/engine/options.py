@@ -89,6 +89,7 @@ class Flag:
     choices: tuple | None = None
     record: bool = True
     resume: bool = False
+    flag: str | None = None     # the flag's name where it is not --<field-name>
     unset: bool = False         # the parser's default is None: the command decides (e.g. --jobs: the cores)
 
 
@@ -97,10 +98,6 @@ _seed, _shard = seed, shard   # (inside Options the names are its fields)
 
 def _flag(name: str) -> Flag | None:
     return next((m for m in Options.model_fields[name].metadata if isinstance(m, Flag)), None)
-
-
-def _shares(pairs) -> dict[str, float]:
-    return dict(pairs) if isinstance(pairs, list) else pairs
 
 
 class Options(BaseModel):
@@ -137,7 +134,8 @@ class Options(BaseModel):
         "union is the unsharded campaign", _shard, "I/N", resume=True)] = (0, 1)
     shares: Annotated[dict[str, float], Flag(
         "time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
-        + " by default); repeatable", share, "FAMILY=FRACTION", repeat=True)] = Field(default_factory=dict)
+        + " by default); repeatable", share, "FAMILY=FRACTION", repeat=True, flag="--share")] = \
+        Field(default_factory=dict)
     round_size: Annotated[int, Flag("programs per seeded round", positive(int, "--round-size"), resume=True)] = 40
     max_shrinks_per_key: Annotated[int, Flag("shrinks of one key (check, pipeline, reference, error type) at most",
                                              positive(int, "--max-shrinks-per-key"))] = 3
@@ -163,8 +161,8 @@ class Options(BaseModel):
 
     @field_validator("shares", mode="before")
     @classmethod
-    def _pairs(cls, v):
-        return _shares(v)
+    def _pairs(cls, v):   # --share gives (family, fraction) pairs
+        return dict(v) if isinstance(v, list) else v
 
     @field_validator("require")
     @classmethod
@@ -207,9 +205,7 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         f = _flag(name)
         if f is None:
             continue
-        flag = "--" + name.replace("_", "-")
-        if name == "shares":
-            flag = "--share"
+        flag = f.flag or "--" + name.replace("_", "-")
         default = info.get_default(call_default_factory=True)
         if f.switch:
             parser.add_argument(flag, dest=name, action="store_true", help=f.help)

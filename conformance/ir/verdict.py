@@ -16,7 +16,8 @@ class CheckSpec:
     """One check, declared once. `pairwise`: it compares two pipelines' own records (saved
     residuals, custom-rule logs), so a shrink step runs only those two; `sentence`: what the
     finding means, for repros and issue texts ({P} the pipeline, {R} its reference); `title`: the
-    behaviour's one-line title ({pipeline}, {reference}, {label}: the verdict's error type);
+    behaviour's one-line title ({pipeline}, {reference}, {label}: the verdict's error type, {value}:
+    what a gradient verdict compared);
     `expected`: what the reference says ({who}: its authority, {reference}, {pipeline});
     `evidence`: what a repro prints to show it; `grid`: summary.md's grid has a column for it."""
     name: str
@@ -35,7 +36,7 @@ CHECK_SPECS = (
     CheckSpec("gradient", False,
               "{P} computes outputs/gradients that differ from {R} beyond the tolerance "
               "(rematerialization must never change values).",
-              "{pipeline}: values differ from {reference}",
+              "{pipeline}: {value} differ from {reference}",
               "Expected ({who}): the same values as `{reference}` within the tolerance.",
               "both sides' outputs and gradients, and which differ beyond the tolerance"),
     CheckSpec("residuals", True,
