@@ -22,6 +22,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from conformance.errors import UsageError
 from conformance.files import InputRefused, read_text
 from conformance.ir.verdict import Check, Triage
 
@@ -131,7 +132,10 @@ class Entry(BaseModel):
         return True
 
 
-class ExpectationsError(ValueError):
+class ExpectationsError(UsageError, ValueError):
+    """A bad expectations file: a usage error of every command that reads one (exit 2, one line
+    naming the file and field)."""
+
     def __init__(self, file: str, field: str, reason: str):
         super().__init__(f"{file}: {field}: {reason}")
         self.file, self.field, self.reason = file, field, reason

@@ -44,7 +44,7 @@ from conformance.ir.nodes import Limits
 from conformance.pipelines import registry as reg
 from conformance.reporting.issue_text import issue_text_or_reason
 from generators.programs import input_values
-from oracles.expectations import Expectations, ExpectationsError
+from oracles.expectations import Expectations
 from oracles.judge import judge
 
 EXIT_OK, EXIT_FINDINGS, EXIT_USAGE = 0, 1, 2
@@ -123,13 +123,6 @@ def parse_pipelines(spec: str | None) -> list[str]:
     return names
 
 
-def load_expectations(path):
-    try:
-        return Expectations.load(path)
-    except ExpectationsError as e:
-        raise UsageError(str(e)) from None
-
-
 def cmd_run(args) -> int:
     from conformance.pipelines.jax.xla_cache import campaign_cache
     with campaign_cache():   # before any pipeline module is imported: workers inherit it
@@ -141,7 +134,7 @@ def _run(args) -> int:
     if os.environ.get("REMAT_CONFORMANCE_PLUGINS"):   # test-only pipelines (fault injection, mutants)
         load_plugins()
     names = parse_pipelines(args.pipelines)
-    expectations = load_expectations(args.expectations)
+    expectations = Expectations.load(args.expectations)
     known = load_known(args.known)
     if args.device == "cuda":
         if "cuda" not in reg.get(reg.value_reference()).devices():
@@ -243,7 +236,7 @@ def _executor(opts):
 # ---------------------------------------------------------------------------------------
 def cmd_replay(args) -> int:
     limits = _limits(args)
-    expectations = load_expectations(args.expectations)
+    expectations = Expectations.load(args.expectations)
     loaded = [(f, *load_program_file(f, limits)) for f in args.files]   # validate all before running any
     ex = InProcessExecutor(args.device)
     any_fail = False

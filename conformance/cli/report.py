@@ -6,7 +6,7 @@ from conformance.reporting.build import build
 from conformance.reporting.inputs import ReportInputError, load_run
 from conformance.reporting.render import write
 from conformance.reporting.versions import history, load_recheck
-from oracles.expectations import Expectations, ExpectationsError
+from oracles.expectations import Expectations
 
 COMMAND = "report"
 
@@ -28,18 +28,11 @@ def configure_parser(subparsers) -> None:
                         "inside run directories are never opened)")
 
 
-def _expectations(path):
-    try:
-        return Expectations.load(path)
-    except ExpectationsError as e:
-        raise UsageError(str(e)) from None
-
-
 def main(args) -> int:
     try:
         runs = [load_run(d) for d in args.dirs]
         bases = [load_run(d, allow_report=True) for d in args.baseline]
-        rep = build(runs, bases, with_repro=not args.no_repro, expectations=_expectations(args.expectations))
+        rep = build(runs, bases, with_repro=not args.no_repro, expectations=Expectations.load(args.expectations))
         rep["versions"] = history([load_recheck(f) for f in args.recheck]) if args.recheck else None
     except ReportInputError as e:
         raise UsageError(str(e)) from None
