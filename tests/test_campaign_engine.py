@@ -8,13 +8,14 @@ from collections import Counter
 from types import SimpleNamespace
 
 from conformance.cli.progress import Progress, status_line
-from conformance.engine.campaign import Campaign, summary_markdown
+from conformance.engine.campaign import Campaign
 from conformance.engine.findings import Finding
 from conformance.engine.options import Options
 from conformance.engine.runner import InProcessExecutor
 from conformance.engine.search import Shares, merge_finding, same_behaviour, shard_of
 from conformance.engine.store import Store
 from conformance.pipelines import registry
+from conformance.reporting.summary import summary_markdown
 from generators.programs import Config
 from oracles.expectations import Expectations
 from tests.mutants import ExtraUnnamedResidual, PerturbGradient

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -183,10 +184,11 @@ def test_stale_expectations_reach_the_summary_the_report_and_its_page(tmp_path):
     fired on these programs are not."""
     import json as _json
 
-    from conformance.engine.campaign import Campaign, summary_markdown
+    from conformance.engine.campaign import Campaign
     from conformance.engine.options import Options
     from conformance.engine.runner import InProcessExecutor
     from conformance.engine.store import Store
+    from conformance.reporting.summary import summary_markdown
     from generators.programs import Config
     from oracles.expectations import Entry, Expectations
     never = {"id": "test-never-matches", "pipelines": ["jax:remat3"], "versions": {"jax": "<0.0.1"},
@@ -293,10 +295,11 @@ def test_findings_are_grouped_by_class_bugs_first(tmp_path):
 def test_summary_groups_findings_by_class_bugs_first(tmp_path):
     """summary.md: bugs, then questions, documented behaviours, harness limits, each by its title,
     its class (suggested until confirmed) and its variants with counts; tracked behaviours too."""
-    from conformance.engine.campaign import Campaign, summary_markdown
+    from conformance.engine.campaign import Campaign
     from conformance.engine.findings import Finding
     from conformance.engine.options import Options
     from conformance.engine.store import Store
+    from conformance.reporting.summary import summary_markdown
     from oracles.expectations import Expectations
     fs = [Finding.model_validate(f) for f in json.loads((classed_run(tmp_path) / "findings.json").read_text())]
     camp = Campaign(Options(pipelines=["jax:remat3"]), Store(tmp_path / "out"), None, Expectations.load())
@@ -308,12 +311,47 @@ def test_summary_groups_findings_by_class_bugs_first(tmp_path):
     assert heads == sorted(heads), heads
     titles = [s.index(f"**the {c} behaviour**") for c in ("bug", "question", "documented", "harness")]
     assert heads[0] < titles[0] < heads[1] < titles[1] < heads[2] < titles[2] < heads[3] < titles[3]
-    assert "1. **the bug behaviour**" in s and "4. **the harness behaviour**" in s   # numbered as the tables
-    assert "   - class: bug (suggested): why it is bug" in s and "   - class: question: why it is question" in s
-    assert ("   - variants: pipelines: jax:remat3 x4, jax:remat3:jit x2; labels: other x5, extra x1; "
+    assert "- **F1** new: **the bug behaviour**" in s and "- **F4** new: **the harness behaviour**" in s
+    assert "  - class: bug (suggested): why it is bug" in s and "  - class: question: why it is question" in s
+    assert ("  - variants: pipelines: jax:remat3 x4, jax:remat3:jit x2; labels: other x5, extra x1; "
             "policies: dots x3, nothing x3") in s
     table = s.split("\n## Findings\n", 1)[1]
-    assert table.index("| 1 | bug (suggested) |") < table.index("| 4 | harness |")
+    assert table.index("| F1 | bug (suggested) |") < table.index("| F4 | harness |")
     assert "## Behaviours by pipeline" in s
     tracked = s.split("## Tracked behaviours seen", 1)[1]
-    assert "`known-root.json`: **a tracked behaviour** (documented: why it is documented)" in tracked
+    assert "**a tracked behaviour** (tracked as `known-root.json`)" in tracked
+    assert "  - class: documented: why it is documented" in tracked
+    assert "**a tracked behaviour**" not in s.split("## Tracked behaviours seen", 1)[0]   # not among the new
+
+
+def test_summary_and_report_md_are_one_rendering_of_one_aggregation(tmp_path):
+    """A campaign's summary.md is the report of its run directory with the campaign's own facts on top:
+    from the totals on, the two texts are the same (findings, grid, checks that ran, coverage, stale entries)."""
+    from conformance.engine.campaign import Campaign
+    from conformance.engine.options import Options
+    from conformance.engine.runner import InProcessExecutor
+    from conformance.engine.store import Store
+    from conformance.reporting.summary import summary_markdown
+    from generators.programs import Config
+    from oracles.expectations import Expectations
+    out = tmp_path / "run"
+    opts = Options(pipelines=["ref:f64", "jax:none", "jax:mutant-perturb-gradient"], budget=600, max_examples=3,
+                   seed=2, shrink_steps=2, generator=Config(max_stmts=3, dtypes=("float32",)))
+    store = Store(out)
+    run_info = {"schema_version": 1, "harness": "test", "options": opts.recorded(), "versions": {"jax": "x"}}
+    store.write_run(run_info)
+    camp = Campaign(opts, store, InProcessExecutor(), Expectations.load())
+    camp.run()
+    summary = summary_markdown(camp, run_info)
+    store.write_summary(summary)
+    store.close()
+    assert camp.checked >= 3 and camp.new_findings()
+    rep = build([load_run(out)], with_repro=False)
+    render.write(rep, tmp_path / "rep", with_plots=False)
+    report = (tmp_path / "rep" / "report.md").read_text()
+
+    def body(md):   # from the totals on; finding links are relative to where each file is
+        return re.sub(r"\]\([^)]*\)", "]()", md[md.index("programs checked in 1 run(s)"):])
+    assert body(summary) == body(report)
+    assert f"- programs checked: **{camp.checked}**" in summary and "programs checked: **" not in report
+    assert f"| `jax:mutant-perturb-gradient` | {camp.tally.ran['jax:mutant-perturb-gradient']} |" in summary

@@ -21,7 +21,7 @@ from conformance.cli import recheck as recheck_command
 from conformance.cli import report as report_command
 from conformance.cli import repro as repro_command
 from conformance.cli.progress import Progress
-from conformance.engine.campaign import Campaign, summary_markdown
+from conformance.engine.campaign import Campaign
 from conformance.engine.describe import (
     behaviour_title,
     by_class,
@@ -43,6 +43,7 @@ from conformance.errors import UsageError
 from conformance.ir.nodes import Limits
 from conformance.pipelines import registry as reg
 from conformance.reporting.issue_text import issue_text_or_reason
+from conformance.reporting.summary import summary_markdown
 from generators.programs import input_values
 from oracles.expectations import Expectations
 from oracles.judge import judge

@@ -15,16 +15,6 @@ from typing import Callable
 
 from conformance import __version__
 from conformance.engine.describe import (
-    CLASS_HEADINGS,
-    behaviour_title,
-    by_class,
-    class_label,
-    class_rank,
-    first_seen_text,
-    triage_of,
-    triage_text,
-    variants_of,
-    variants_text,
     wants_issue,
 )
 from conformance.engine.findings import CorpusEntry, Finding
@@ -34,9 +24,8 @@ from conformance.engine.parallel import run_parallel
 from conformance.engine.roots import record_variant, stamp, variant_values
 from conformance.engine.search import Searcher, merge_finding, same_behaviour
 from conformance.engine.store import Store
+from conformance.engine.tally import Tally
 from conformance.files import read_text
-from conformance.ir.verdict import CHECK, CHECK_RANK, CHECKS
-from conformance.pipelines import registry
 from oracles.expectations import Expectations, stale
 
 FINDINGS_EVERY = 2.0   # seconds between rewrites of findings.json for counts alone
@@ -51,22 +40,15 @@ class Campaign:
         self.progress = progress or (lambda c: None)
         self.versions = versions or {}
         self.findings: list[Finding] = []
-        self.checked = 0
+        self.tally = Tally()                                     # what the results counted (summary.md)
         self.shrink_runs = 0
         self.seen: set[tuple[str, int]] = set()
-        self.features: Counter = Counter()
-        self.grid: dict[tuple[str, str], Counter] = {}
-        self.coverage: dict[tuple[str, str], list[int]] = {}     # (feature, pipeline) -> [programs, failed]
-        self.ran: Counter = Counter()                            # pipeline -> programs it ran on
-        self.check_ran: Counter = Counter()                      # (pipeline, check) -> programs it ran on
-        self.expectation_hits: dict[str, Counter] = {}
         self.shrinking: dict[int, dict] = {}                     # searcher -> its current shrink
         self.shrink_sizes: list[tuple[int, int]] = []            # (shrunk, original) per finding record
         self.done_rounds: set[int] = set()
         self.start = time.monotonic()
         self.elapsed_before = 0.0
         self.interrupted = False
-        self.harness_errors = 0
         self.shrinks_per_key: Counter = Counter()
         self.on_finding: Callable[[Finding], None] | None = None   # jobs > 1: tell the other searchers
         self._findings_written = 0.0
@@ -86,6 +68,10 @@ class Campaign:
 
     def tracked_seen(self) -> list[Finding]:
         return [f for f in self.findings if f.tracked is not None and f.count]
+
+    @property
+    def checked(self) -> int:
+        return self.tally.programs
 
     # -- time --------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -154,30 +140,11 @@ class Campaign:
         self.elapsed_before = max([r.get("t", 0.0) for r in results] or [0.0])
 
     def _account(self, r: dict, seen: bool = True) -> None:
-        self.checked += 1
         if seen:
             self.seen.add((r["hash"], r["seed"]))
-        feats = r.get("features", [])
-        self.features.update(feats)
-        failed, ran = Counter(), set()
-        for check, pipeline, _ref, status, _et in r.get("verdicts", []):
-            self.grid.setdefault((pipeline, check), Counter())[status] += 1
-            failed[pipeline] += status == "fail"
-            if status not in ("skipped", "unsupported"):
-                ran.add((pipeline, check))
-        self.check_ran.update(ran)
-        for p in r.get("ran", []):
-            self.ran[p] += 1
-            for ft in feats:
-                cell = self.coverage.setdefault((ft, p), [0, 0])
-                cell[0] += 1
-                cell[1] += failed[p] > 0
+        self.tally.add(r)
         for k in r.get("new", []):
             self.shrinks_per_key[tuple(k)] += 1
-        for eid, how in r.get("expectations", {}).items():
-            self.expectation_hits.setdefault(eid, Counter())[how] += 1
-        if any(str(e).startswith("HarnessError") for e in r.get("errors", {}).values()):
-            self.harness_errors += 1
 
     def _account_finding(self, r: dict) -> None:
         if isinstance(r.get("size"), int) and isinstance(r.get("original_size"), int):
@@ -268,11 +235,17 @@ class Campaign:
 
     # -- reporting -----------------------------------------------------------------------
     def stale_expectations(self) -> list[dict]:
-        return stale(self.expectations, self.opts.pipelines, self.expectation_hits)
+        return stale(self.expectations, self.opts.pipelines, self.tally.expectation_hits)
 
-
-def _pct(a: int, b: int) -> str:
-    return f"{100 * a / b:.0f}%" if b else "-"
+    def facts(self) -> dict:
+        """What only the campaign knows of itself (summary.md's head; the rest is the report's)."""
+        el = self.elapsed()
+        return {"harness": __version__, "seed": self.opts.seed, "device": self.opts.device,
+                "budget": self.opts.budget, "elapsed": el, "jobs": self.opts.jobs,
+                "shard": list(self.opts.shard), "interrupted": self.interrupted, "programs": self.checked,
+                "rate": self.checked / el if el > 0 else 0.0, "shrink_runs": self.shrink_runs,
+                "new_findings": len(self.new_findings()), "tracked_seen": len(self.tracked_seen()),
+                "shrunk_sizes": shrink_distribution(self), "harness_errors": self.tally.harness_errors}
 
 
 def shrink_distribution(c: Campaign) -> dict:
@@ -282,110 +255,3 @@ def shrink_distribution(c: Campaign) -> dict:
     q = statistics.quantiles(sizes, n=10, method="inclusive") if len(sizes) > 1 else [sizes[0]] * 9
     return {"shrinks": len(sizes), "median": statistics.median(sizes), "p90": q[8], "max": sizes[-1],
             "median_original": statistics.median(o for _, o in c.shrink_sizes)}
-
-
-def _md_text(s: str) -> str:
-    """A string shown in a Markdown line or table cell: no line breaks, no cell separators."""
-    return " ".join(str(s).split()).replace("|", "\\|")
-
-
-def _class_sections(ranked: list[Finding]) -> list[str]:
-    """Findings grouped by class, bugs first, numbered as the tables below: each by its title, its
-    class (suggested or confirmed) and why, its variants with counts, and when it was first seen."""
-    lines: list[str] = []
-    number = {id(f): i for i, f in enumerate(ranked, 1)}
-    for cls, fs in by_class(ranked):
-        lines += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(fs)})", ""]
-        for f in fs:
-            seen = ", ".join(x for x in (f"{f.count} program(s)", first_seen_text(f),
-                                         f"shrunk to {f.size} statement(s) from {f.original_size}") if x)
-            lines += [f"{number[id(f)]}. **{_md_text(behaviour_title(f))}**",
-                      f"   - class: {_md_text(triage_text(triage_of(f)))}",
-                      f"   - variants: {_md_text(variants_text(variants_of(f)))}",
-                      f"   - {seen}; [{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}"]
-        lines.append("")
-    return lines[:-1]
-
-
-def summary_markdown(c: Campaign, run_info: dict) -> str:
-    lines = ["# remat-conformance campaign summary", ""]
-    lines.append(f"- harness {__version__}; seed {c.opts.seed}; device {c.opts.device}; "
-                 f"budget {c.opts.budget:.0f}s; elapsed {c.elapsed():.0f}s; jobs {c.opts.jobs}"
-                 + (f"; shard {c.opts.shard[0]}/{c.opts.shard[1]}" if c.opts.shard[1] > 1 else "")
-                 + ("; **interrupted** (resumable with --resume)" if c.interrupted else ""))
-    lines.append("- versions: " + ", ".join(f"{k} {v}" for k, v in sorted(run_info.get("versions", {}).items())))
-    lines.append(f"- pipelines: {', '.join(c.opts.pipelines)}")
-    rate = c.checked / c.elapsed() if c.elapsed() > 0 else 0.0
-    lines.append(f"- programs checked: **{c.checked}** ({rate:.2f}/s); shrink runs: {c.shrink_runs}; "
-                 f"distinct findings: **{len(c.new_findings())}**"
-                 + (f"; tracked behaviours seen: {len(c.tracked_seen())}" if c.tracked_seen() else ""))
-    d = shrink_distribution(c)
-    if d:
-        lines.append(f"- shrunk sizes (statements) over {d['shrinks']} shrinks: median {d['median']:g}, "
-                     f"90th percentile {d['p90']:g}, max {d['max']} (originals: median {d['median_original']:g})")
-    if c.harness_errors:
-        lines.append(f"- harness errors: {c.harness_errors} (bugs of this tool: see results.jsonl)")
-    ranked = sorted(c.new_findings(), key=lambda f: (class_rank(f), CHECK_RANK.get(f.check, 9), -f.count))
-    lines += ["", "## Findings by class (bugs first)", ""]
-    if not ranked:
-        lines.append("None.")
-    else:
-        lines += _class_sections(ranked)
-        lines += ["", "## Findings", ""]
-        lines.append("| # | class | check | pipeline | reference | error type | programs | shrunk size | features |")
-        lines.append("|---|---|---|---|---|---|---|---|---|")
-        for i, f in enumerate(ranked, 1):
-            lines.append(f"| {i} | {class_label(triage_of(f))} | {f.check} | `{f.pipeline}` | `{f.reference}` | "
-                         f"{f.error_type or '-'} | {f.count} | {f.size} (from {f.original_size}) | "
-                         f"{', '.join(f.features)} |")
-        # one root behaviour per finding; where its shrunk program reproduces
-        shown = [p for p in c.opts.pipelines if not registry.is_reference(p)]
-        lines += ["", "## Behaviours by pipeline (x: the finding's shrunk program fails there the same way)", ""]
-        lines.append("| # | behaviour | " + " | ".join(f"`{p}`" for p in shown) + " |")
-        lines.append("|---|---|" + "---|" * len(shown))
-        for i, f in enumerate(ranked, 1):
-            where = set(f.behaviour_pipelines())
-            lines.append(f"| {i} | {f.check} {f.error_type or ''} vs `{f.reference}` | "
-                         + " | ".join("x" if p in where else "" for p in shown) + " |")
-    tracked = sorted(c.tracked_seen(), key=lambda f: (class_rank(f), f.tracked))
-    if tracked:
-        lines += ["", "## Tracked behaviours seen (`--known`: not new)", ""]
-        for cls, fs in by_class(tracked):
-            lines += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(fs)})", ""]
-            lines += [f"- `{f.tracked}`: **{_md_text(behaviour_title(f))}** ({_md_text(triage_text(triage_of(f)))}); "
-                      f"[{f.check}] `{f.pipeline}` vs `{f.reference}` {f.error_type or '-'}: {f.count} programs; "
-                      f"variants: {_md_text(variants_text(variants_of(f)))}" for f in fs]
-            lines.append("")
-        lines.pop()
-    checks = [ch for ch in CHECKS if CHECK[ch].grid]
-    lines += ["", "## Status by pipeline and check", ""]
-    lines.append("| pipeline | programs run | " + " | ".join(checks) + " |")
-    lines.append("|---|---|" + "---|" * len(checks))
-    for p in c.opts.pipelines:
-        cells = []
-        for ch in checks:
-            cnt = c.grid.get((p, ch), Counter())
-            cells.append(" ".join(f"{k}:{v}" for k, v in sorted(cnt.items())) or "-")
-        lines.append(f"| `{p}` | {c.ran[p]} | " + " | ".join(cells) + " |")
-    lines += ["", "## Checks that ran (share of the programs a pipeline ran on where the check had its inputs)", ""]
-    lines.append("| pipeline | " + " | ".join(checks) + " |")
-    lines.append("|---|" + "---|" * len(checks))
-    for p in c.opts.pipelines:
-        cells = []
-        for ch in checks:
-            cells.append(_pct(c.check_ran[(p, ch)], c.ran[p]) if (p, ch) in c.grid else "-")
-        lines.append(f"| `{p}` | " + " | ".join(cells) + " |")
-    lines += ["", "## Feature coverage: programs checked / programs with a failed verdict, per pipeline", ""]
-    shown = [p for p in c.opts.pipelines if c.ran[p]]
-    lines.append("| feature | programs | " + " | ".join(f"`{p}`" for p in shown) + " |")
-    lines.append("|---|---|" + "---|" * len(shown))
-    for ft, n in sorted(c.features.items()):
-        cells = []
-        for p in shown:
-            progs, failed = c.coverage.get((ft, p), [0, 0])
-            cells.append(f"{progs}/{failed}" if progs else "**0**")
-        lines.append(f"| {ft} | {n} | " + " | ".join(cells) + " |")
-    stale_ = c.stale_expectations()
-    lines += ["", "## Stale expectations", ""]
-    lines += [f"- `{s['id']}`: {s['why']}" for s in stale_] or ["None."]
-    return "\n".join(lines) + "\n"

@@ -22,6 +22,7 @@ from conformance.engine.describe import (
 from conformance.engine.findings import decode_inputs
 from conformance.engine.loading import corpus_entry_stem
 from conformance.engine.roots import merge_variants
+from conformance.engine.tally import Tally
 from conformance.ir.program import Program
 from conformance.ir.verdict import CHECK_RANK, CHECKS
 from conformance.pipelines import registry
@@ -65,15 +66,13 @@ def _status(counts: Counter, has_finding: bool) -> str:
     return "skipped" if counts else "none"
 
 
-def _stale(runs: list[RunData], expectations) -> list[dict]:
-    """Stale entries of the expectations this report is given (never a path named inside a run)."""
-    hits: dict[str, Counter] = defaultdict(Counter)
-    for r in runs:
-        for rec in r.results:
-            if rec.type == "result":
-                for eid, how in rec.expectations.items():
-                    hits[eid][how] += 1
-    return stale(expectations, {p for r in runs if r.info for p in r.info.options.pipelines}, hits)
+def tally_of(results, row=lambda p: p) -> Tally:
+    """The results of one run counted (`row` names a pipeline's row: its matrix cell)."""
+    t = Tally()
+    for rec in results:
+        if rec.type == "result":
+            t.add(rec, row)
+    return t
 
 
 def _packaged():
@@ -180,47 +179,26 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     if len(harnesses) > 1:
         warnings.append(f"merged runs of different harness versions {harnesses} (same schema "
                         f"version {READS_SCHEMA}: counts are comparable, generators may differ)")
-    # grid
-    grid: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    # the one aggregation of the results (conformance.engine.tally), rows named by matrix cell
+    tally = Tally()
     rows: list[str] = []
-    programs = 0
-    ran_on: Counter = Counter()                        # row -> programs it ran on
-    check_ran: Counter = Counter()                     # (row, check) -> programs where it had its inputs
-    coverage: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])   # (feature, row) -> [programs, failed]
-    feature_programs: Counter = Counter()
+    counted = {id(r): r.tally if r.tally is not None else tally_of(r.results, lambda p, c=r.cell: _row(p, c))
+               for r in inputs}
     for r in inputs:
         for p in (r.info.options.pipelines if r.info else []):
             if _row(p, r.cell) not in rows:
                 rows.append(_row(p, r.cell))
-        for rec in r.results:
-            if rec.type != "result":
-                continue
-            programs += 1
-            failed, had = Counter(), set()
-            for check, pipeline, _ref, status, _et in rec.verdicts:
-                row = _row(pipeline, r.cell)
-                if row not in rows:
-                    rows.append(row)
-                grid[(row, check)][status] += 1
-                failed[row] += status == "fail"
-                if status not in ("skipped", "unsupported"):
-                    had.add((row, check))
-            check_ran.update(had)
-            ran = rec.ran if rec.ran is not None else sorted({v[1] for v in rec.verdicts})
-            feature_programs.update(rec.features)
-            for p in ran:
-                row = _row(p, r.cell)
-                ran_on[row] += 1
-                for ft in rec.features:
-                    coverage[(ft, row)][0] += 1
-                    coverage[(ft, row)][1] += failed[row] > 0
+        tally.merge(counted[id(r)])
+    rows += [row for row in tally.pipelines if row not in rows]
+    grid, ran_on, check_ran, coverage = tally.grid, tally.ran, tally.check_ran, tally.coverage
+    programs = tally.programs
     # findings: one per signature and cell, smallest program kept; grouped by behaviour key
     merged: dict[tuple, Any] = {}
     cells_of: dict[tuple, list[str]] = defaultdict(list)
     dir_of: dict[tuple, Path] = {}   # the run directory of the kept finding (its corpus/ holds its issue text)
     for r in inputs:
         for f in r.findings:
-            k = (f.signature, r.cell)
+            k = (f.signature, r.cell, f.tracked)   # a tracked root and a new finding stay apart
             if k in merged:
                 g = merged[k]
                 keep = f if (f.size or 1 << 30) < (g.size or 1 << 30) else g
@@ -248,15 +226,16 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     cur_keys = {f.key() for f in merged.values()}
     ran = {p for r in inputs if r.info for p in r.info.options.pipelines} | {row for row in rows}
     findings = []
-    for (sig, cell), f in merged.items():
+    for k, f in merged.items():
         if f.tracked is not None and not f.count:
             continue   # a known behaviour (`run --known`) this run never saw
         status = "persisting" if (f.key() in base_keys or f.tracked is not None) else "new"
-        findings.append({**_finding_obj(f, status, cells_of[(sig, cell)], with_repro),
-                         "run_dir": str(dir_of[(sig, cell)])})
-    # bugs first (then questions, documented behaviours, harness limits); within a class by check
-    findings.sort(key=lambda x: (x["class_rank"], CHECK_RANK.get(x["check"], 9), x["status"] != "new", -x["count"],
-                                 x["signature"]))
+        findings.append({**_finding_obj(f, status, cells_of[k], with_repro),
+                         "run_dir": str(dir_of[k])})
+    # new roots before tracked ones (`run --known`); bugs first (then questions, documented
+    # behaviours, harness limits); within a class by check
+    findings.sort(key=lambda x: (x["tracked"] is not None, x["class_rank"], CHECK_RANK.get(x["check"], 9),
+                                 x["status"] != "new", -x["count"], x["signature"]))
     for i, x in enumerate(findings, 1):
         x["id"] = f"F{i}"
         x["rank"] = i
@@ -282,8 +261,8 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     checks_ran = [{"pipeline": row, "check": check, "programs": ran_on[row], "ran": check_ran[(row, check)]}
                   for row in rows for check in CHECKS if (row, check) in grid]
     coverage_rows = [{"feature": ft, "programs": n,
-                      "cells": {row: coverage[(ft, row)] for row in rows if ran_on[row]}}
-                     for ft, n in sorted(feature_programs.items())]
+                      "cells": {row: coverage.get((ft, row), [0, 0]) for row in rows if ran_on[row]}}
+                     for ft, n in sorted(tally.features.items())]
     # behaviours: each finding is one root behaviour; where its shrunk program fails the same way
     behaviours = [
         {
@@ -320,7 +299,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                     "started": r.info.started if r.info else None, "versions": r.info.versions if r.info else {},
                     "device": r.info.options.device if r.info else None,
                     "pipelines": r.info.options.pipelines if r.info else [], "cell": r.cell,
-                    "programs": sum(1 for x in r.results if x.type == "result"), "findings": len(r.findings)}
+                    "programs": counted[id(r)].programs, "findings": len(r.findings)}
                    for r in inputs],
         "baselines": [{"dir": str(b.dir), "label": b.label, "findings": len(b.findings)} for b in baselines],
         "warnings": warnings,
@@ -335,9 +314,12 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         "findings": findings,
         "fixed": fixed,
         "not_run": not_run,
-        "stale_expectations": _stale(inputs, expectations or _packaged()),
+        "stale_expectations": stale(expectations or _packaged(),
+                                    {p for r in inputs if r.info for p in r.info.options.pipelines},
+                                    tally.expectation_hits),
         "residual_bytes": residual_bytes,
         "checks_ran": checks_ran,
+        "ran_on": {row: ran_on[row] for row in rows},
         "coverage": coverage_rows,
         "behaviours": behaviours,
         "trend": trend,

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from conformance.engine.findings import Finding, observations_problem
 from conformance.engine.options import RecordedOptions
 from conformance.engine.store import ResultRecord, StoreError, read_jsonl
+from conformance.engine.tally import Tally
 from conformance.errors import field_path
 from conformance.files import InputRefused, read_text
 from conformance.ir.nodes import ProgramError
@@ -33,7 +34,8 @@ class ReportInputError(ValueError):
 
 
 # ---- input schemas ------------------------------------------------------------------------------
-class _Run(BaseModel):
+class RunInfo(BaseModel):
+    """run.json as the report reads it."""
     model_config = ConfigDict(extra="allow")
     schema_version: int
     harness: str = "?"
@@ -79,12 +81,13 @@ def _check_version(path: Path, where: str, sv) -> None:
 @dataclass
 class RunData:
     dir: Path
-    info: _Run | None
+    info: RunInfo | None
     results: list[ResultRecord] = field(default_factory=list)
     findings: list = field(default_factory=list)          # conformance.engine.findings.Finding
     warnings: list[str] = field(default_factory=list)
     report: dict | None = None   # a previous report.json (baselines only)
     cell: str = ""
+    tally: Tally | None = None   # the results already counted (a campaign's own summary); else from results
 
     @property
     def label(self) -> str:
@@ -130,7 +133,7 @@ def load_run(d: str | Path, allow_report: bool = False) -> RunData:
         raise ReportInputError(str(runp), "<root>", "must be a JSON object")
     _check_version(runp, "schema_version", obj.get("schema_version"))
     try:
-        info = _Run.model_validate(obj)
+        info = RunInfo.model_validate(obj)
     except ValidationError as e:
         raise ReportInputError(str(runp), _loc(e.errors()[0]), e.errors()[0]["msg"]) from None
     rd = RunData(d, info)

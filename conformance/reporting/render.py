@@ -12,6 +12,8 @@ from pathlib import Path
 import conformance
 from conformance.engine.describe import CLASS_HEADINGS, CLASS_ORDER
 from conformance.engine.store import atomic_write
+from conformance.ir.verdict import CHECK
+from conformance.pipelines import registry
 from conformance.reporting.versions import markdown as versions_markdown
 
 TEMPLATES = Path(conformance.__file__).with_name("templates")
@@ -127,52 +129,123 @@ def _triage_md(x: dict) -> str:
 
 def _md_finding(x: dict) -> str:
     first = f"; first seen {float(x['first_seen']):.0f} s into the campaign" if x.get("first_seen") is not None else ""
+    shrunk = (f"; shrunk to {x['size']} statement(s) from {x['original_size']}"
+              if x.get("size") is not None and x.get("original_size") is not None else "")
     issue = (f"; issue text: [{x['issue']}]({x['issue_href']})" if x.get("issue_href")
              else f"; {_md(x['no_issue'])}" if x.get("no_issue") else "")
-    return (f"- **{x['id']}** {x['status']}: **{_md(x.get('title', ''))}**\n"
+    return (f"- **{x['id']}** {x['status']}: **{_md(x.get('title', ''))}**"
+            + (f" (tracked as `{x['tracked']}`)" if x.get("tracked") else "") + "\n"
             f"  - class: {_triage_md(x)}\n"
             f"  - variants: {_md(x.get('variants_text', ''))}\n"
             f"  - [{x['check']}] `{x['pipeline']}` vs `{x['reference']}`"
-            f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s){first}; "
+            f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s){first}{shrunk}; "
             f"features: {', '.join(x['features'])}; flags: `{json.dumps(x['flags'], sort_keys=True)}`; "
             f"repro: `{x['repro_command']}`{issue}")
 
 
+def _cell(x) -> str:
+    """A string shown in a Markdown table cell: one line, no cell separators."""
+    return _md(x).replace("|", "\\|")
+
+
+def _table(head: list[str], rows: list[list]) -> list[str]:
+    return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            + ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows])
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.0f}%" if b else "-"
+
+
+def _campaign_md(c: dict) -> list[str]:
+    """summary.md's head: what only the campaign knows of itself (Campaign.facts)."""
+    shard = c.get("shard") or [0, 1]
+    L = [f"- harness {c['harness']}; seed {c['seed']}; device {c['device']}; budget {c['budget']:.0f}s; "
+         f"elapsed {c['elapsed']:.0f}s; jobs {c['jobs']}" + (f"; shard {shard[0]}/{shard[1]}" if shard[1] > 1 else "")
+         + ("; **interrupted** (resumable with --resume)" if c["interrupted"] else ""),
+         f"- programs checked: **{c['programs']}** ({c['rate']:.2f}/s); shrink runs: {c['shrink_runs']}; "
+         f"distinct findings: **{c['new_findings']}**"
+         + (f"; tracked behaviours seen: {c['tracked_seen']}" if c["tracked_seen"] else "")]
+    d = c.get("shrunk_sizes") or {}
+    if d:
+        L.append(f"- shrunk sizes (statements) over {d['shrinks']} shrinks: median {d['median']:g}, "
+                 f"90th percentile {d['p90']:g}, max {d['max']} (originals: median {d['median_original']:g})")
+    if c.get("harness_errors"):
+        L.append(f"- harness errors: {c['harness_errors']} (bugs of this tool: see results.jsonl)")
+    return L
+
+
 def render_md(rep: dict) -> str:
-    t = rep["totals"]
-    L = ["# remat-conformance report", "",
-         f"{t['programs']} programs checked in {len(rep['inputs'])} run(s); **{t['findings']} findings** "
-         f"({t['new']} new, {t['persisting']} persisting, {t['fixed']} fixed).", ""]
+    """report.md, and a campaign's summary.md (the report of its one run with `rep["campaign"]`)."""
+    t, camp = rep["totals"], rep.get("campaign")
+    L = ["# remat-conformance " + ("campaign summary" if camp else "report"), ""]
+    if camp:
+        L += _campaign_md(camp)
+    L.append(f"- {t['programs']} programs checked in {len(rep['inputs'])} run(s); **{t['findings']} findings** "
+             f"({t['new']} new, {t['persisting']} persisting, {t['fixed']} fixed)")
     vs = sorted({f"{k} {v}" for i in rep["inputs"] for k, v in i["versions"].items() if k != "numpy"})
-    L.append("Versions: " + ", ".join(vs))
-    for w in rep["warnings"]:
-        L.append(f"> warning: {w}")
-    L += ["", "| pipeline | " + " | ".join(rep["checks"]) + " |", "|---|" + "---|" * len(rep["checks"])]
-    cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
-    for r in rep["pipelines"]:
-        L.append(
-            f"| `{r}` | "
-            + " | ".join(
-                _MARK[cell[(r, c)]["status"]]
-                + (" " + ",".join(cell[(r, c)]["findings"]) if cell[(r, c)]["findings"] else "")
-                for c in rep["checks"]
-            )
-            + " |"
-        )
+    L.append("- versions: " + (", ".join(vs) or "-"))
+    L.append("- pipelines: " + ", ".join(rep["pipelines"]))
+    L += [f"> warning: {w}" for w in rep["warnings"]]
+    new = [x for x in rep["findings"] if not x.get("tracked")]
+    tracked = [x for x in rep["findings"] if x.get("tracked")]
     L += ["", "## Findings by class (bugs first)", ""]
-    if not rep["findings"]:
+    if not new:
         L.append("None.")
-    for cls, items in _by_class(rep["findings"]):
+    for cls, items in _by_class(new):
         n_new = sum(1 for x in items if x["status"] == "new")
-        L += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(items)}: {n_new} new, {len(items) - n_new} persisting)", ""]
+        split = f": {n_new} new, {len(items) - n_new} persisting" if n_new < len(items) else ""
+        L += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(items)}{split})", ""]
         L += [_md_finding(x) for x in items]
         L.append("")
     if L[-1] == "":
+        L.pop()
+    if new:
+        L += ["", "## Findings", ""]
+        L += _table(["id", "class", "check", "pipeline", "reference", "error type", "programs", "shrunk size",
+                     "features"],
+                    [[x["id"], x["class"] + ("" if (x.get("triage") or {}).get("confirmed") else " (suggested)"),
+                      x["check"], f"`{x['pipeline']}`", f"`{x['reference']}`", x["error_type"] or "-", x["count"],
+                      f"{x['size']} (from {x['original_size']})", ", ".join(x["features"])] for x in new])
+        ids = {x["id"] for x in new}
+        shown = [p for p in rep["pipelines"] if not registry.is_reference(p.split(" @ ")[0])]
+        L += ["", "## Behaviours by pipeline (x: the finding's shrunk program fails there the same way)", ""]
+        L += _table(["id", "behaviour"] + [f"`{p}`" for p in shown],
+                    [[b["id"], f"{b['check']} {b['error_type'] or ''} vs `{b['reference']}`"]
+                     + ["x" if p in b["pipelines"] else "" for p in shown]
+                     for b in rep.get("behaviours", []) if b["id"] in ids])
+    if tracked:
+        L += ["", "## Tracked behaviours seen (`--known`: not new)", ""]
+        for cls, items in _by_class(tracked):
+            L += [f"### {CLASS_HEADINGS.get(cls, cls)} ({len(items)})", ""]
+            L += [_md_finding(x) for x in items]
+            L.append("")
         L.pop()
     L += ["", "## Fixed (not seen in this run)", ""]
     if not rep["fixed"]:
         L.append("None.")
     L += [_md_finding(x) for x in rep["fixed"]]
+    with_findings = {g["check"] for g in rep["grid"] if g["findings"]}
+    checks = [c for c in rep["checks"] if CHECK[c].grid or c in with_findings]
+    cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
+    ran_on = rep.get("ran_on", {})
+    L += ["", "## Status by pipeline and check (verdict counts; finding ids)", ""]
+    L += _table(["pipeline", "programs run"] + checks,
+                [[f"`{r}`", ran_on.get(r, "-")]
+                 + [" ".join([_MARK[cell[(r, c)]["status"]]] + [",".join(cell[(r, c)]["findings"])]
+                             + [f"{k}:{v}" for k, v in cell[(r, c)]["counts"].items()]).strip()
+                    for c in checks] for r in rep["pipelines"]])
+    ran = {(x["pipeline"], x["check"]): x for x in rep.get("checks_ran", [])}
+    L += ["", "## Checks that ran (share of the programs a pipeline ran on where the check had its inputs)", ""]
+    L += _table(["pipeline"] + checks,
+                [[f"`{r}`"] + [_pct(ran[(r, c)]["ran"], ran[(r, c)]["programs"]) if (r, c) in ran else "-"
+                               for c in checks] for r in rep["pipelines"]])
+    shown = [r for r in rep["pipelines"] if ran_on.get(r)]
+    L += ["", "## Feature coverage: programs checked / programs with a failed verdict, per pipeline", ""]
+    L += _table(["feature", "programs"] + [f"`{p}`" for p in shown],
+                [[c["feature"], c["programs"]]
+                 + [f"{c['cells'][p][0]}/{c['cells'][p][1]}" if c["cells"].get(p, [0])[0] else "**0**" for p in shown]
+                 for c in rep.get("coverage", [])])
     L += versions_markdown(rep.get("versions"))
     L += ["", "## Stale expectations", ""]
     L += [f"- `{s['id']}`: {s['why']}" for s in rep["stale_expectations"]] or ["None."]
