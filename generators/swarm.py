@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from hypothesis import strategies as st
 
 from conformance.ir import ops as O
+from conformance.ir.features import FEATURE_FOCUS
 from conformance.ir.policy import KINDS
 from generators.draws import draw_int, flag
 
@@ -159,29 +160,13 @@ def swarms(cfg: Config | None = None) -> st.SearchStrategy:
 
 
 # ---- focus: constructs a campaign aims to generate in every run ----------------------------------
-# feature (conformance.ir.features) -> the swarm dimensions a program needs on to have it. A campaign
-# round focuses on the features earlier rounds did not generate (conformance.engine.search.Coverage): half
-# of its programs each aim at one of them, with these dimensions on, drawing until one has it
-# (at most FOCUS_TRIES). Policy kinds and dtypes are added from their declarations.
-_LOOPS = ("scan", "loop_spellings")
+# feature -> the swarm dimensions a program needs on to have it, as each feature declares it
+# (conformance.ir.features.FEATURES). A campaign round focuses on the features earlier rounds did not
+# generate (conformance.engine.search.Coverage): half of its programs each aim at one of them, with
+# these dimensions on, drawing until one has it (at most FOCUS_TRIES). Policy kinds and dtypes are
+# added from their declarations.
 FOCUS: dict[str, tuple[str, ...]] = {
-    "scan": ("scan",), "fori_loop": _LOOPS, "while_loop": _LOOPS, "vmap": _LOOPS, "scan_xs": ("scan", "scan_xs"),
-    "scan_unroll": ("scan", "scan_unroll"), "checkpoint_in_scan": ("scan", "checkpoint"),
-    "scan_in_checkpoint": ("scan", "checkpoint"), "names_in_scan": ("scan", "family:name"),
-    "cond": ("cond",), "switch": ("cond", "cond_switch"), "checkpoint_in_cond": ("cond", "checkpoint"),
-    "cond_in_checkpoint": ("cond", "checkpoint"), "names_in_cond": ("cond", "family:name"),
-    "nested_jit": ("nested_jit",), "jit_in_checkpoint": ("nested_jit",), "checkpoint_in_jit": ("nested_jit",),
-    "static_argnums": ("region_options",), "region_pytree": ("region_options",),
-    "rule_pytree": ("rule_trees",), "residual_pytree": ("custom_vjp", "residual_trees"),
-    "second_order": ("second_order",), "fwd_over_rev": ("second_order", "diff_modes"),
-    "rev_over_fwd": ("second_order", "diff_modes"), "linearize": ("second_order", "diff_modes"),
-    "seeded_cotangents": ("seeded_cotangents",), "per_example": ("per_example",), "aux_outputs": ("aux_outputs",),
-    "nested_checkpoint": ("nesting",), "custom_vjp_in_checkpoint": ("custom_vjp", "checkpoint"),
-    "custom_jvp_in_checkpoint": ("custom_jvp", "checkpoint"), "random": ("family:random",),
-    "inplace": ("family:inplace",), "view": ("family:view",),
-    "checkpoint_in_custom_vjp": ("custom_vjp", "checkpoint", "checkpoint_in_rules"),
-    "sequential_regions": ("sequential_regions", "policy:no_policy", "checkpoint"),
-    **{f: ("custom_vjp", "function_options") for f in ("non_differentiable", "once_differentiable", "bwd_branch")},
+    **FEATURE_FOCUS,
     **{f"policy:{k}": ("checkpoint",) + ((f"policy:{k}",) if i else ()) for i, k in enumerate(KINDS)},
 }
 FOCUS_TRIES = 40

@@ -188,8 +188,9 @@ def test_live_values_follow_reads_into_regions():
 
 
 def test_readme_feature_table_is_generated_from_the_declarations():
-    """A feature is declared once (its name and doc, conformance.ir.features or the op table); the
-    README's table is `tools/feature_table.py --write`'s, and every focus feature is declared."""
+    """A feature is declared once (its name, doc and focus dimensions, conformance.ir.features or the
+    op table); the README's table is `tools/feature_table.py --write`'s; the campaign's focus is the
+    declarations' (every focus feature declared, every dimension one the generator has)."""
     import importlib.util
     from pathlib import Path
 
@@ -201,3 +202,8 @@ def test_readme_feature_table_is_generated_from_the_declarations():
     spec.loader.exec_module(tool)
     assert tool.readme_table(tool.README.read_text()) == tool.table(), "run tools/feature_table.py --write"
     assert set(FOCUS) <= known_features(), set(FOCUS) - known_features()
+    from conformance.ir.features import FEATURE_FOCUS
+    from generators.swarm import swarm_dimensions
+    assert {k: FOCUS[k] for k in FEATURE_FOCUS} == FEATURE_FOCUS and {"scan", "random", "aux_outputs"} <= set(FOCUS)
+    dims = {d for v in FOCUS.values() for d in v}
+    assert dims <= set(swarm_dimensions()), dims - set(swarm_dimensions())

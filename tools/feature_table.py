@@ -1,5 +1,6 @@
 """README's feature vocabulary table, generated from the declarations (conformance.ir.features
-FEATURE_DOC and the op table's features): prints it, or with --write replaces README's table.
+FEATURES, with the op table's features: name, meaning, campaign focus): prints it, or with --write
+replaces README's table.
 tests/test_ir.py holds README to it."""
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 README = ROOT / "README.md"
-SECTION = re.compile(r"(### Feature vocabulary\n\n)(\| feature \| meaning \|\n\|---\|---\|\n(?:\|.*\|\n)+)")
+HEAD = "| feature | meaning | campaign focus (swarm dimensions) |\n|---|---|---|\n"
+SECTION = re.compile(r"(### Feature vocabulary\n\n)(\| feature \| meaning \|.*\n\|---\|---\|.*\n(?:\|.*\|\n)+)")
 
 
 def table() -> str:
-    from conformance.ir.features import FEATURE_DOC
-    from conformance.ir.ops import FEATURE_DOC as OP_FEATURES
-    rows = {**FEATURE_DOC, **{k: v for k, v in OP_FEATURES.items() if k not in FEATURE_DOC}}
-    return "| feature | meaning |\n|---|---|\n" + "".join(f"| `{k}` | {v} |\n" for k, v in rows.items())
+    from conformance.ir.features import FEATURES
+    from conformance.ir.ops import FEATURES as OP_FEATURES
+    from generators.swarm import FOCUS  # (FEATURES' focus, and the policy kinds')
+    rows = {**FEATURES, **{k: v for k, v in OP_FEATURES.items() if k not in FEATURES}}
+    def focus(k):   # (a policy kind is aimed at with its own dimension on)
+        dims = ("checkpoint", "policy:<kind>") if k == "policy:<kind>" else FOCUS.get(k, ())
+        return ", ".join(f"`{d}`" for d in dims) or "-"
+    return HEAD + "".join(f"| `{k}` | {f.doc} | {focus(k)} |\n" for k, f in rows.items())
 
 
 def readme_table(text: str) -> str:

@@ -21,93 +21,122 @@ from conformance.ir.nodes import (
     live_values,
     walk,
 )
+from conformance.ir.ops.core import Feature
 from conformance.ir.policy import KINDS, POLICY_KINDS, combines, offloads
 
 if TYPE_CHECKING:   # (the Program model reads this module)
     from conformance.ir.program import Program
 
-# Features: a documented vocabulary (README "Feature vocabulary"); op features come from the op table.
-FEATURE_DOC: dict[str, str] = {
-    "checkpoint": "at least one checkpoint region",
-    "nested_checkpoint": "a region inside another region",
-    "depth3": "regions nested three deep or more",
-    "nested_policy_conflict": "a region inside another region with a different policy",
-    "prevent_cse_false": "a region with prevent_cse=False",
-    "static_argnums": "a region whose function takes a static argument (static_argnums) it branches on",
-    "region_pytree": "a region whose function takes and returns its values as one tuple or dict",
-    "offload_in_both": "a both(p, q) policy one of whose parts offloads",
-    "policy:<kind>": "a region uses this policy kind (everything, nothing, dots, ...)",
-    "op:<op>": "the program uses this op (for expectations; not part of signatures)",
-    "names": "checkpoint_name used",
-    "dup_names": "the same name on several values",
-    "unread_name": "a named value that nothing reads",
-    "dead_random": "a random op whose value the outputs do not depend on (torch.compile drops it, and later draws "
-                   "differ from eager's: entry torch-compile-drops-dead-random-ops)",
-    "names_in_fwd": "checkpoint_name inside a custom_vjp fwd",
-    "custom_vjp": "a custom_vjp block",
-    "custom_vjp_in_checkpoint": "a custom_vjp block inside a checkpoint region",
-    "symbolic_zeros": "custom_vjp with symbolic_zeros=True",
-    "optimize_remat": "custom_vjp with optimize_remat=True",
-    "optimize_remat_symbolic_zeros": "one custom_vjp block with both optimize_remat and symbolic_zeros",
-    "sz_fwd_remat": "a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
-                    "(remat3 must rematerialise that fwd)",
-    "nondiff_args": "custom_vjp with nondiff arguments",
-    "unused_result": "a custom_vjp result that nothing reads (zero cotangent)",
-    "nondiff_input": "a program input that is not differentiated",
-    "residual_is_arg": "a custom_vjp residual that is one of its args",
-    "residual_is_result": "a custom_vjp residual that is one of its results (an output aliased by a residual)",
-    "perturbed_branch": "a symbolic_zeros custom_vjp whose bwd returns None for the args its fwd saw unperturbed",
-    "non_differentiable": "a custom rule result marked non-differentiable (PyTorch: ctx.mark_non_differentiable)",
-    "once_differentiable": "a custom rule whose PyTorch backward is decorated @once_differentiable",
-    "bwd_branch": "a custom rule whose bwd branches on its cotangent's value (PyTorch: a Python if)",
-    "checkpoint_in_custom_vjp": "a checkpoint region in a custom_vjp fwd rule (PyTorch: in a Function's forward)",
-    "sequential_regions": "regions without a policy chained on one value, then an op reading it: what "
-                          "checkpoint_sequential spells",
-    "rule_pytree": "a custom_vjp or custom_jvp taking its args and returning its results (and cotangents or "
-                   "tangents) as one tuple or dict",
-    "residual_pytree": "custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
-    "bwd_none": "a custom_vjp bwd rule that returns None (a zero cotangent) for some argument",
-    "custom_gradient": "a custom rule spelled with jax.custom_gradient (remat=False)",
-    "rule_remat": "a custom rule with a rematerialisation rule: defremat or custom_gradient(remat=True) "
-                  "(needs jax_custom_vjp3 and jax_remat3)",
-    "custom_jvp": "a custom_jvp block",
-    "custom_jvp_in_checkpoint": "a custom_jvp block inside a checkpoint region",
-    "custom_jvp_in_fwd": "a custom_jvp block inside a custom_vjp fwd rule",
-    "names_in_custom_jvp": "checkpoint names in a custom_jvp body (its jvp rule runs them too)",
-    "scan": "a lax.scan (PyTorch: a Python loop over the body)",
-    "fori_loop": "a lax.fori_loop with a static trip count (differentiated; PyTorch: a Python loop)",
-    "while_loop": "a lax.while_loop that no gradient flows into (its inputs under stop_gradient)",
-    "vmap": "jax.vmap of a sub-function over stacked inputs (PyTorch: a Python loop)",
-    "scan_xs": "a scan or vmap over a stacked sequence (its xs, e.g. per-layer weights)",
-    "scan_unroll": "a scan or fori_loop with unroll > 1",
-    "checkpoint_in_scan": "a checkpoint region inside a scan, loop or vmap body (the checkpointed layer of a "
-                          "scanned model)",
-    "scan_in_checkpoint": "a scan, loop or vmap inside a checkpoint region (jax.checkpoint around a whole scan)",
-    "names_in_scan": "checkpoint names inside a scan, loop or vmap body",
-    "cond": "a lax.cond on a non-differentiated input (PyTorch: a Python if)",
-    "switch": "a lax.switch of three branches",
-    "checkpoint_in_cond": "a checkpoint region inside a cond branch",
-    "cond_in_checkpoint": "a cond inside a checkpoint region",
-    "names_in_cond": "checkpoint names inside a cond branch",
-    "nested_jit": "a jax.jit-ted sub-function inside the program (PyTorch: inline)",
-    "jit_in_checkpoint": "a jitted sub-function inside a checkpoint region",
-    "checkpoint_in_jit": "a checkpoint region inside a jitted sub-function",
-    **O.FEATURE_DOC,
-    "second_order": "a second-order program (H @ ones), in any mode",
-    "fwd_over_rev": "second order as jvp of grad (forward over reverse: a Hessian-vector product)",
-    "rev_over_fwd": "second order as grad of a jvp (reverse over forward)",
-    "linearize": "second order as jax.linearize of grad, applied to ones",
-    "seeded_cotangents": "first order with a non-scalar cotangent per output (a fixed pattern, not ones)",
-    "per_example": "per-example gradients: jax.vmap of value_and_grad over batched inputs, shared ones broadcast "
-                   "(PyTorch: a loop over the examples)",
-    "aux_outputs": "outputs returned as aux beside the loss, not differentiated (value_and_grad(has_aux=True))",
-    "forward_ad": "a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)",
-    "float32": "a float32 value",
-    "float64": "a float64 value",
-    "bfloat16": "a bfloat16 value (inputs of that dtype, or a cast to it)",
-    "float16": "a float16 value (inputs of that dtype, or a cast to it)",
+# Features: a documented vocabulary (README "Feature vocabulary"), each declared once with what a
+# campaign's focus needs to generate it (the generator's swarm dimensions: generators.swarm reads them).
+# Op features come from the op table (conformance.ir.ops.feature).
+FEATURES: dict[str, Feature] = {
+    "checkpoint": Feature("at least one checkpoint region"),
+    "nested_checkpoint": Feature("a region inside another region", focus=("nesting",)),
+    "depth3": Feature("regions nested three deep or more"),
+    "nested_policy_conflict": Feature("a region inside another region with a different policy"),
+    "prevent_cse_false": Feature("a region with prevent_cse=False"),
+    "static_argnums": Feature("a region whose function takes a static argument (static_argnums) it branches on",
+                              focus=("region_options",)),
+    "region_pytree": Feature("a region whose function takes and returns its values as one tuple or dict",
+                             focus=("region_options",)),
+    "offload_in_both": Feature("a both(p, q) policy one of whose parts offloads"),
+    "policy:<kind>": Feature("a region uses this policy kind (everything, nothing, dots, ...)"),
+    "op:<op>": Feature("the program uses this op (for expectations; not part of signatures)"),
+    "names": Feature("checkpoint_name used"),
+    "dup_names": Feature("the same name on several values"),
+    "unread_name": Feature("a named value that nothing reads"),
+    "dead_random": Feature("a random op whose value the outputs do not depend on (torch.compile drops it, and later "
+                           "draws differ from eager's: entry torch-compile-drops-dead-random-ops)"),
+    "names_in_fwd": Feature("checkpoint_name inside a custom_vjp fwd"),
+    "custom_vjp": Feature("a custom_vjp block"),
+    "custom_vjp_in_checkpoint": Feature("a custom_vjp block inside a checkpoint region",
+                                        focus=("custom_vjp", "checkpoint")),
+    "symbolic_zeros": Feature("custom_vjp with symbolic_zeros=True"),
+    "optimize_remat": Feature("custom_vjp with optimize_remat=True"),
+    "optimize_remat_symbolic_zeros": Feature("one custom_vjp block with both optimize_remat and symbolic_zeros"),
+    "sz_fwd_remat": Feature("a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
+                            "(remat3 must rematerialise that fwd)"),
+    "nondiff_args": Feature("custom_vjp with nondiff arguments"),
+    "unused_result": Feature("a custom_vjp result that nothing reads (zero cotangent)"),
+    "nondiff_input": Feature("a program input that is not differentiated"),
+    "residual_is_arg": Feature("a custom_vjp residual that is one of its args"),
+    "residual_is_result": Feature("a custom_vjp residual that is one of its results (an output aliased by a residual)"),
+    "perturbed_branch": Feature("a symbolic_zeros custom_vjp whose bwd returns None for the args its fwd saw "
+                                "unperturbed"),
+    "non_differentiable": Feature("a custom rule result marked non-differentiable (PyTorch: "
+                                  "ctx.mark_non_differentiable)", focus=("custom_vjp", "function_options")),
+    "once_differentiable": Feature("a custom rule whose PyTorch backward is decorated @once_differentiable",
+                                   focus=("custom_vjp", "function_options")),
+    "bwd_branch": Feature("a custom rule whose bwd branches on its cotangent's value (PyTorch: a Python if)",
+                          focus=("custom_vjp", "function_options")),
+    "checkpoint_in_custom_vjp": Feature("a checkpoint region in a custom_vjp fwd rule (PyTorch: in a Function's "
+                                        "forward)",
+                                        focus=("custom_vjp", "checkpoint", "checkpoint_in_rules")),
+    "sequential_regions": Feature("regions without a policy chained on one value, then an op reading it: what "
+                                  "checkpoint_sequential spells",
+                                  focus=("sequential_regions", "policy:no_policy", "checkpoint")),
+    "rule_pytree": Feature("a custom_vjp or custom_jvp taking its args and returning its results (and cotangents or "
+                           "tangents) as one tuple or dict", focus=("rule_trees",)),
+    "residual_pytree": Feature("custom_vjp residuals passed to bwd as a dict or as nested tuples and dicts",
+                               focus=("custom_vjp", "residual_trees")),
+    "bwd_none": Feature("a custom_vjp bwd rule that returns None (a zero cotangent) for some argument"),
+    "custom_gradient": Feature("a custom rule spelled with jax.custom_gradient (remat=False)"),
+    "rule_remat": Feature("a custom rule with a rematerialisation rule: defremat or custom_gradient(remat=True) "
+                          "(needs jax_custom_vjp3 and jax_remat3)"),
+    "custom_jvp": Feature("a custom_jvp block"),
+    "custom_jvp_in_checkpoint": Feature("a custom_jvp block inside a checkpoint region",
+                                        focus=("custom_jvp", "checkpoint")),
+    "custom_jvp_in_fwd": Feature("a custom_jvp block inside a custom_vjp fwd rule"),
+    "names_in_custom_jvp": Feature("checkpoint names in a custom_jvp body (its jvp rule runs them too)"),
+    "scan": Feature("a lax.scan (PyTorch: a Python loop over the body)", focus=("scan",)),
+    "fori_loop": Feature("a lax.fori_loop with a static trip count (differentiated; PyTorch: a Python loop)",
+                         focus=("scan", "loop_spellings")),
+    "while_loop": Feature("a lax.while_loop that no gradient flows into (its inputs under stop_gradient)",
+                          focus=("scan", "loop_spellings")),
+    "vmap": Feature("jax.vmap of a sub-function over stacked inputs (PyTorch: a Python loop)",
+                    focus=("scan", "loop_spellings")),
+    "scan_xs": Feature("a scan or vmap over a stacked sequence (its xs, e.g. per-layer weights)",
+                       focus=("scan", "scan_xs")),
+    "scan_unroll": Feature("a scan or fori_loop with unroll > 1", focus=("scan", "scan_unroll")),
+    "checkpoint_in_scan": Feature("a checkpoint region inside a scan, loop or vmap body (the checkpointed layer "
+                                  "of a scanned model)", focus=("scan", "checkpoint")),
+    "scan_in_checkpoint": Feature("a scan, loop or vmap inside a checkpoint region (jax.checkpoint around a whole "
+                                  "scan)",
+                                  focus=("scan", "checkpoint")),
+    "names_in_scan": Feature("checkpoint names inside a scan, loop or vmap body", focus=("scan", "family:name")),
+    "cond": Feature("a lax.cond on a non-differentiated input (PyTorch: a Python if)", focus=("cond",)),
+    "switch": Feature("a lax.switch of three branches", focus=("cond", "cond_switch")),
+    "checkpoint_in_cond": Feature("a checkpoint region inside a cond branch", focus=("cond", "checkpoint")),
+    "cond_in_checkpoint": Feature("a cond inside a checkpoint region", focus=("cond", "checkpoint")),
+    "names_in_cond": Feature("checkpoint names inside a cond branch", focus=("cond", "family:name")),
+    "nested_jit": Feature("a jax.jit-ted sub-function inside the program (PyTorch: inline)", focus=("nested_jit",)),
+    "jit_in_checkpoint": Feature("a jitted sub-function inside a checkpoint region", focus=("nested_jit",)),
+    "checkpoint_in_jit": Feature("a checkpoint region inside a jitted sub-function", focus=("nested_jit",)),
+    **O.FEATURES,
+    "second_order": Feature("a second-order program (H @ ones), in any mode", focus=("second_order",)),
+    "fwd_over_rev": Feature("second order as jvp of grad (forward over reverse: a Hessian-vector product)",
+                            focus=("second_order", "diff_modes")),
+    "rev_over_fwd": Feature("second order as grad of a jvp (reverse over forward)",
+                            focus=("second_order", "diff_modes")),
+    "linearize": Feature("second order as jax.linearize of grad, applied to ones",
+                         focus=("second_order", "diff_modes")),
+    "seeded_cotangents": Feature("first order with a non-scalar cotangent per output (a fixed pattern, not ones)",
+                                 focus=("seeded_cotangents",)),
+    "per_example": Feature("per-example gradients: jax.vmap of value_and_grad over batched inputs, shared ones "
+                           "broadcast (PyTorch: a loop over the examples)", focus=("per_example",)),
+    "aux_outputs": Feature("outputs returned as aux beside the loss, not differentiated (value_and_grad(has_aux=True))",
+                           focus=("aux_outputs",)),
+    "forward_ad": Feature("a second-order mode that uses forward-mode AD (fwd_over_rev, rev_over_fwd, linearize)"),
+    "float32": Feature("a float32 value"),
+    "float64": Feature("a float64 value"),
+    "bfloat16": Feature("a bfloat16 value (inputs of that dtype, or a cast to it)"),
+    "float16": Feature("a float16 value (inputs of that dtype, or a cast to it)"),
 }
-
+FEATURE_DOC: dict[str, str] = {k: f.doc for k, f in FEATURES.items()}
+# feature -> the swarm dimensions a program needs on to have it (a campaign round aims at features
+# earlier rounds did not generate: conformance.engine.search.Coverage), declaration order
+FEATURE_FOCUS: dict[str, tuple[str, ...]] = {k: f.focus for k, f in FEATURES.items() if f.focus}
 
 def known_features() -> set[str]:
     """Every feature name a program can have: the vocabulary with its patterns expanded."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -80,6 +80,16 @@ class OpDecl:
 
 
 OPS: dict[str, OpDecl] = {}
+
+
+class Feature(NamedTuple):
+    """A program feature: what it means, and the generator's swarm dimensions a program needs on to
+    have it (a campaign round that aims at it turns them on; none: it is not aimed at)."""
+    doc: str
+    focus: tuple[str, ...] = ()
+
+
+FEATURES: dict[str, Feature] = {}      # the op table's features (conformance.ir.features adds the others)
 FEATURE_DOC: dict[str, str] = {}
 
 
@@ -89,7 +99,8 @@ def define(name: str, arity: int, family: str, infer, **kw) -> OpDecl:
     return d
 
 
-def feature(name: str, doc: str) -> str:
+def feature(name: str, doc: str, *focus: str) -> str:
+    FEATURES[name] = Feature(doc, focus)
     FEATURE_DOC[name] = doc
     return name
 
@@ -597,5 +608,6 @@ def _gen_dropout(c, x):
 
 define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dropout,
        pseudo="dropout({x}, p={p})", features=(feature("random", "dropout: a random op inside or outside regions "
-                                                                 "(values compared within a framework only)"),))
+                                                                 "(values compared within a framework only)",
+                                                         "family:random"),))
 

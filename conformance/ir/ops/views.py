@@ -16,7 +16,7 @@ from __future__ import annotations
 from conformance.ir.ops.core import ParamError, define, feature, infer_equal, infer_same, is_int, vjp_unary
 
 # ---- views ----------------------------------------------------------------------------------
-_VIEW = feature("view", "matrix_t (x.t()) or select: a view op a policy can name")
+_VIEW = feature("view", "matrix_t (x.t()) or select: a view op a policy can name", "family:view")
 
 
 def _infer_t(shapes, p, nd):
@@ -58,7 +58,8 @@ define("select", 1, "view", _infer_select, params=("axis", "index"), gen=_gen_se
        pseudo="select({x}, axis={axis}, index={index})", tangent="linear", vjp=_vjp_select)
 
 # ---- in-place ops ---------------------------------------------------------------------------
-_INPLACE = feature("inplace", "add_, mul_ or relu_: an in-place op on a value nothing reads afterwards")
+_INPLACE = feature("inplace", "add_, mul_ or relu_: an in-place op on a value nothing reads afterwards",
+                   "family:inplace")
 
 
 def _gen_inplace(kind):
