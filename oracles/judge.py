@@ -191,7 +191,8 @@ class _Pair:
 
 
 def _same(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
-    return [residuals.compare(obs, ref), compare_custom_rules(obs, ref, c.jvp_blocks),
+    return [residuals.compare(obs, ref, inputs=frozenset(i.id for i in c.program.inputs)),
+            compare_custom_rules(obs, ref, c.jvp_blocks),
             trace_counts.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline))]
 
 

@@ -1,7 +1,9 @@
 """Residual oracles: saved-residual sets against another pipeline and against the policy.
 
 Named value classes (those containing a checkpoint-named value) are compared exactly;
-other residuals by the multiset of (shape, dtype) and by total bytes.
+other residuals by the multiset of (shape, dtype, whether it is a program input) and by total
+bytes: saving an input where the reference saves a value computed from it (recomputing more) is a
+difference even where the two have one shape.
 """
 from __future__ import annotations
 
@@ -33,15 +35,21 @@ def _named(res: list[Residual]) -> Counter:
     return Counter(tuple(r.cls) for r in res if r.names)
 
 
-def _other(res: list[Residual]) -> Counter:
-    return Counter((tuple(r.shape), r.dtype) for r in res if not r.names)
+def _other(res: list[Residual], inputs: frozenset[str]) -> Counter:
+    return Counter((tuple(r.shape), r.dtype, _INPUT if inputs.intersection(r.cls) else "")
+                   for r in res if not r.names)
+
+
+_INPUT = " (a program input)"
 
 
 def describe(res: list[Residual]) -> list[str]:
     return [r.describe() for r in res]
 
 
-def compare(obs: Observation, ref: Observation, named_only: bool = False) -> Verdict:
+def compare(obs: Observation, ref: Observation, named_only: bool = False,
+            inputs: frozenset[str] = frozenset()) -> Verdict:
+    """`inputs`: the program's input ids (an unnamed residual that is one is told apart)."""
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
     if skip_unless(v, "residuals", obs, ref):
         return v
@@ -52,10 +60,10 @@ def compare(obs: Observation, ref: Observation, named_only: bool = False) -> Ver
     if missing or extra:
         detail.update(missing_named=missing, extra_named=extra)
     if not named_only:
-        oa, ob = _other(obs.residuals), _other(ref.residuals)
+        oa, ob = _other(obs.residuals, inputs), _other(ref.residuals, inputs)
         if oa != ob:
-            detail.update(missing_other=[f"{d}{list(s)}" for s, d in sorted((ob - oa).elements())],
-                          extra_other=[f"{d}{list(s)}" for s, d in sorted((oa - ob).elements())])
+            detail.update(missing_other=[f"{d}{list(s)}{i}" for s, d, i in sorted((ob - oa).elements())],
+                          extra_other=[f"{d}{list(s)}{i}" for s, d, i in sorted((oa - ob).elements())])
         ba = sum(r.bytes for r in obs.residuals)
         bb = sum(r.bytes for r in ref.residuals)
         if ba != bb:

@@ -325,6 +325,20 @@ def test_unnamed_residuals_are_compared_by_shape_dtype_and_bytes():
     assert set(v.detail) == {"missing_named", "extra_named", "bytes", "reference_bytes", "saved", "reference_saved"}
 
 
+def test_an_input_saved_where_the_reference_saves_a_value_of_its_shape_is_a_difference():
+    """Recomputing more (saving the input x where the reference saves cos(x), one shape) differs;
+    which computed value or which input is saved does not."""
+    ins = frozenset({"x0", "x1"})
+    v = residuals.compare(ob("p", res=[R(["x0"])]), ob("q", res=[R([])]), inputs=ins)
+    assert v.status == "fail" and v.error_type == "other"
+    assert v.detail["missing_other"] == ["float64[3]"] and v.detail["extra_other"] == ["float64[3] (a program input)"]
+    v = residuals.compare(ob("p", res=[R(["c1@0", "x1"])]), ob("q", res=[R(["v2"])]), inputs=ins)
+    assert v.detail["extra_other"] == ["float64[3] (a program input)"]   # a carry equal to an input is one
+    assert residuals.compare(ob("p", res=[R(["x0"])]), ob("q", res=[R(["x1"])]), inputs=ins).status == "pass"
+    assert residuals.compare(ob("p", res=[R(["v3"])]), ob("q", res=[R([])]), inputs=ins).status == "pass"
+    assert residuals.compare(ob("p", res=[R(["x0"])]), ob("q", res=[R([])])).status == "pass"   # no inputs given
+
+
 def test_named_only_ignores_unnamed_residuals_and_bytes():
     a = ob("p", res=[NA, R([], shape=(2,), nbytes=16)])
     b = ob("q", res=[NA, R([], shape=(5,), nbytes=40)])
