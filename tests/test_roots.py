@@ -179,3 +179,33 @@ def test_a_missing_expected_error_roots_on_the_expectation_that_asked_for_it():
     assert (
         root_key(a) == root_key(b) == "error|jax:remat3|expectations|none:expectation remat3-symbolic-zeros-fwd-remat"
     )
+
+
+def test_a_residual_difference_between_pipelines_of_one_semantics_roots_on_its_direction():
+    """remat3 recomputing more than remat2 is one root whether it shows through a scan, a cond or a
+    name (the constructs are variants); keeping more is another; where only named residuals are
+    compared (compiled PyTorch against eager), the features still key the root."""
+    from conformance.engine.search import known_finding
+    less = {"missing_other": ["float32[2]"], "extra_other": ["float32[2] (a program input)"]}
+    scan = _finding(features=("checkpoint", "scan", "checkpoint_in_scan", "policy:min_elements"), detail=less)
+    cond = _finding(pipeline="jax:remat3:jit", reference="jax:remat2:jit", label="missing",
+                    features=("checkpoint", "cond", "names"), detail={"missing_named": ["a"], "extra_named": []})
+    assert root_key(scan) == root_key(cond) == "residuals|jax:remat3|jax:remat2|saves less"
+    aux = _finding(features=("checkpoint", "aux_outputs"), detail={"missing_named": [], "extra_named": ["v2/x0"]})
+    assert root_key(aux) == "residuals|jax:remat3|jax:remat2|saves more"
+    assert root_key(_finding(detail={"bytes": 4, "reference_bytes": 8})).endswith("|saves less")
+    assert root_key(_finding(detail={})) == "residuals|jax:remat3|jax:remat2|checkpoint"   # nothing told apart
+    named_only = _finding(pipeline="torch:compile-aot_eager", reference="torch:eager-sac",
+                          features=("checkpoint", "names", "policy:nothing"), detail=less)
+    assert root_key(named_only) == "residuals|torch:compile|torch:eager-sac|checkpoint+names"
+    # before shrinking, a program departing the same way is counted under the known finding
+    key = ("residuals", "jax:remat3", "jax:remat2", "other")
+    assert known_finding([stamp(scan)], key, {"checkpoint", "names"}, {key}, "saves less") is scan
+    assert known_finding([stamp(scan)], key, {"checkpoint", "names"}, {key}, "saves more") is None
+    # after shrinking, two findings of one direction are one
+    findings: list[Finding] = []
+    merge_finding(findings, stamp(scan))
+    kept, changed = merge_finding(findings, stamp(cond))
+    assert findings == [scan] and kept is scan and not changed and scan.count == 2
+    merge_finding(findings, stamp(aux))
+    assert len(findings) == 2

@@ -19,6 +19,8 @@ import re
 
 from conformance.engine.findings import VARIANT_DIMENSIONS, Finding, Seen, error_root, signature_features
 from conformance.ir.verdict import Triage
+from conformance.pipelines import registry
+from conformance.pipelines.registry import CompareMode
 
 DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 # Op families: which op shows a behaviour is a variant of it when the minimal program fails
@@ -81,12 +83,39 @@ def family_key(check: str, pipeline: str, reference: str) -> tuple[str, str, str
     return check, pipeline_family(pipeline), VALUE_FAMILY if check == "gradient" else pipeline_family(reference)
 
 
+def residual_direction(check: str, pipeline: str, reference: str, detail: dict) -> str | None:
+    """How a rival's saved residuals depart from a reference that claims the same semantics (the
+    whole saved set compared: CompareMode.SAME): it lacks something the reference saves
+    (recomputes more), or only saves more. That direction is the root of a residual difference:
+    the constructs it shows through (a scan, a cond, a custom rule, a name) are its variants, as
+    the policy kinds are. None: another check or comparison, or no saved set told apart."""
+    if check != "residuals" or not any(m is CompareMode.SAME for _, m in registry.comparisons(pipeline, {reference})):
+        return None
+    if detail.get("missing_named") or detail.get("missing_other"):
+        return "saves less"
+    if detail.get("extra_named") or detail.get("extra_other"):
+        return "saves more"
+    b, rb = detail.get("bytes"), detail.get("reference_bytes")
+    if isinstance(b, int) and isinstance(rb, int) and b != rb:
+        return "saves more" if b > rb else "saves less"
+    return None
+
+
+def evidence_root(check: str, pipeline: str, reference: str, detail: dict) -> str | None:
+    """What a verdict's own evidence says its root is, where it says one: the raise of an error
+    (findings.error_root), the direction of a residual difference (residual_direction)."""
+    if check == "error":
+        return error_root(detail)
+    return residual_direction(check, pipeline, reference, detail)
+
+
 def root_key(f: Finding) -> str:
     """The root behaviour a shrunk finding stands for. An error that raised keys on what it raised
-    (one raise reached through another policy or program is one root); a missing error, and every
-    other check, on the features its shrunk program cannot lose."""
+    (one raise reached through another policy or program is one root), a residual difference
+    between pipelines of one semantics on its direction (residual_direction); a missing error, and
+    every other check, on the features its shrunk program cannot lose."""
     check, pfam, rfam = family_key(f.check, f.pipeline, f.reference)
-    raised = error_root(f.detail) if f.check == "error" else None
+    raised = evidence_root(f.check, f.pipeline, f.reference, f.detail)
     what = raised if raised is not None else "+".join(root_features(f.features))
     if f.check == "error" and raised is None:
         # an error the expectations ask for that did not come: the expectation that asked is the root

@@ -40,6 +40,7 @@ from hypothesis import seed as hseed
 from conformance.engine.findings import Finding, error_root, make_finding
 from conformance.engine.reduce import candidates
 from conformance.engine.roots import (
+    evidence_root,
     family_key,
     labels_seen,
     merge_variants,
@@ -141,7 +142,8 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     that finding's own key and has its core features; for an error verdict raising `root`
     (findings.error_root), one of the same key that raised the same, or an error finding of the
     same check, reference and error type that raised the same and whose key the program also fails
-    (one raise, reached through another policy or pipeline spelling); a trace count of several
+    (one raise, reached through another policy or pipeline spelling); for a residual difference in
+    direction `root` (roots.residual_direction), one of its family that departs the same way; a trace count of several
     counters is known when each counter's is. None: a behaviour not known yet."""
     for f in findings:
         if f.key() == tuple(key) and f.core_features() <= feats:
@@ -168,6 +170,9 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
             continue
         if key[0] == "error":
             if root is not None and error_root(f.detail) == root:
+                return f
+        elif root is not None:   # a residual difference in the direction of a known one (roots.residual_direction)
+            if evidence_root(f.check, f.pipeline, f.reference, f.detail) == root:
                 return f
         elif ((key[3] or "-") in labels_seen(f) and set(root_features(f.features)) <= feats
               and any(k[0] == key[0] and k[1] in pipelines_seen(f) for k in failing | {tuple(key)})):
@@ -352,7 +357,8 @@ class Searcher:
         """The finding this failure is an instance of (`known_finding`). Once a key has been
         shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
         finding whose features they share most instead of being shrunk again."""
-        f = known_finding(self.findings, v.key(), feats, failing, error_root(v.detail) if v.check == "error" else None)
+        f = known_finding(self.findings, v.key(), feats, failing, evidence_root(v.check, v.pipeline, v.reference,
+                                                                                   v.detail))
         if f is not None:
             return f
         same = [f for f in self.findings if f.key() == v.key()]
