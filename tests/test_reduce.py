@@ -64,6 +64,20 @@ def test_candidates_remove_dead_code_drop_outputs_and_simplify_policies():
     assert list(candidates(load_program({**PROG, "outputs": ["v1"], "body": [op("sin", ["x0"], "v1")]}))) == []
 
 
+def test_dead_code_goes_inside_cond_branches_too():
+    """A branch keeps what its results need: statements no result reads go from every branch."""
+    cond = {"kind": "cond", "args": ["x1", "x0"],
+            "branches": [[op("sin", ["x0"], "a0"), op("cos", ["x0"], "d0")],
+                         [op("tanh", ["x0"], "d1"), op("exp", ["x0"], "a1")]],
+            "branch_results": [["a0"], ["a1"]], "results": ["s"]}
+    prog = load_program({**PROG, "inputs": PROG["inputs"] + [{"id": "x1", "shape": [], "dtype": "float32",
+                                                             "diff": False}],
+                         "outputs": ["s"], "body": [cond]})
+    dce = next(candidates(prog)).to_json_obj()["body"][0]
+    assert dce["branches"] == [[op("sin", ["x0"], "a0")], [op("exp", ["x0"], "a1")]]
+    assert dce["branch_results"] == [["a0"], ["a1"]] and dce["results"] == ["s"]
+
+
 def test_nested_policies_and_custom_rule_bodies_are_reduced_in_place():
     inner = {"kind": "checkpoint", "args": ["x0"], "prevent_cse": True, "policy": {"kind": "everything"},
              "results": ["w1"], "body": [op("sin", ["x0"], "w1")]}

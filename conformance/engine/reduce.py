@@ -65,6 +65,8 @@ def _dce(body: list, live: set[str]) -> list:
         elif s["kind"] == "custom_vjp":
             s = {**s, "fwd": _dce(s["fwd"], set(s["results"]) | set(s["residuals"])),
                  "bwd": _dce(s["bwd"], {b for b in s["bwd_results"] if b})}
+        elif s["kind"] == "cond":   # each branch keeps what its results need
+            s = {**s, "branches": [_dce(b, set(rs)) for b, rs in zip(s["branches"], s["branch_results"])]}
         elif s["kind"] == "scan":   # the stacked outputs nothing reads go (the carries stay)
             nc = len(s["carry"])
             keep = [j for j, r in enumerate(s["results"][nc:]) if r in live]
