@@ -207,5 +207,6 @@ def test_a_residual_difference_between_pipelines_of_one_semantics_roots_on_its_d
     merge_finding(findings, stamp(scan))
     kept, changed = merge_finding(findings, stamp(cond))
     assert findings == [scan] and kept is scan and not changed and scan.count == 2
+    assert {"scan", "cond", "names"} <= set(scan.variants["constructs"])   # what it showed through
     merge_finding(findings, stamp(aux))
     assert len(findings) == 2

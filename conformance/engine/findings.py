@@ -44,7 +44,9 @@ class Seen(BaseModel):
 
 
 # What a finding lists its variants by (conformance.engine.roots.VARIANT_DIMENSIONS derives from this).
-VARIANT_DIMENSIONS = ("pipelines", "labels", "policies", "features")
+# constructs: the program's features that are not variant dimensions (a scan, a cond, a custom rule,
+# a name): the variants of a root keyed on its evidence (a raise, a residual direction).
+VARIANT_DIMENSIONS = ("pipelines", "labels", "policies", "constructs", "features")
 
 
 class Finding(BaseModel):

@@ -161,6 +161,7 @@ def variant_values(pipelines, label: str, features) -> dict[str, list[str]]:
     feats = set(features)
     return {"pipelines": list(dict.fromkeys(pipelines)), "labels": [label or "-"],
             "policies": sorted(f.removeprefix("policy:") for f in feats if f.startswith("policy:")),
+            "constructs": root_features(feats),
             "features": sorted(f for f in feats if is_variant_feature(f) and not f.startswith(("policy:", "op:")))}
 
 
