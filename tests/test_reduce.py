@@ -270,6 +270,30 @@ def test_custom_rule_blocks_are_inlined_and_ops_bypassed():
     assert any(b["outputs"] == ["v1", "v2"] and all(s.get("op") != "exp" for s in b["body"]) for b in bypassed)
 
 
+def test_a_custom_vjp_result_nothing_reads_is_dropped_with_what_only_it_needed():
+    """(v1, v2, v2) from fwd, v1 the only one read: v2 goes (both copies), with cos and its
+    cotangents; bwd is the derivative of what is left; v1 itself cannot go (the output reads it)."""
+    block = {"kind": "custom_vjp", "args": ["x0"],
+             "fwd": [op("sin", ["x0"], "v1"), op("cos", ["x0"], "v2")],
+             "results": ["v1", "v2", "v2"], "residuals": ["x0"], "cts": ["g1", "g2", "g3"],
+             "bwd": [op("cos", ["x0"], "b1"), op("mul", ["g1", "b1"], "b2"), op("sin", ["x0"], "b3"),
+                     op("neg", ["b3"], "b4"), op("add", ["g2", "g3"], "b5"), op("mul", ["b5", "b4"], "b6"),
+                     op("add", ["b2", "b6"], "b7")],
+             "bwd_results": ["b7"]}
+    prog = load_program({**PROG, "outputs": ["v1"], "body": [block]})
+    dropped = [c.to_json_obj()["body"][0] for c in candidates(prog)
+               if c.to_json_obj()["body"][0].get("results") == ["v1"]]
+    assert len(dropped) == 1
+    d = dropped[0]
+    assert d["fwd"] == [op("sin", ["x0"], "v1")] and d["cts"] == ["g1"]
+    assert [s["op"] for s in d["bwd"]] == ["cos", "mul"]
+    x = np.array([0.3, -1.2])
+    obs = InProcessExecutor("cpu").run(load_program({**PROG, "outputs": ["v1"], "body": [d]}), {"x0": x},
+                                       ["ref:f64"])["ref:f64"]
+    np.testing.assert_allclose(np.asarray(obs.grads["x0"]), np.cos(x))
+    assert not any(c.to_json_obj()["body"][0].get("results") == ["v2", "v2"] for c in candidates(prog))
+
+
 @pytest.mark.parametrize("entry", ["error-jax_remat3-7d6b302d", "error-jax_remat3+cvjp3-905855a5",
                                    "error-ref_f64-bfa081b4"])
 def test_an_error_against_the_expectations_is_judged_the_same_on_the_pipelines_its_shrink_runs(entry):

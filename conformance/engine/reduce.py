@@ -188,12 +188,8 @@ def _in_rule(obj: dict, path: tuple) -> bool:
     return False
 
 
-def _rederive_all(obj: dict, types: dict, path: tuple) -> dict | None:
-    """`obj` after a rewrite of the statement at `path`: when that is inside a custom rule's
-    primal code, every rule derived again from its primal code (the primal values keep their
-    `types`); None where a rule cannot be."""
-    if not _in_rule(obj, path):
-        return obj
+def _fresh_ids(obj: dict):
+    """A maker of value ids (r0, r1, ...) that `obj` does not use yet."""
     taken = _all_ids(obj)
     n = [0]
 
@@ -202,8 +198,17 @@ def _rederive_all(obj: dict, types: dict, path: tuple) -> dict | None:
             n[0] += 1
         taken.add(f"r{n[0]}")
         return f"r{n[0]}"
+    return fresh
+
+
+def _rederive_all(obj: dict, types: dict, path: tuple) -> dict | None:
+    """`obj` after a rewrite of the statement at `path`: when that is inside a custom rule's
+    primal code, every rule derived again from its primal code (the primal values keep their
+    `types`); None where a rule cannot be."""
+    if not _in_rule(obj, path):
+        return obj
     try:
-        return {**obj, "body": _rederive(obj["body"], types, fresh)}
+        return {**obj, "body": _rederive(obj["body"], types, _fresh_ids(obj))}
     except (ValueError, KeyError):
         return None
 
@@ -271,6 +276,26 @@ def _scans_simplified(obj: dict, types: dict) -> Iterator[dict]:
         yield o
 
 
+def _results_dropped(obj: dict, types: dict) -> Iterator[dict]:
+    """One result of a custom_vjp block dropped (with its cotangent, and the fwd code only it
+    needed), the rules derived again from the primal code; a result something reads fails to load."""
+    for path, s in _statements(obj["body"]):
+        if s["kind"] != "custom_vjp" or len(s["results"]) < 2:
+            continue
+        for r in dict.fromkeys(s["results"]):   # (a value returned twice: both copies)
+            keep = [k for k, x in enumerate(s["results"]) if x != r]
+            if not keep:
+                continue
+            results = [s["results"][k] for k in keep]
+            o = copy.deepcopy(obj)
+            _at(o, path).update(results=results, cts=[s["cts"][k] for k in keep],
+                                fwd=_dce(copy.deepcopy(s["fwd"]), set(results)))
+            try:
+                yield {**o, "body": _rederive(o["body"], types, _fresh_ids(o))}
+            except (ValueError, KeyError):
+                continue
+
+
 def _carried(i: str, s: dict) -> str:
     """An id of a one-iteration scan's body as its inlined body names it (a carry: its initial value)."""
     nc = len(s["carry"])
@@ -307,7 +332,8 @@ def _plain_options(obj: dict) -> Iterator[dict]:
 
 def candidates(prog: Program) -> Iterator[Program]:
     """Rewrites of `prog`, simplest first: dead statements removed; one program output dropped
-    (and what only it needed); one region or jitted sub-function inlined; one custom rule's block inlined; one op
+    (and what only it needed); one region or jitted sub-function inlined; one custom rule's block inlined; one
+    result of a custom_vjp block dropped (a result nothing reads, with its cotangent); one op
     bypassed (a checkpoint name, or an op one of whose arguments has its type); one scan cut to
     one iteration, or inlined when it has one; one cond replaced by one of its branches; one unary op of
     a custom rule replaced by the simplest one; one non-standard rule made standard; one option
@@ -370,6 +396,9 @@ def candidates(prog: Program) -> Iterator[Program]:
             del _at(o, path[:-1])[path[-1]]
             if (p := emit(_rederive_all(_substitute(o, s["out"], a), types, path))) is not None:
                 yield p
+    for o in _results_dropped(obj, types):
+        if (p := emit(o)) is not None:
+            yield p
     for o in _simpler_ops(obj, types):
         if (p := emit(o)) is not None:
             yield p
