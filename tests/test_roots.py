@@ -169,6 +169,13 @@ def test_spellings_and_rule_options_fold_but_constructs_keep_roots_apart():
                                            ("cond", "custom_vjp")))   # a construct: another root
     assert not nested_roots(base, _finding(tc, "jax:remat3+cvjp3", "jax:remat2", "bwd_calls",
                                            ("custom_vjp", "symbolic_zeros")))   # another label
+    # each with a rule option the other lacks (bwd_none, optimize_remat): still one root
+    g = "gradient"
+    tc_ = "torch:compile-aot_eager"
+    assert nested_roots(_finding(g, tc_, "torch:none", "", ("custom_vjp", "bwd_branch", "bwd_none")),
+                        _finding(g, tc_, "torch:none", "", ("custom_vjp", "bwd_branch", "optimize_remat")))
+    assert not nested_roots(_finding(g, tc_, "torch:none", "", ("custom_vjp", "bwd_none")),
+                            _finding(g, tc_, "torch:none", "", ("custom_vjp", "bwd_branch")))
 
 
 def test_a_missing_expected_error_roots_on_the_expectation_that_asked_for_it():

@@ -137,15 +137,15 @@ RULE_OPTIONS = frozenset({"symbolic_zeros", "optimize_remat", "nondiff_input", "
 
 
 def nested_roots(f: Finding, g: Finding) -> bool:
-    """One shrunk program has all the root features of the other and only rule options besides,
-    with the same label in one family: the smaller program is the root, the larger a variant whose
-    options the reductions could not turn off."""
+    """Two shrunk programs whose root features differ only by rule options, with the same label in
+    one family (one has all of the other's and options besides, or each has an option the other
+    lacks): one root, whose options the reductions could not turn off are variants."""
     if family_key(f.check, f.pipeline, f.reference) != family_key(g.check, g.pipeline, g.reference):
         return False
     if f.check == "error" or not _same_label(f.check, f.error_type, g.error_type):
         return False
     a, b = set(root_features(f.features)), set(root_features(g.features))
-    return (a <= b or b <= a) and (a ^ b) <= RULE_OPTIONS
+    return a - RULE_OPTIONS == b - RULE_OPTIONS
 
 
 def labels_seen(f: Finding) -> set[str]:
