@@ -201,16 +201,19 @@ def _fresh_ids(obj: dict):
     return fresh
 
 
-def _rederive_all(obj: dict, types: dict, path: tuple) -> dict | None:
-    """`obj` after a rewrite of the statement at `path`: when that is inside a custom rule's
-    primal code, every rule derived again from its primal code (the primal values keep their
+def _rederived(obj: dict, types: dict) -> dict | None:
+    """`obj` with every rule derived again from its primal code (the primal values keep their
     `types`); None where a rule cannot be."""
-    if not _in_rule(obj, path):
-        return obj
     try:
         return {**obj, "body": _rederive(obj["body"], types, _fresh_ids(obj))}
     except (ValueError, KeyError):
         return None
+
+
+def _rederive_all(obj: dict, types: dict, path: tuple) -> dict | None:
+    """`obj` after a rewrite of the statement at `path`: when that is inside a custom rule's
+    primal code, every rule derived again (_rederived); otherwise `obj` as it is."""
+    return _rederived(obj, types) if _in_rule(obj, path) else obj
 
 
 def _simpler_ops(obj: dict, types: dict) -> Iterator[dict]:
@@ -276,7 +279,7 @@ def _scans_simplified(obj: dict, types: dict) -> Iterator[dict]:
         yield o
 
 
-def _results_dropped(obj: dict, types: dict) -> Iterator[dict]:
+def _results_dropped(obj: dict, types: dict) -> Iterator[dict | None]:
     """One result of a custom_vjp block dropped (with its cotangent, and the fwd code only it
     needed), the rules derived again from the primal code; a result something reads fails to load."""
     for path, s in _statements(obj["body"]):
@@ -290,10 +293,7 @@ def _results_dropped(obj: dict, types: dict) -> Iterator[dict]:
             o = copy.deepcopy(obj)
             _at(o, path).update(results=results, cts=[s["cts"][k] for k in keep],
                                 fwd=_dce(copy.deepcopy(s["fwd"]), set(results)))
-            try:
-                yield {**o, "body": _rederive(o["body"], types, _fresh_ids(o))}
-            except (ValueError, KeyError):
-                continue
+            yield _rederived(o, types)   # (None: candidates' emit skips it)
 
 
 def _carried(i: str, s: dict) -> str:

@@ -163,18 +163,16 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     # The root level: a finding of the same check and pipeline and reference families (twins:
     # eager and :jit, remat3 and remat3+cvjp3...) whose root features the program has, and that
     # has seen this label (a label seen for the first time is shrunk once, then folds in by its
-    # root); an error, one that raised the same in the family.
+    # root); an error, one that raised the same in the family; a residual difference, one that
+    # departs the same way (roots.evidence_root).
     fam = family_key(*key[:3])
     for f in findings:
         if family_key(f.check, f.pipeline, f.reference) != fam:
             continue
-        if key[0] == "error":
-            if root is not None and error_root(f.detail) == root:
-                return f
-        elif root is not None:   # a residual difference in the direction of a known one (roots.residual_direction)
+        if root is not None:   # the same raise, or a residual difference in the same direction
             if evidence_root(f.check, f.pipeline, f.reference, f.detail) == root:
                 return f
-        elif ((key[3] or "-") in labels_seen(f) and set(root_features(f.features)) <= feats
+        elif (key[0] != "error" and (key[3] or "-") in labels_seen(f) and set(root_features(f.features)) <= feats
               and any(k[0] == key[0] and k[1] in pipelines_seen(f) for k in failing | {tuple(key)})):
             return f
     if key[0] == "trace_count" and "+" in key[3]:

@@ -182,13 +182,13 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     # the one aggregation of the results (conformance.engine.tally), rows named by matrix cell
     tally = Tally()
     rows: list[str] = []
-    counted = {id(r): r.tally if r.tally is not None else tally_of(r.results, lambda p, c=r.cell: _row(p, c))
-               for r in inputs}
-    for r in inputs:
+    counted = [r.tally if r.tally is not None else tally_of(r.results, lambda p, c=r.cell: _row(p, c))
+               for r in inputs]
+    for r, t in zip(inputs, counted):
         for p in (r.info.options.pipelines if r.info else []):
             if _row(p, r.cell) not in rows:
                 rows.append(_row(p, r.cell))
-        tally.merge(counted[id(r)])
+        tally.merge(t)
     rows += [row for row in tally.pipelines if row not in rows]
     grid, ran_on, check_ran, coverage = tally.grid, tally.ran, tally.check_ran, tally.coverage
     programs = tally.programs
@@ -299,8 +299,8 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                     "started": r.info.started if r.info else None, "versions": r.info.versions if r.info else {},
                     "device": r.info.options.device if r.info else None,
                     "pipelines": r.info.options.pipelines if r.info else [], "cell": r.cell,
-                    "programs": counted[id(r)].programs, "findings": len(r.findings)}
-                   for r in inputs],
+                    "programs": t.programs, "findings": len(r.findings)}
+                   for r, t in zip(inputs, counted)],
         "baselines": [{"dir": str(b.dir), "label": b.label, "findings": len(b.findings)} for b in baselines],
         "warnings": warnings,
         "checks": list(CHECKS),

@@ -297,12 +297,18 @@ def _finite(o):
     return o
 
 
+def link_issues(rep: dict, out: Path) -> None:
+    """Each finding's issue text (beside its corpus entry), linked from directory `out`, where the
+    Markdown that names it is written; None where there is none."""
+    for x in rep["findings"]:
+        p = Path(x["run_dir"]) / x["issue"] if x.get("run_dir") and x.get("issue") else None
+        x["issue_href"] = os.path.relpath(p, out) if p is not None and p.exists() else None
+
+
 def write(rep: dict, out: str | Path, with_plots: bool = True) -> list[Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for x in rep["findings"]:   # the issue text beside the finding's corpus entry, linked from where the report is
-        p = Path(x["run_dir"]) / x["issue"] if x.get("run_dir") and x.get("issue") else None
-        x["issue_href"] = os.path.relpath(p, out) if p is not None and p.exists() else None
+    link_issues(rep, out)
     figs = plots(rep) if with_plots else {}
     files = {"report.json": json.dumps(_finite(rep), indent=1, sort_keys=True, default=str, allow_nan=False),
              "report.md": render_md(rep), "junit.xml": render_junit(rep), "report.html": render_html(rep, figs)}

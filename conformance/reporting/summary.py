@@ -8,7 +8,7 @@ from conformance import __version__
 from conformance.engine.options import RecordedOptions
 from conformance.reporting.build import build
 from conformance.reporting.inputs import RunData, RunInfo
-from conformance.reporting.render import render_md
+from conformance.reporting.render import link_issues, render_md
 
 
 def summary_markdown(camp, run_info: dict) -> str:
@@ -19,7 +19,6 @@ def summary_markdown(camp, run_info: dict) -> str:
                    started=run_info.get("started") or time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     run = RunData(camp.store.dir, info, findings=list(camp.findings), tally=camp.tally)
     rep = build([run], with_repro=False, expectations=camp.expectations)
-    for x in rep["findings"]:   # summary.md sits in the run directory, beside corpus/
-        x["issue_href"] = x["issue"] if x.get("issue") and (camp.store.dir / x["issue"]).exists() else None
+    link_issues(rep, camp.store.dir)   # summary.md sits in the run directory, beside corpus/
     rep["campaign"] = camp.facts()
     return render_md(rep)
