@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= ci
 RUN_ARGS ?= --budget 240 --out reports/latest --overwrite
 
-.PHONY: run test bench mutation venv clean-venv browser nightly lint-tools
+.PHONY: run test bench mutation snapshot venv clean-venv browser nightly lint-tools
 
 venv: $(STAMP)
 
@@ -28,6 +28,12 @@ run: $(STAMP)
 
 test: $(STAMP) browser lint-tools
 	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto -q --durations=15 $(PYTEST_ARGS)
+
+# Re-record what the gate compares against (tools/snapshot.py): the gate campaigns' per-program
+# verdicts (tests/data/gate_snapshot.json) and the regression corpus's details. Only on purpose;
+# the commit that does it says why.
+snapshot: $(STAMP)
+	$(PY) tools/snapshot.py
 
 # The nightly matrix (matrix.toml) on this machine: every CPU cell (a CUDA cell where a device is
 # present) x its shards, each finding rechecked on every cell, one report in reports/nightly/report

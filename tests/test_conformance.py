@@ -1,4 +1,12 @@
-"""The conformance gate: a campaign run anew each time, judged by the campaign's own rule.
+"""The conformance gate: a campaign run anew each time, judged by its behaviour snapshot and by
+the campaign's own rule.
+
+The snapshot (tests/gate.py, tests/data/gate_snapshot.json). Every program's verdicts (status,
+error type, and what differed for a fail or expected one) must be the recorded ones, and each gated
+pipeline must have run on the recorded number of programs: a harness change that moves a verdict
+fails here even where its finding would land under a tracked key (a rival's gradients pushed past
+the tolerance, a lowering that raises everywhere, a residual class mislabelled). A change meant to
+move verdicts re-records it (`make snapshot`) in a commit that says why.
 
 A short campaign (the real engine, CLI and isolation) runs over every default JAX pipeline
 (jax:remat2's own policy verdict included), another over the PyTorch SAC pipelines, with the
@@ -30,24 +38,12 @@ from pathlib import Path
 import pytest
 
 from conformance.engine.loading import corpus_entry_stem, load_known
-from tests.conftest import GATE_SEED
+from tests.conftest import GATE_SEED, GATE_SEED_DEFAULT
 from tests.corpus_files import variant_path, variants
+from tests.gate import GATES, REG, ROOT, compare, gate_behaviour, gate_command, load_snapshot, read_results
 
-ROOT = Path(__file__).resolve().parents[1]
-REG = ROOT / "tests" / "regressions"
-# Two campaigns, so that pytest-xdist runs them side by side; each adds the references
-# (ref:f64, jax:none, jax:remat2) and the PyTorch one its baseline and cross-framework checks.
-# Each checks a fixed number of programs (the same ones for one seed, however loaded the
-# machine); the budget only bounds a run that went wrong.
-GATES = {
-    "jax": (["jax:remat2:jit", "jax:remat3", "jax:remat3:jit", "jax:remat3+cvjp3", "jax:remat3+cvjp3:jit"], 20),
-    "torch": (["torch:eager-sac", "torch:compile-aot_eager"], 30),
-}
 SCALE_PROGRAMS = {"dev": 0.5, "ci": 1, "nightly": 10}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 BUDGET = float(os.environ.get("REMAT_GATE_BUDGET", "600"))
-# Small programs, shrunk by steps only (not seconds): a shrunk program keeps few incidental
-# features on a loaded machine too, so that it folds into the corpus entry of its behaviour.
-MAX_STMTS, SHRINK_STEPS = 4, 150
 
 
 GATE_REPORTS = ROOT / "reports" / "gate"
@@ -95,34 +91,33 @@ def test_new_keys_fail_and_variants_of_tracked_keys_are_reported(tmp_path):
     assert [x.key() for x in load_known([str(kept[0])])] == [finding_key(json.loads(entry.read_text())["finding"])]
 
 
-def gate_command(gated: list[str], programs: int, seed: int, out: str) -> list[str]:
-    return ["remat-conformance", "run", "--pipelines", ",".join(gated), "--known", str(REG.relative_to(ROOT)),
-            "--seed", str(seed), "--max-examples", str(programs), "--max-stmts", str(MAX_STMTS),
-            "--shrink-steps", str(SHRINK_STEPS), "--shrink-seconds", "600",
-            "--budget", f"{BUDGET * SCALE_PROGRAMS:g}", "--jobs", "1", "--strict", "--quiet", "--out", out,
-            "--overwrite"]
-
-
 @pytest.mark.parametrize("gate", list(GATES))
 def test_fresh_campaign_finds_only_known_behaviours(gate, tmp_path):
     gated, programs = GATES[gate]
     programs = max(1, int(programs * SCALE_PROGRAMS))
     out = tmp_path / "gate"
-    cmd = gate_command(gated, programs, GATE_SEED, str(out))
+    cmd = gate_command(gated, programs, GATE_SEED, str(out), BUDGET * SCALE_PROGRAMS)
     r = subprocess.run([sys.executable, "-m", "conformance.cli", *cmd[1:]], cwd=ROOT, capture_output=True,
                        text=True, timeout=BUDGET * SCALE_PROGRAMS + 300)
     replay = (f"REMAT_GATE_SEED={GATE_SEED} pytest tests/test_conformance.py, or: "
-              + " ".join(gate_command(gated, programs, GATE_SEED, "DIR")))
+              + " ".join(gate_command(gated, programs, GATE_SEED, "DIR", BUDGET * SCALE_PROGRAMS)))
     assert r.returncode in (0, 1), f"gate campaign failed to run (exit {r.returncode}):\n{r.stderr[-3000:]}"
     findings = json.loads((out / "findings.json").read_text())
     run = json.loads((out / "run.json").read_text())
     assert run["options"]["seed"] == GATE_SEED and set(gated) <= set(run["options"]["pipelines"])
-    recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    recs = read_results(out)
     checked = sum(1 for x in recs if x.get("type") == "result")
     rounds = {x["round"] for x in recs if x.get("type") == "round"}
     # every slot checked (a program Hypothesis drew twice is checked once)
     assert checked and rounds == set(range(-(-programs // 40))), \
         f"the gate checked {checked} of its {programs} programs in its budget\n{r.stdout}"
+    if GATE_SEED == GATE_SEED_DEFAULT:
+        diffs = compare(load_snapshot()["gates"][gate], gate_behaviour(recs), complete=SCALE_PROGRAMS == 1)
+        assert not diffs, (
+            f"the {gate} gate's programs are judged otherwise than tests/data/gate_snapshot.json records "
+            f"({len(diffs)} difference(s)); replay: {replay}\n" + "\n".join(f"- {d}" for d in diffs)
+            + "\nA harness change that moves verdicts is a regression unless meant; if meant, `make snapshot` "
+              "re-records it and the commit says why.")
     new = [f for f in findings if f.get("tracked") is None]
     assert (r.returncode == 1) == bool(new), f"--strict exit {r.returncode} with {len(new)} new findings"
     variants, new = split_new(new, tracked_keys())

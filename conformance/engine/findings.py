@@ -1,6 +1,8 @@
 """Findings, corpus entries and exact input values (schemas exported as JSON Schema)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from typing import Any
 
@@ -173,6 +175,45 @@ def error_root(detail: dict) -> str | None:
     lines = [x.strip() for x in got["message"].strip().splitlines() if x.strip()][:2]
     text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))[:240]
     return f"{got.get('type', '')}: {text}" if len(text) >= 12 else None
+
+
+# A verdict's detail keys that give context rather than what differed: the observations a report
+# shows, notes, and the other pipelines that also differ (they depend on which pipelines ran).
+DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also_differs_from"})
+# Where a framework's message turns from what went wrong into where (tracebacks echo the harness's
+# own source lines, which move with every edit) or advice.
+_MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS")
+
+
+def what_differed(detail):
+    """A verdict's detail as its behaviour, not its numbers: context keys dropped (DETAIL_CONTEXT),
+    every float blanked (tolerances and worst errors move with inputs and machines; which value
+    differs, in which mode, stays), messages cut before tracebacks, addresses and spacing blanked."""
+    if isinstance(detail, dict):
+        return {str(k): what_differed(v) for k, v in sorted(detail.items()) if k not in DETAIL_CONTEXT}
+    if isinstance(detail, (list, tuple)):
+        return [what_differed(v) for v in detail]
+    if isinstance(detail, float):
+        return "<float>"
+    if isinstance(detail, str):
+        for tail in _MESSAGE_TAILS:
+            detail = detail.split(tail)[0]
+        return " ".join(re.sub(r"0x(?:[0-9a-fA-F]+|\u2026)", "0x?", detail).split())
+    return detail
+
+
+def detail_digest(detail) -> str:
+    """A short digest of what_differed(detail): equal for two verdicts that differ the same way."""
+    text = json.dumps(what_differed(detail), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def residuals_digest(residuals) -> str:
+    """A short digest of a pipeline's canonical saved residuals (class, names, dtype, shape, copies
+    of each): what the residual oracles compare, so that a change in canonicalisation shows even
+    where both sides of every comparison move alike."""
+    text = json.dumps(sorted(f"{'/'.join(r.cls) or '?'}{r.names}:{r.dtype}{r.shape}x{r.copies}" for r in residuals))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def signature_features(features) -> list[str]:

@@ -136,6 +136,10 @@ class Options(BaseModel):
         "time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
         + " by default); repeatable", share, "FAMILY=FRACTION", repeat=True, flag="--share")] = \
         Field(default_factory=dict)
+    share_by: Annotated[Literal["time", "programs"], Flag(
+        "what a family's share measures: its pipelines' seconds (time), or the programs it ran on "
+        "(programs: the same programs for one seed however loaded the machine)", choices=("time", "programs"),
+        resume=True)] = "time"
     round_size: Annotated[int, Flag("programs per seeded round", positive(int, "--round-size"), resume=True)] = 40
     max_shrinks_per_key: Annotated[int, Flag("shrinks of one key (check, pipeline, reference, error type) at most",
                                              positive(int, "--max-shrinks-per-key"))] = 3

@@ -37,7 +37,7 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hseed
 
-from conformance.engine.findings import Finding, error_root, make_finding
+from conformance.engine.findings import Finding, detail_digest, error_root, make_finding, residuals_digest
 from conformance.engine.reduce import candidates
 from conformance.engine.roots import (
     evidence_root,
@@ -271,21 +271,25 @@ def round_settings(opts, r: int, phases=(Phase.generate, Phase.shrink)) -> setti
 
 
 class Shares:
-    """Time shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at
-    most `share` of the searcher's elapsed time on its pipelines. Within its share it runs on a
-    program when it is under half its share, or when the program has a feature the family has
-    covered least (at most the median count): expensive pipelines cover features evenly."""
+    """Shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at most
+    `share` of the searcher's elapsed time on its pipelines (by="time"), or run on at most `share`
+    of the programs checked (by="programs": the same programs for one seed on any machine). Within
+    its share it runs on a program when it is under half its share, or when the program has a
+    feature the family has covered least (at most the median count): expensive pipelines cover
+    features evenly."""
 
-    def __init__(self, names: list[str], shares: dict[str, float] | None = None):
+    def __init__(self, names: list[str], shares: dict[str, float] | None = None, by: str = "time"):
         self.shares = {**registry.FAMILY_SHARES, **(shares or {})}
         self.family = {n: registry.family_of(n) for n in names}
+        self.by = by
         self.spent: Counter = Counter()
         self.covered: dict[str, Counter] = {}
         self.skipped: Counter = Counter()
         self.start = time.monotonic()
+        self.programs = 0
 
     def select(self, prog: Program, names: list[str]) -> list[str]:
-        elapsed = max(time.monotonic() - self.start, 1.0)
+        elapsed = max(time.monotonic() - self.start, 1.0) if self.by == "time" else self.programs + 1
         feats = prog.features()
         rivals = []
         for n in names:
@@ -307,14 +311,14 @@ class Shares:
         return [n for n in names if n in keep]
 
     def account(self, prog: Program, obs: dict) -> None:
-        fams = set()
+        fams = {self.family[n] for n in obs if n in self.family}
+        self.programs += 1
         for n, o in obs.items():
-            fam = self.family.get(n)
-            if fam is None:
-                continue
-            self.spent[fam] += sum(o.timings.values())
-            fams.add(fam)
+            if n in self.family and self.by == "time":
+                self.spent[self.family[n]] += sum(o.timings.values())
         for fam in fams:
+            if self.by == "programs":
+                self.spent[fam] += 1
             self.covered.setdefault(fam, Counter()).update(prog.features())
 
 
@@ -340,7 +344,7 @@ class Searcher:
         self.findings, self.seen, self.shrinks_per_key = findings, seen, shrinks_per_key
         self.should_stop = should_stop
         self.versions = versions or {}
-        self.shares = Shares(opts.pipelines, getattr(opts, "shares", None))
+        self.shares = Shares(opts.pipelines, getattr(opts, "shares", None), getattr(opts, "share_by", "time"))
         self.coverage = Coverage(opts)
         self.target: Target | None = None
         self.halted = False
@@ -436,6 +440,9 @@ class Searcher:
             features=sorted(feats), ran=names,
             status="fail" if failures else ("expected" if any(v.status == "expected" for v in j.verdicts) else "pass"),
             verdicts=[[v.check, v.pipeline, v.reference, v.status, v.error_type or ""] for v in j.verdicts],
+            differed={"|".join(v.key()): detail_digest(v.detail) for v in j.verdicts
+                      if v.status in ("fail", "expected")},
+            saved={n: residuals_digest(o.residuals) for n, o in sorted(obs.items()) if o.residuals is not None},
             known_signatures=sigs, known_keys=known_keys, new=[list(v.key()) for v in new],
             expectations=dict(j.expectation_hits),
             errors={n: o.error.type for n, o in obs.items() if o.error is not None}).line()

@@ -107,6 +107,9 @@ class ResultRecord(BaseModel):
     verdicts: list[Annotated[list[str], Field(min_length=5, max_length=5)]] = Field(default_factory=list)
     expectations: dict[str, str] = Field(default_factory=dict)
     errors: dict[str, str] = Field(default_factory=dict)
+    # "check|pipeline|reference|error_type" -> detail_digest of each fail or expected verdict
+    differed: dict[str, str] = Field(default_factory=dict)
+    saved: dict[str, str] = Field(default_factory=dict)   # pipeline -> residuals_digest of what it saved
     known_signatures: list[str] = Field(default_factory=list)
     known_keys: list[list[Any]] = Field(default_factory=list)
     new: list[list[Any]] = Field(default_factory=list)

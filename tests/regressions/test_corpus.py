@@ -5,8 +5,11 @@ first; every variant's finding is replayed in-process (the finding's pipeline an
 is judged against) and the test asserts that the finding's (check, pipeline, reference,
 error_type) key is absent from the verdicts. Open bugs are xfail(strict=True,
 raises=AssertionError), carrying the finding, so a fix upstream shows up as a strict XPASS
-failure and a harness error as a plain failure; keys listed under `fixed` in status.json are
-ordinary tests that assert no failing verdict of their (check, pipeline) at all.
+failure and a harness error as a plain failure; so does a key that still fails but differs
+otherwise than the entry records (its detail_digest: which values, residuals, counters or error
+message; `make snapshot` re-records a change meant so). Keys listed under `fixed` in status.json
+are ordinary tests that assert their pipeline ran and was judged, with no failing verdict of
+their (check, pipeline) at all.
 
 Add an entry: copy `corpus/<hash>.json` from a campaign's output directory here, then make it a
 root, or a variant of one: `tools/corpus_root.py make SLUG ... ENTRY.json --remove`.
@@ -55,20 +58,47 @@ def _entries():
     return out
 
 
-@pytest.mark.parametrize("path,prog,inputs,finding", _entries())
-def test_regression(path, prog, inputs, finding):
+def replay(prog, inputs, finding):
+    """(observations, judgement) of one corpus program, run as a campaign would judge its finding."""
     from conformance.engine.runner import InProcessExecutor
     from conformance.engine.search import replay_pipelines
     from oracles.expectations import Expectations
     from oracles.judge import judge
-    names = replay_pipelines(finding.key())
-    obs = InProcessExecutor(finding.device).run(prog, inputs, names)
-    j = judge(prog, obs, Expectations.load(), finding.device)
-    fixed = _fixed(path, finding)
-    # A fixed entry: no failing verdict of that check on that pipeline at all (a key that only
-    # changed its error type, say NotImplementedError -> none, is no fix). An open one: its key.
-    hit = [v for v in j.failures() if (v.check, v.pipeline) == (finding.check, finding.pipeline)] if fixed \
-        else [v for v in j.failures() if v.key() == finding.key()]
+    obs = InProcessExecutor(finding.device).run(prog, inputs, replay_pipelines(finding.key()))
+    return obs, judge(prog, obs, Expectations.load(), finding.device)
+
+
+def replay_failures(prog, inputs, finding):
+    return replay(prog, inputs, finding)[1].failures()
+
+
+class BehaviourChanged(Exception):
+    """An open entry's key still fails, but not the way the entry records (not an AssertionError,
+    so that its strict xfail reports it as a failure)."""
+
+
+@pytest.mark.parametrize("path,prog,inputs,finding", _entries())
+def test_regression(path, prog, inputs, finding):
+    from conformance.engine.findings import detail_digest, what_differed
+    obs, j = replay(prog, inputs, finding)
+    if _fixed(path, finding):
+        # A fixed entry: its pipeline ran and the check judged it (passed, or met an expectation),
+        # and no failing verdict of that check on that pipeline at all (a key that only changed its
+        # error type, say NotImplementedError -> none, is no fix).
+        o = obs.get(finding.pipeline)
+        assert o is not None and not o.unsupported, f"{path.name}: {finding.pipeline} did not run"
+        judged = [v for v in j.verdicts if (v.check, v.pipeline) == (finding.check, finding.pipeline)]
+        assert any(v.status in ("pass", "expected") for v in judged), \
+            f"{path.name}: no [{finding.check}] verdict of {finding.pipeline}: {[v.status for v in judged]}"
+        hit = [v for v in judged if v.status == "fail"]
+    else:
+        hit = [v for v in j.failures() if v.key() == finding.key()]
+        if hit and all(detail_digest(v.detail) != detail_digest(finding.detail) for v in hit):
+            raise BehaviourChanged(
+                f"{path.name}: [{finding.check}] {finding.pipeline} vs {finding.reference} still fails, but differs "
+                f"otherwise than the entry records (a harness change meant so: `make snapshot` re-records it)\n"
+                f"recorded: {json.dumps(what_differed(finding.detail))[:600]}\n"
+                f"now:      {json.dumps(what_differed(hit[0].detail))[:600]}")
     assert not hit, (f"{path.name}: [{finding.check}] {finding.pipeline} vs {finding.reference} still fails: "
                      f"{json.dumps(hit[0].detail, default=str)[:600]}\n"
                      f"repro: remat-conformance repro {path}")
