@@ -106,6 +106,7 @@ def test_cuda_cell_agrees_with_the_cpu(tmp_path):
             "cuda",
             "--max-examples",
             "20",
+            "--strict",
             "--out",
             str(out),
         ],
@@ -114,5 +115,7 @@ def test_cuda_cell_agrees_with_the_cpu(tmp_path):
         text=True,
         timeout=1800,
     )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert len((out / "results.jsonl").read_text().splitlines()) == 20
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]   # --strict: a disagreement exits 1
+    assert "compared 20 programs on cuda and cpu" in r.stdout and "0 disagreement(s)" in r.stdout, r.stdout
+    recs = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert len(recs) == 20 and all(any(v[2] == DEVICE_REFERENCE for v in x["verdicts"]) for x in recs)

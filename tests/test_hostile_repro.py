@@ -42,6 +42,16 @@ FIELDS = [
 ]
 
 
+# The fields that take free text (error messages, regexes, names, versions, observations) and so
+# accept a hostile string, which must then stay a literal; every other field refuses one.
+ACCEPTING = [
+    ("finding", "signature"), ("finding", "detail", "expected", "type"), ("finding", "detail", "expected", "regex"),
+    ("finding", "detail", "got", "message"), ("program", "body", 0, "policy", "names", 0), ("versions", "jax"),
+    ("finding", "detail", "expected"), "observation", "saved", "input id",
+]
+QUOTE_BREAKING = '"""\'\'\'\\\n' + PAYLOAD + "#{"
+
+
 def _entry_with(path, value):
     e = copy.deepcopy(ENTRY)
     e["finding"]["detail"]["observations"] = {"jax:remat3": {"error": "x", "saved": ["v1:float32[]"]}}
@@ -98,6 +108,23 @@ def test_hostile_strings_are_refused_or_stay_literals(tmp_path_factory, clean_ca
         assert _calls(src) <= clean_calls[fw], _calls(src) - clean_calls[fw]
 
 
+@pytest.mark.parametrize("field", FIELDS + ["observation", "saved", "input id"], ids=str)
+def test_free_text_fields_take_a_quote_breaking_payload_as_a_literal(tmp_path, clean_calls, field):
+    """The path the property above must not skip: each free-text field accepts the payload (and
+    its repro stays literal), each other field refuses it, naming the field."""
+    try:
+        prog, inputs, finding = _load(tmp_path, _entry_with(field, QUOTE_BREAKING))
+    except UsageError as e:
+        assert field not in ACCEPTING, f"{field} refused a free-text value: {e}"
+        assert str(e).startswith(str(tmp_path)) and "\n" not in str(e), str(e)
+        return
+    assert field in ACCEPTING, f"{field} accepted {QUOTE_BREAKING!r}"
+    for fw in ("jax", "torch"):
+        src = generate(prog, inputs, finding, fw)
+        ast.parse(src)
+        assert _calls(src) <= clean_calls[fw], _calls(src) - clean_calls[fw]
+
+
 def test_an_injected_payload_never_runs(tmp_path):
     """One entry carrying the payload, quote-breaking, in every field the loader accepts."""
     e = _entry_with("observation", f'"""\n{PAYLOAD}\n#')
@@ -108,5 +135,10 @@ def test_an_injected_payload_never_runs(tmp_path):
     for fw in ("jax", "torch"):
         script = tmp_path / f"repro_{fw}.py"
         script.write_text(generate(prog, inputs, finding, fw))
-        subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, timeout=300)
+        r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert not (tmp_path / "PWNED").exists(), fw
+        # the script ran to its verdict (the finding is jax:remat3's: it reproduces there, printing
+        # the injected text as data; it does not reproduce on torch)
+        want = (1, "\nREPRODUCED [error] jax:remat3") if fw == "jax" else (0, "\nOK: [error] torch:eager-sac")
+        assert r.returncode == want[0] and want[1] in r.stdout, (fw, r.returncode, r.stdout[-1500:], r.stderr[-1500:])
+        assert fw == "torch" or PAYLOAD in r.stdout
