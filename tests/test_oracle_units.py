@@ -1733,3 +1733,68 @@ def test_a_saved_dropout_mask_equal_to_a_region_value_is_not_blamed_on_jax():
     # a mask the program's draws do not give is still blamed
     other = ob("ref:f64", G, values={"x": [0.3, -0.5], "d": [0.6, 0.0], "y": [1.0, 1.0]})
     assert residuals.check_policy(p, ob("jax:remat2", res=saved), other).status == "fail"
+
+
+# ---- what a verdict differed by (the gate's snapshot and the corpus tests compare these) -----
+def test_what_differed_keeps_the_behaviour_and_drops_numbers_context_and_tracebacks():
+    from conformance.engine.findings import detail_digest, what_differed
+    d = {"mode": "tight", "value": "grad[x]", "got": 1.5, "want": 2.0, "count": 3, "flag": True, "none": None,
+         "observations": {"jax:remat3": {"saved": ["x"]}}, "note": "n", "status_differs_from": ["a"],
+         "also_differs_from": ["b"],
+         "blocks": [{"message": "boom  at 0x7f00ab\nfrom user code:\n  File \"/a/b.py\", line 3\nTip: x"}],
+         "tail": "one\nTip: advice", "torch": "x\nSet TORCH_LOGS=+dynamo", "ellipsis": "object at 0x\u2026 ok"}
+    assert what_differed(d) == {"blocks": [{"message": "boom at 0x?"}], "count": 3, "ellipsis": "object at 0x? ok",
+                                "flag": True, "got": "<float>", "mode": "tight", "none": None, "tail": "one",
+                                "torch": "x", "value": "grad[x]", "want": "<float>"}
+    assert list(what_differed({"b": 1, "a": 2})) == ["a", "b"] and what_differed((1.0, "a")) == ["<float>", "a"]
+    same = {**d, "got": 9.0, "note": "other", "observations": {},
+            "blocks": [{"message": "boom at 0x1\nfrom user code:"}]}
+    assert detail_digest(same) == detail_digest(d) and len(detail_digest(d)) == 12
+    for other in ({**d, "mode": "loose"}, {**d, "count": 4}, {**d, "value": "grad[y]"},
+                  {k: d[k] for k in d if k != "flag"}):
+        assert detail_digest(other) != detail_digest(d), other
+
+
+def test_residuals_digest_reads_class_names_dtype_shape_and_copies():
+    from conformance.engine.findings import residuals_digest
+
+    def r(**kw):
+        return Residual(**{"cls": ["x0"], "names": [], "shape": [2], "dtype": "float32", "bytes": 8, **kw})
+    base = [r(), r(cls=["v1", "v2"], names=["a"])]
+    assert residuals_digest(base) == residuals_digest(list(reversed(base))) and len(residuals_digest(base)) == 12
+    assert residuals_digest([r(), r(cls=["v1", "v2"], names=["a"], bytes=99, memory="pinned_host")]) == \
+        residuals_digest(base)   # bytes and memory kinds are compared by their own oracles
+    for other in ([r()], [r(cls=[]), base[1]], [r(names=["n"]), base[1]], [r(dtype="float16"), base[1]],
+                  [r(shape=[1, 2]), base[1]], [r(copies=2), base[1]], [r(cls=["x1"]), base[1]]):
+        assert residuals_digest(other) != residuals_digest(base), other
+
+
+def test_memory_budget_oracle_each_outcome():
+    from oracles import memory_budget as MB
+
+    def run(name, graphs, budget=None, **kw):
+        flags = {"partitioner_saved": graphs} if graphs is not None else {}
+        if budget is not None:
+            flags["activation_memory_budget"] = budget
+        return Observation(pipeline=name, flags=flags, residuals=[], **kw)
+    g = [[["a", [2], 8], ["b", [2], 8]], [["c", [1], None]]]
+    assert MB.saved_bytes(run("p", g)) == [16, 0]
+    assert MB.saved_bytes(run("p", None)) is None and MB.saved_bytes(run("p", [[["a", [2]]]])) is None
+    assert MB.saved_bytes(run("p", [])) is None
+    low, high = run("low", g, 0.5), run("high", [[["a", [2], 8], ["b", [2], 8]], [["c", [1], 4]]])
+    v = MB.compare(low, high)
+    assert (v.status, v.check, v.pipeline, v.reference) == ("pass", "residuals", "low", "high")
+    assert v.detail == {"saved_bytes": [16, 0], "reference_saved_bytes": [16, 4], "budget": 0.5,
+                        "reference_budget": 1.0}
+    v = MB.compare(high, low)
+    assert (v.status, v.error_type) == ("fail", MB.SYMPTOM) and v.detail["budget"] == 1.0
+    equal = MB.compare(low, run("same", g))
+    assert equal.status == "pass"   # equal bytes: not more
+    v = MB.compare(low, run("one-graph", [[["a", [2], 8]]]))
+    assert v.status == "skipped" and "compiled 2 and 1 graphs" in v.detail["reason"] and v.detail["budget"] == 0.5
+    v = MB.compare(run("none", None), low)
+    assert v.status == "skipped" and "compiled 0 and 2 graphs" in v.detail["reason"]
+    err = Observation(pipeline="err", flags={"partitioner_saved": g}, residuals=None,
+                      error=ErrorInfo(type="E", message="m", stage="forward"))
+    v = MB.compare(err, low)
+    assert v.status == "skipped" and v.detail == {"reason": "err raised E (forward)"}
