@@ -1798,3 +1798,221 @@ def test_memory_budget_oracle_each_outcome():
                       error=ErrorInfo(type="E", message="m", stage="forward"))
     v = MB.compare(err, low)
     assert v.status == "skipped" and v.detail == {"reason": "err raised E (forward)"}
+
+
+# -- exact details the reports show, and the edges of the newer oracles ---------------------------
+def test_residual_report_details_are_what_reports_show():
+    from oracles import residual_report
+    a = Residual(cls=["na", "s"], names=["a"], shape=[2, 2], dtype="float64", bytes=32, copies=2)
+    v = residual_report.check(_reported([a], None, "AssertionError: x: y"))
+    assert (v.status, v.error_type) == ("fail", "AssertionError")
+    assert v.detail == {"got": {"type": "AssertionError", "message": "AssertionError: x: y"},
+                        "saved": ["na/s['a']:float64[2, 2]"]}
+    v = residual_report.check(_reported([a], None))
+    assert v.detail == {"reason": "jax:remat3:jit records no residual report"}
+    row = {"shape": [2, 2], "dtype": "float64", "name": "a", "source": "named 'a' from f"}
+    v = residual_report.check(_reported([a], [row]))   # two copies saved, one listed, printed once
+    assert v.detail == {"missing_from_report": ["float64[4 elements]"], "extra_in_report": [],
+                        "report": ["float64[2, 2] named 'a' from f"], "saved": ["na/s['a']:float64[2, 2]"]}
+    # a name printed as often as it is saved is right; once more is wrong
+    assert residual_report.check(_reported([a], [row, row])).status == "pass"
+    v = residual_report.check(_reported([a], [row, row, row]))
+    assert v.error_type == "count" and v.detail["names"] == {"a": {"printed": 3, "saved": 2}}
+    # the arrays as saved, where recorded, are what the report is compared with
+    o = _reported([a], [row, row])
+    o.saved_arrays = [(4, "float64")]
+    v = residual_report.check(o)
+    assert v.detail["extra_in_report"] == ["float64[4 elements]"]
+    o.saved_arrays = [(4, "float64"), (4, "float64")]
+    assert residual_report.check(o).status == "pass"
+
+
+def test_trace_count_oracle_skips_with_its_reason_and_reads_blocks_both_sides_have():
+    from oracles import trace_counts
+    log = CustomRuleLog(primal_traces=1, fwd_traces=1, bwd_calls=1)
+    ref = Observation(pipeline="jax:remat2", custom_rules={"body[0]": log})
+    v = trace_counts.compare(Observation(pipeline="jax:remat3:jit", custom_rules={"body[0]": log}), ref, False)
+    assert v.detail == {"reason": "jax:remat3:jit and jax:remat2 run in different execution modes (eager, jit)"}
+    failed = Observation(pipeline="jax:remat2", error=ErrorInfo(type="E", message="m", stage="forward"))
+    v = trace_counts.compare(Observation(pipeline="jax:remat3", custom_rules={"body[0]": log}), failed, True)
+    assert (v.status, v.detail) == ("skipped", {"reason": "jax:remat2 raised E (forward)"})
+    # a block only one side logged is not compared (it ran on one side only: custom_rule's business)
+    extra = Observation(pipeline="jax:remat3", custom_rules={"body[0]": log, "body[1]": log})
+    assert trace_counts.compare(extra, ref, True).status == "pass"
+
+
+def test_memory_budget_reads_both_runs():
+    from oracles import memory_budget as MB
+    g = [[["a", [2], 8]]]
+    low = Observation(pipeline="low", flags={"partitioner_saved": g, "activation_memory_budget": 0.5}, residuals=[])
+    ref = Observation(pipeline="ref", flags={"partitioner_saved": g, "activation_memory_budget": 0.8}, residuals=None,
+                      error=ErrorInfo(type="E", message="m", stage="forward"))
+    v = MB.compare(low, ref)
+    assert (v.status, v.detail) == ("skipped", {"reason": "ref raised E (forward)"})
+    ref.error, ref.residuals = None, []
+    assert MB.compare(low, ref).detail["reference_budget"] == 0.8
+
+
+def test_view_saved_in_another_layout_fails_the_policy_check():
+    """A view a policy saves must be saved as itself: equal only modulo layout is a failure."""
+    p = prog([region(["x"], [op("transpose", ["x"], "t", perm=[1, 0]), op("sin", ["t"], "s"), op("cos", ["s"], "y")],
+                     ["y"], {"kind": "ops", "ops": ["transpose", "sin"]})],
+             inputs=[{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True}])
+
+    def saved(cls, shape, exact=(), n=6):
+        return Residual(cls=cls, shape=shape, dtype="float64", bytes=8 * n, exact=list(exact))
+    v = residuals.check_policy(p, ob("jax:remat2", res=[saved(["t"], [2, 3]), saved(["x"], [2, 3], ["x"])]))
+    assert (v.status, v.error_type) == ("fail", "view_layout")
+    assert v.detail == {"view_in_another_layout": ["t:float64[2, 3] equals the saved view(s) ['t'] only in another "
+                                                   "layout"],
+                        "saved": ["t:float64[2, 3]", "x:float64[2, 3]"]}
+    # the same class saved as itself, or a non-view op's value in another layout, or one element: fine
+    for res in ([saved(["t"], [3, 2], ["t"])], [saved(["s"], [2, 3])], [saved(["t"], [1], n=1)]):
+        assert residuals.check_policy(p, ob("jax:remat2", res=res)).status == "pass", res
+    # several saved arrays: each is judged (the first being fine does not end the check)
+    v = residuals.check_policy(p, ob("jax:remat2", res=[saved(["x"], [2, 3], ["x"]), saved(["t"], [2, 3])]))
+    assert v.error_type == "view_layout" and len(v.detail["view_in_another_layout"]) == 1
+    # a partitioner may save any layout of what the backward reads
+    assert residuals.check_policy(p, ob("torch:compile-aot_eager", res=[saved(["t"], [2, 3])])).status == "pass"
+    # a view the policy does not save is recomputed: its layout is not the policy's business
+    q = prog([region(["x"], [op("transpose", ["x"], "t", perm=[1, 0]), op("sin", ["t"], "y")], ["y"],
+                     {"kind": "ops", "ops": ["sin"]})],
+             inputs=[{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True}])
+    v = residuals.check_policy(q, ob("jax:remat2", res=[saved(["t"], [2, 3])]))
+    assert v.error_type != "view_layout"
+
+
+def test_error_root_blanks_numbers_and_addresses_and_needs_a_telling_message():
+    from conformance.engine.findings import error_root
+    got = {"type": "ValueError", "message": "Expected float32[2, 3] at 0xAbC12\n\n  got 17 items\nthird line"}
+    assert error_root({"got": got}) == "ValueError: Expected floatN[N] at N / got N items"
+    assert error_root({"got": {"message": "a much longer message"}}) == ": a much longer message"
+    assert error_root({"got": {"type": "E", "message": "short words"}}) is None        # 11 characters
+    assert error_root({"got": {"type": "E", "message": "twelve chars"}}) == "E: twelve chars"
+    assert error_root({"got": {"type": "E", "message": "x" * 300}}) == "E: " + "x" * 240
+    assert error_root({"got": None}) is None and error_root("not a dict") is None
+    assert error_root({"got": {"type": "E", "message": 3}}) is None
+
+
+def test_detail_digest_takes_values_json_cannot_write():
+    from conformance.engine.findings import detail_digest
+    assert detail_digest({"a": {1, 2}}) == detail_digest({"a": {1, 2}}) != detail_digest({"a": {1}})
+    assert detail_digest({"n": np.int64(3)}) != detail_digest({"n": np.int64(4)})
+
+
+def test_root_dedup_edges():
+    from conformance.engine.roots import _same_label, is_variant_feature, nested_roots, residual_direction, root_key
+    assert is_variant_feature("op:sin") and not is_variant_feature("scan")
+    assert _same_label("trace_count", "fwd_traces+bwd_calls", "bwd_calls")
+    assert not _same_label("trace_count", "fwd_traces", "bwd_calls") and not _same_label("residuals", "a+b", "b")
+    assert not _same_label("trace_count", "", "fwd_traces") and not _same_label("trace_count", "fwd_traces", None)
+    # direction: what is missing or extra first, then bytes
+    d = lambda **kw: residual_direction("residuals", "jax:remat3", "jax:remat2", kw)
+    assert d(extra_other=["float32[2]"]) == "saves more" and d(extra_named=["a"]) == "saves more"
+    assert d(bytes=8, reference_bytes=4) == "saves more" and d(bytes=4, reference_bytes=8) == "saves less"
+    assert d(bytes=8, reference_bytes=8) is None and d(bytes=8) is None and d(bytes=8.0, reference_bytes=4) is None
+
+    def f(**kw):
+        base = dict(signature="s", check="trace_count", pipeline="jax:remat3", reference="jax:remat2",
+                    error_type="fwd_traces", features=["custom_vjp", "scan"], program={}, program_hash="0" * 16)
+        return Finding(**{**base, **kw})
+    assert nested_roots(f(), f(features=["custom_vjp", "scan", "symbolic_zeros"]))
+    assert not nested_roots(f(), f(error_type="bwd_calls"))
+    assert not nested_roots(f(check="error", reference="expectations", error_type="E"),
+                            f(check="error", reference="expectations", error_type="E"))
+    assert not nested_roots(f(), f(pipeline="torch:eager-sac"))
+    missing = f(check="error", reference="expectations", error_type="", detail={}, expectation=None)
+    assert root_key(missing).endswith("|none:custom_vjp+scan")
+    assert root_key(f(check="error", reference="expectations", error_type="", expectation="e1")).endswith(
+        "|none:expectation e1")
+
+
+def test_expectations_match_any_features_and_flags():
+    e = Entry.model_validate({"id": "x", "pipelines": ["jax:remat3"], "any_features": ["scan", "cond"],
+                              "flags": {"jax_remat3": True}, "raises": {"type": "E", "regex": ".*"}})
+    ex = Expectations([e], "test")
+    assert ex.matching("jax:remat3", {}, "cpu", {"float32"}, {"scan"}, {"jax_remat3": True}) == [e]
+    assert ex.matching("jax:remat3", {}, "cpu", {"float32"}, {"while_loop"}, {"jax_remat3": True}) == []
+    assert ex.matching("jax:remat3", {}, "cpu", {"float32"}, {"cond"}, {}) == []
+
+
+def test_known_finding_paths_in_order():
+    from conformance.engine.findings import error_root
+    from conformance.engine.search import known_finding
+    f = _finding(features=("checkpoint", "policy:nothing"))
+    # the program's features equal to the finding's core features: known (a subset, not only a proper one)
+    assert known_finding([f], K, {"checkpoint"}, {K}) is f
+    T = ("residuals", "torch:eager-sac", "jax:remat2", "other")   # (another family: no root-level match)
+    sib = _finding(key=T, features=("checkpoint", "scan"), reproduces=[K])
+    assert known_finding([sib], K, {"checkpoint", "scan"}, {K, T}) is sib
+    assert known_finding([sib], K, {"checkpoint", "scan"}, {K}) is None          # its own key must fail too
+    assert known_finding([sib], K, {"checkpoint"}, {K, T}) is None               # and the program have its features
+    assert known_finding([_finding(key=T, features=("checkpoint", "scan"))], K, {"checkpoint", "scan"},
+                         {K, T}) is None                                         # K is not one it reproduces
+    # a raise: the finding of the same pipeline first, else one whose key the program fails
+    E = ("error", "jax:remat3", "expectations", "TypeError")
+    E2 = ("error", "jax:remat3+cvjp3:jit", "expectations", "TypeError")
+    got = {"got": {"type": "TypeError", "message": "can't apply forward-mode autodiff (jvp) to a custom_vjp"}}
+    root = error_root(got)
+    other = _finding(key=E2, features=("scan",), detail=got)
+    own = _finding(key=E, features=("scan",), detail=got)
+    assert known_finding([other, own], E, {"cond"}, {E, E2}, root) is own
+    assert known_finding([other], E, {"cond"}, {E, E2}, root) is other
+    assert known_finding([other], E, {"cond"}, {E}, root) is other               # the root level: its family
+    # the root level skips findings of another family and goes on
+    far = _finding(key=("residuals", "torch:eager-sac", "jax:remat2", "other"), features=("checkpoint",))
+    assert known_finding([far, f], K, {"checkpoint", "policy:dots"}, {K}) is f
+    # a label the finding has seen, on a pipeline it has seen, with its root features; not for an error
+    unlabelled = ("residuals", "jax:remat3", "jax:remat2", "")
+    g = _finding(key=unlabelled, features=("checkpoint", "names"))
+    assert known_finding([g], unlabelled, {"checkpoint", "names", "scan"}, set()) is g
+    assert known_finding([g], ("residuals", "jax:remat3", "jax:remat2", "other"), {"checkpoint", "names"}, set()) \
+        is None
+    e_none = _finding(key=("error", "jax:remat3", "expectations", ""), features=("checkpoint",))
+    assert known_finding([e_none], ("error", "jax:remat3:jit", "expectations", ""), {"checkpoint", "scan"},
+                         set()) is None
+
+
+def test_known_finding_covers_several_grown_counters_by_findings_of_some():
+    from conformance.engine.search import known_finding
+    T = ("trace_count", "jax:remat3", "jax:remat2")
+    fb = _finding(key=(*T, "bwd_calls+fwd_traces"), features=("custom_vjp",))
+    fp = _finding(key=(*T, "primal_traces"), features=("custom_vjp",))
+    all3 = (*T, "bwd_calls+fwd_traces+primal_traces")
+    feats = {"custom_vjp", "scan"}
+    assert known_finding([fp, fb], all3, feats, {all3}) is fb          # the finding of the first counter
+    assert known_finding([fb, fp], (*T, "primal_traces+bwd_calls+fwd_traces"), feats, set()) is fp
+    assert known_finding([fb], all3, feats, set()) is None             # primal_traces uncovered
+    assert known_finding([fb, fp], all3, {"scan"}, set()) is None      # the program lacks their features
+    whole = _finding(key=all3, features=("cond",))
+    assert known_finding([whole, fp], (*T, "bwd_calls+primal_traces"), feats, set()) is None   # not a part of it
+    assert known_finding([fb, fp], ("trace_count", "jax:remat3", "jax:none", "bwd_calls+fwd_traces+primal_traces"),
+                         feats, set()) is None                         # another reference
+    assert known_finding([fb, fp], (*T, "primal_traces"), {"scan"}, set()) is None
+    assert known_finding([_finding(key=(*T, "fwd_traces"), features=("cond",)),
+                          _finding(key=(*T, "bwd_calls"), features=("cond",))],
+                         ("custom_rule", "jax:remat3", "jax:remat2", "bwd_calls+fwd_traces"), {"cond"}, set()) is None
+
+
+def test_searcher_known_matches_a_residual_difference_by_its_direction():
+    less = {"missing_other": ["float32[2]"], "extra_other": [], "saved": [], "reference_saved": []}
+    f = _finding(features=("checkpoint", "scan"), detail=less)
+    v = _v()
+    v.detail = less
+    assert _searcher([f]).known(v, {"checkpoint", "cond"}, {K}) is f
+    v.detail = {"missing_other": [], "extra_other": ["float32[2]"]}
+    assert _searcher([f]).known(v, {"checkpoint", "cond"}, {K}) is None
+
+
+def test_merge_keeps_a_tracked_class_and_the_title():
+    from conformance.ir.verdict import Triage
+    bug, question = Triage(class_="bug", reason="r"), Triage(class_="question", reason="q")
+    big = _finding(features=("checkpoint", "names", "policy:nothing"), title="tracked title", triage=bug,
+                   tracked="entry.json")
+    small = _finding(features=("checkpoint",), title="new title", triage=question)
+    out, changed = merge_finding([big], small)
+    assert changed and out is small and (out.title, out.triage, out.tracked) == ("tracked title", bug, "entry.json")
+    big = _finding(features=("checkpoint", "names", "policy:nothing"), title="", triage=bug)
+    small = _finding(features=("checkpoint",), title="new title", triage=question)
+    out, _ = merge_finding([big], small)
+    assert (out.title, out.triage) == ("new title", question)
