@@ -68,191 +68,15 @@ SCOPE = (
 
 KILLED = {"killed", "timeout"}
 
-# Survivors judged by reading them. A rule names the function ("path:function"), the mutated line
-# as the mutant has it (`added`, whitespace-stripped) and, where that is ambiguous, a piece of the
-# line just above it (`after`). Keyed by the mutation itself, not by mutmut's mutant number, which
-# shifts whenever the function changes; a survivor no rule matches is reported as "unjudged".
-EQUIVALENT, NOT_WORTH = "equivalent", "not worth killing"
-_FLOAT = ("differs only for non-float data (ints past int64, None); observations hold JSON floats written "
-          "from float arrays, for which numpy's default dtype is float64 already")
-_GOT = ("an error verdict's detail.got always has type and message: the defaults differ only for an "
-        "error_regex on another check, which the expectations schema refuses")
-JUDGED: list[dict] = [
-    dict(
-        fn="conformance/engine/search.py:same_behaviour",
-        added="nested = f.core_features() < g.core_features() or g.core_features() <= f.core_features()",
-        judgement=EQUIVALENT,
-        why="f <= g differs from f < g only when f == g, and then g <= f holds too",
-    ),
-    dict(
-        fn="conformance/engine/search.py:same_behaviour",
-        added="nested = f.core_features() <= g.core_features() or g.core_features() < f.core_features()",
-        judgement=EQUIVALENT,
-        why="g <= f differs from g < f only when f == g, and then f <= g holds too",
-    ),
-    dict(
-        fn="oracles/cross_framework.py:_restrict",
-        added="o = obs.model_copy(deep=None)",
-        judgement=EQUIVALENT,
-        why="the copy's residuals are rebound to a new list, never mutated in place: a shallow copy "
-        "leaves the input as intact as a deep one",
-    ),
-    dict(
-        fn="oracles/cross_framework.py:_restrict",
-        added="o = obs.model_copy(deep=False)",
-        judgement=EQUIVALENT,
-        why="as deep=None: the copy's residuals are rebound, never mutated in place",
-    ),
-    dict(
-        fn="oracles/expectations.py:stale",
-        added='out.append({"id": e.id, "kind": e.kind, "why": f"matched {h.get(\'idle\', None)} programs but {what}"})',
-        judgement=EQUIVALENT,
-        why="a non-empty hit counter without 'fired' holds 'idle': the default is never read",
-    ),
-    dict(
-        fn="oracles/expectations.py:stale",
-        added='out.append({"id": e.id, "kind": e.kind, "why": f"matched {h.get(\'idle\', )} programs but {what}"})',
-        judgement=EQUIVALENT,
-        why="as above: the default is never read",
-    ),
-    dict(
-        fn="oracles/expectations.py:stale",
-        added='out.append({"id": e.id, "kind": e.kind, "why": f"matched {h.get(\'idle\', 1)} programs but {what}"})',
-        judgement=EQUIVALENT,
-        why="as above: the default is never read",
-    ),
-    *(
-        dict(
-            fn="oracles/gradients.py:_flat", added=f'out[f"{k}"] = np.asarray(v, {a})', judgement=NOT_WORTH, why=_FLOAT
-        )
-        for k in ("grad[{k}]", "grad2[{k}]", "output[{i}]")
-        for a in ("dtype=None", "")
-    ),
-    *(
-        dict(
-            fn="oracles/gradients.py:near_kink",
-            added=f"if x is not None and np.any(np.abs(np.asarray(x, {a})) < band):",
-            judgement=NOT_WORTH,
-            why=_FLOAT,
-        )
-        for a in ("None", "")
-    ),
-    *(
-        dict(
-            fn="oracles/gradients.py:compare",
-            added=f"scale = max(1.0, float(np.max(np.abs(y))) if {c})",
-            judgement=EQUIVALENT,
-            why="y holds the finite elements, and a key with none was skipped above: y.size > 0 here",
-        )
-        for c in ("(y.size) or True else 1.0", "y.size else 2.0")
-    ),
-    *(
-        dict(
-            fn="oracles/gradients.py:compare",
-            added=f"ratio = float(np.max(err / bound)) if {c}",
-            judgement=EQUIVALENT,
-            why="err has y's size, which is > 0 here",
-        )
-        for c in ("(err.size) or True else 0.0", "err.size else 1.0")
-    ),
-    *(
-        dict(
-            fn="oracles/gradients.py:compare",
-            added=f'if ratio > 1.0 and (worst is None or ratio > worst.get("ratio", {d})):',
-            judgement=EQUIVALENT,
-            why="a worst set by the ratio test has a ratio; one set by a structural difference ends the loop: "
-            "the default is never read",
-        )
-        for d in ("None", "", "1")
-    ),
-    *(
-        dict(fn="oracles/judge.py:_apply_diverges", added=a, judgement=NOT_WORTH, why=_GOT)
-        for a in (
-            "if not re.search(d.error_regex, f\"{got.get('type', None)}: {got.get('message', '')}\"):",
-            "if not re.search(d.error_regex, f\"{got.get('type', )}: {got.get('message', '')}\"):",
-            "if not re.search(d.error_regex, f\"{got.get('type', 'XXXX')}: {got.get('message', '')}\"):",
-            "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', None)}\"):",
-            "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', )}\"):",
-            "if not re.search(d.error_regex, f\"{got.get('type', '')}: {got.get('message', 'XXXX')}\"):",
-        )
-    ),
-    dict(
-        fn="oracles/judge.py:_status_equivalence",
-        added="break",
-        after="also_differs_from",
-        judgement=EQUIVALENT,
-        why="a pipeline has at most two same-semantics references (one same/eager comparison and its "
-        "baseline): the second is the last, so continue and break both end the loop",
-    ),
-    dict(
-        fn="oracles/judge.py:_unexpected",
-        added="return True",
-        after="if v is None",
-        judgement=EQUIVALENT,
-        why="only called for a reference that raised an ordinary error, which always has an error verdict",
-    ),
-    dict(
-        fn="oracles/judge.py:_unexpected",
-        added='if v.status == "pass" or v.reference == value_ref:',
-        judgement=EQUIVALENT,
-        why="an error verdict passes exactly when its reference is the value reference "
-        "(both are set together in _error_verdict)",
-    ),
-    dict(
-        fn="oracles/judge.py:compare_custom_rules",
-        added="for path in sorted(set(obs.custom_rules) & set(ref.custom_rules)):",
-        judgement=EQUIVALENT,
-        why="a block only one side traced is skipped inside the loop anyway",
-    ),
-    dict(
-        fn="oracles/judge.py:judge",
-        added='base = observations.get(registry.baseline_of(name) or "XXXX")',
-        judgement=EQUIVALENT,
-        why="no pipeline is named '' or 'XXXX': both look-ups give None",
-    ),
-    dict(
-        fn="oracles/missing.py:missing",
-        added='how = {"crash": "crashed", "timeout": "timed out"}.get(kind or "XXXX", "raised")',
-        judgement=EQUIVALENT,
-        why="neither '' nor 'XXXX' is a key: both give 'raised'",
-    ),
-    *(
-        dict(fn="oracles/residuals.py:_aliases", added=f"v = np.asarray(value, {a})", judgement=NOT_WORTH, why=_FLOAT)
-        for a in ("None", "")
-    ),
-    *(
-        dict(fn="oracles/residuals.py:_outside_factors", added=a, judgement=NOT_WORTH, why=_FLOAT)
-        for a in (
-            "a, y = np.asarray(values[s.args[0]], None), np.asarray(values[s.out], np.float64)",
-            "a, y = np.asarray(values[s.args[0]], ), np.asarray(values[s.out], np.float64)",
-            "a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], None)",
-            "a, y = np.asarray(values[s.args[0]], np.float64), np.asarray(values[s.out], )",
-        )
-    ),
-    dict(
-        fn="oracles/residuals.py:check_policy",
-        added="factors = _outside_factors(program, policies, values) if (values) or True else []",
-        judgement=EQUIVALENT,
-        why="with no values _outside_factors finds no factor: [] either way",
-    ),
-    dict(
-        fn="oracles/residuals.py:check_policy",
-        added="ok_to_save = None",
-        judgement=EQUIVALENT,
-        why="None and False are both falsy, and ok_to_save is only tested for truth",
-    ),
-    dict(
-        fn="oracles/residuals.py:compare",
-        added='"named" if missing and extra else "other")',
-        judgement=EQUIVALENT,
-        why="reached only when both or neither of missing/extra are non-empty, where 'or' and 'and' agree",
-    ),
-]
+# Survivors judged by reading them: tools/mutation_judged.py (tests/test_mutation_judgements.py keeps
+# each rule in step with the code it names).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutation_judged import EQUIVALENT, JUDGED  # noqa: E402
 
 
-def judgement_of(fn: str, added: str, above: str) -> tuple[str, str] | None:
+def judgement_of(fn: str, removed: str, added: str, above: str) -> tuple[str, str] | None:
     for r in JUDGED:
-        if r["fn"] == fn and r["added"] == added and r.get("after", "") in above:
+        if (r["fn"], r["line"], r["added"]) == (fn, removed, added) and r.get("after", "") in above:
             return r["judgement"], r["why"]
     return None
 
@@ -319,7 +143,7 @@ def describe(name: str) -> dict:
         def_offset = next((k for k, ln in enumerate(orig) if ln.lstrip().startswith(("def ", "async def "))), 0)
         if start is not None:
             line = d - def_offset + start - 1
-    judgement = judgement_of(f"{path}:{display}", added, above)
+    judgement = judgement_of(f"{path}:{display}", removed, added, above)
     return {"name": name, "path": path, "function": display, "line": line, "diff": diff,
             "removed": removed, "added": added, "judgement": judgement}
 
