@@ -2016,3 +2016,63 @@ def test_merge_keeps_a_tracked_class_and_the_title():
     small = _finding(features=("checkpoint",), title="new title", triage=question)
     out, _ = merge_finding([big], small)
     assert (out.title, out.triage) == ("new title", question)
+
+
+def test_known_finding_exact_features_labels_and_whole_counter_sets():
+    from conformance.engine.search import known_finding
+    # an error without evidence: only its own key with its core features (no root level for errors)
+    E = ("error", "jax:remat3", "expectations", "")
+    e = _finding(key=E, features=("checkpoint", "policy:nothing"))
+    assert known_finding([e], E, {"checkpoint", "policy:nothing"}, {E}) is e
+    assert known_finding([e], E, {"checkpoint"}, {E}) is None
+    # an unlabelled residual difference folds in at the root level, its label read as "-"
+    U = ("residuals", "jax:remat3", "jax:remat2", "")
+    u = _finding(key=U, features=("checkpoint", "names", "policy:nothing"))
+    assert known_finding([u], U, {"checkpoint", "names"}, {U}) is u
+    # several counters of another check are not covered by findings of some of them
+    C = ("custom_rule", "jax:remat3", "jax:remat2")
+    parts = [_finding(key=(*C, "bwd_calls"), features=("cond",)), _finding(key=(*C, "fwd_traces"), features=("cond",))]
+    assert known_finding(parts, (*C, "bwd_calls+fwd_traces"), {"cond"}, set()) is None
+    # the same counters in another order: that finding is the whole, not a part that covers it
+    T = ("trace_count", "jax:remat3", "jax:remat2")
+    whole = _finding(key=(*T, "bwd_calls+fwd_traces+primal_traces"), features=("cond",))
+    assert known_finding([whole], (*T, "primal_traces+bwd_calls+fwd_traces"), {"cond"}, set()) is None
+    # parts whose core features are exactly the program's cover it
+    fb = _finding(key=(*T, "bwd_calls+fwd_traces"), features=("custom_vjp",))
+    fp = _finding(key=(*T, "primal_traces"), features=("custom_vjp",))
+    assert known_finding([fb, fp], (*T, "bwd_calls+fwd_traces+primal_traces"), {"custom_vjp"}, set()) is fb
+
+
+def test_what_differed_blanks_upper_case_addresses():
+    from conformance.engine.findings import what_differed
+    assert what_differed("object at 0xABCDEF") == "object at 0x?"
+
+
+def test_residual_report_counts_each_class_of_one_size_and_dtype():
+    from oracles import residual_report
+    a = Residual(cls=["x"], shape=[2], dtype="float64", bytes=16)
+    b = Residual(cls=["y"], shape=[2], dtype="float64", bytes=16)
+    row = {"shape": [2], "dtype": "float64", "source": "output of sin"}
+    assert residual_report.check(_reported([a, b], [row, row])).status == "pass"
+    assert residual_report.check(_reported([a, b], [row])).detail["missing_from_report"] == ["float64[2 elements]"]
+
+
+def test_view_layout_edges():
+    def saved(cls, shape, n):
+        return Residual(cls=cls, shape=shape, dtype="float64", bytes=8 * n)
+    # two elements are enough to have a layout
+    p = prog([region(["x"], [op("transpose", ["x"], "t", perm=[1, 0]), op("sin", ["t"], "y")], ["y"],
+                     {"kind": "ops", "ops": ["transpose", "sin"]})],
+             inputs=[{"id": "x", "shape": [1, 2], "dtype": "float64", "diff": True}])
+    assert residuals.check_policy(p, ob("jax:remat2", res=[saved(["t"], [1, 2], 2)])).error_type == "view_layout"
+    # a class holding a value that is no view and then a saved view: the view is found
+    v = residuals.check_policy(p, ob("jax:remat2", res=[saved(["t", "y"], [1, 2], 2)]))
+    assert v.detail["view_in_another_layout"] == [
+        "t/y:float64[1, 2] equals the saved view(s) ['t'] only in another layout"]
+    v = residuals.check_policy(p, ob("jax:remat2", res=[saved(["a_value", "t"], [1, 2], 2)]))
+    assert v.error_type == "view_layout"
+    # a policy deciding on the view's input size: a large enough view is saved, so checked exactly
+    big = prog([region(["x"], [op("transpose", ["x"], "t", perm=[1, 0]), op("sin", ["t"], "y")], ["y"],
+                       {"kind": "min_elements", "elements": 4})],
+               inputs=[{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True}])
+    assert residuals.check_policy(big, ob("jax:remat2", res=[saved(["t"], [2, 3], 6)])).error_type == "view_layout"
