@@ -2076,3 +2076,19 @@ def test_view_layout_edges():
                        {"kind": "min_elements", "elements": 4})],
                inputs=[{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True}])
     assert residuals.check_policy(big, ob("jax:remat2", res=[saved(["t"], [2, 3], 6)])).error_type == "view_layout"
+
+
+def test_a_shape_deciding_policy_is_not_judged_in_a_per_example_program():
+    """jax.vmap changes the shapes JAX's policy sees: under min_elements a per-example program's
+    saved value is not blamed, where the same program unbatched is."""
+    from conformance.ir.program import load_program
+
+    def program(batch):
+        return load_program({
+            "schema_version": 1, "outputs": ["y"], "diff": {"order": 1, "mode": "reverse", "batch": batch},
+            "inputs": [{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True, "batched": batch > 0}],
+            "body": [region(["x"], [op("sin", ["x"], "s"), op("cos", ["s"], "y")], ["y"],
+                            {"kind": "min_elements", "elements": 100})]})
+    res = [Residual(cls=["s"], shape=[2, 3], dtype="float64", bytes=48)]
+    assert residuals.check_policy(program(0), ob("jax:remat2", res=res)).error_type == "saved_against_policy"
+    assert residuals.check_policy(program(2), ob("jax:remat2", res=res)).status == "pass"
