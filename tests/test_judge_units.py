@@ -9,6 +9,7 @@ from oracles import cross_framework, gradients, residual_report
 from oracles.expectations import Entry, Expectations
 from oracles.judge import compare_custom_rules, dead_blocks, judge
 from tests.programs import op, prog, region
+from tests.test_oracle_units import find, verdict
 
 V = {"jax": "0.12.0.1"}
 G = {"x": [1.0, 1.0, 1.0]}
@@ -24,17 +25,6 @@ def ob(name, grads=G, *, res=(), rules=None, error=None, values=None, flags=None
 
 def R(cls, names=(), shape=(3,)):
     return Residual(cls=list(cls), names=list(names), shape=list(shape), dtype="float64", bytes=24)
-
-
-def verdict(check, pipeline, reference, status, error_type=None, detail=None, expectation=None):
-    return {"check": check, "pipeline": pipeline, "reference": reference, "status": status,
-            "error_type": error_type, "detail": detail or {}, "expectation": expectation}
-
-
-def find(j, check, pipeline, reference):
-    got = [v for v in j.verdicts if (v.check, v.pipeline, v.reference) == (check, pipeline, reference)]
-    assert len(got) == 1, [v.key() for v in j.verdicts]
-    return got[0]
 
 
 def pairs(j, pipeline):
