@@ -252,12 +252,13 @@ ALSO_FAILS = {"jax:mutant-perturb-gradient-beyond-loose": [("gradient", "ref:f64
 # Generator settings a mutant's campaign narrows (besides max_stmts=4).
 GENERATOR: dict[str, dict] = {
     # (second order: the mutant's dropped residual also fails there, as an error, shrunk first)
-    # (a policy that saves names: 34 programs to the first scan saving a named value per iteration at seed
-    # 3, where without it 57 were checked, about 175 s of the suite's time with the shrink)
-    "jax:mutant-drop-iteration-residual": {"require": ("scan", "checkpoint", "family:name",
-                                                       "policy:save_and_offload_names"), "second_order": False},
-    # (a region saving names: found in the 3rd program at seed 3 instead of the 37th)
+    # (a policy that saves names, a scan over xs: 13 programs to the first scan saving a named value per
+    # iteration at seed 3, where without them 57 were checked, about 175 s of the suite's time with the shrink)
+    "jax:mutant-drop-iteration-residual": {"require": ("scan", "scan_xs", "checkpoint", "family:name",
+                                                       "policy:save_only_names"), "second_order": False},
+    # (a region saving names: found in the 3rd program at seed 3 instead of the 37th, both)
     "jax:mutant-drop-named-residual": {"require": ("checkpoint", "family:name", "policy:save_only_names")},
+    "jax:mutant-extra-named-residual": {"require": ("checkpoint", "family:name", "policy:save_only_names")},
     "jax:mutant-perturb-hvp": {"require": ("second_order", "diff_modes")},
     # an ignored policy shows only where a region has one (found on a fresh clone once the
     # generator drew from one more op family: no region recomputed a saved value in 112 programs;

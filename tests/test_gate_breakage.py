@@ -15,7 +15,7 @@ from tests.conftest import GATE_SEED, GATE_SEED_DEFAULT
 from tests.gate import GATES, compare, gate_behaviour, gate_command, load_snapshot, read_results
 from tests.mutants import _perturb
 
-PROGRAMS = 10   # a prefix of the JAX gate's programs (the same ones: slots are seeded per round)
+PROGRAMS = 6   # a prefix of the JAX gate's programs (the same ones: slots are seeded per round)
 
 pytestmark = pytest.mark.skipif(GATE_SEED != GATE_SEED_DEFAULT, reason="the snapshot is of the default gate seed")
 
