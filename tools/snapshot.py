@@ -47,7 +47,7 @@ def record_gates() -> None:
 def refresh_corpus() -> int:
     from conformance.engine.findings import DETAIL_CONTEXT, detail_digest
     from conformance.engine.loading import load_corpus_root
-    from tests.regressions.test_corpus import FIXED, replay_failures
+    from tests.regressions.test_corpus import _fixed, replay_failures
     changed = 0
     for path in sorted((ROOT / "tests" / "regressions").glob("*.json")):
         if path.name == "status.json":
@@ -57,7 +57,7 @@ def refresh_corpus() -> int:
         stored = raw["variants"] if root is not None else [raw]
         dirty = False
         for obj, (name, prog, inputs, finding) in zip(stored, variants):
-            if "|".join(finding.key()) in FIXED or path.stem in FIXED:
+            if _fixed(path, finding):
                 continue
             hit = [v for v in replay_failures(prog, inputs, finding) if v.key() == finding.key()]
             if not hit or detail_digest(hit[0].detail) == detail_digest(finding.detail):
