@@ -160,13 +160,13 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
 
-        j.verdicts += _status_equivalence(j, obs, observations, entries[name], errors, value_ref)
+        j.verdicts += _status_equivalence(j, program, obs, observations, entries[name], errors, value_ref)
 
         # -- values ---------------------------------------------------------------------
-        base = observations.get(registry.baseline_of(name) or "")
+        base = observations.get(_baseline(program, name, observations) or "")
         if base is not None:
             add(gradients.compare(program, obs, base, "tight", values, values_missing))
-        if ref is not None:
+        if ref is not None and ref is not base:   # (ref:f64 standing in for the baseline: tight only)
             add(_draws_differ(feats, obs, ref) or gradients.compare(program, obs, ref, "loose", values, values_missing))
 
         # -- residuals and custom rules ---------------------------------------------------
@@ -292,17 +292,28 @@ def _meets(err: ErrorInfo | None, e: Entry) -> bool:
     return bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))
 
 
+def _baseline(program: Program, name: str, observations: dict) -> str | None:
+    """The pipeline's same-dtype baseline; where it did not run on this program for its share
+    (registry.Share with dtypes: jax:none on a float64-only program), the sibling it stands for,
+    which computes the same values in the same dtype."""
+    b = registry.baseline_of(name)
+    sh = registry.spec(b).share if b else None
+    if b in observations or sh is None or sh.sibling not in observations:
+        return b
+    return sh.sibling if sh.dtypes is None or {dt for _, dt in program.types().values()} <= sh.dtypes else b
+
+
 def _has_status(o: Observation) -> bool:
     """Whether the run ended with a result or an ordinary error (not unsupported, crashed, hung)."""
     return o.unsupported is None and (o.error is None or symptom_check(o.error.type) is None)
 
 
-def _status_equivalence(j: Judgement, obs: Observation, observations: dict[str, Observation],
+def _status_equivalence(j: Judgement, program: Program, obs: Observation, observations: dict[str, Observation],
                         entries: list[Entry], errors: dict[str, Verdict | None], value_ref: str) -> list[Verdict]:
     """Error status against the references that claim the same semantics (module docstring)."""
     name = obs.pipeline
     refs = [r for r, mode in registry.comparisons(name, set(observations)) if mode in SAME_SEMANTICS]
-    b = registry.baseline_of(name)
+    b = _baseline(program, name, observations)
     if b in observations and b != name:
         refs.append(b)
     own = errors.get(name)

@@ -29,7 +29,11 @@ MAX_STMTS, SHRINK_STEPS = 4, 150
 
 
 def gate_command(gated: list[str], programs: int, seed: int, out: str, budget: float) -> list[str]:
-    return ["remat-conformance", "run", "--pipelines", ",".join(gated), "--known", str(REG.relative_to(ROOT)),
+    """The gate's campaign: every gated pipeline, and the references, on every program (a twin's
+    declared program share is lifted: registry.Share)."""
+    from conformance.pipelines import registry
+    full = [a for n in registry.shared_pipelines(registry.run_set(gated)) for a in ("--share", f"{n}=1")]
+    return ["remat-conformance", "run", "--pipelines", ",".join(gated), *full, "--known", str(REG.relative_to(ROOT)),
             "--seed", str(seed), "--max-examples", str(programs), "--max-stmts", str(MAX_STMTS),
             "--shrink-steps", str(SHRINK_STEPS), "--shrink-seconds", "600", "--share-by", "programs",
             "--budget", f"{budget:g}", "--jobs", "1", "--strict", "--quiet", "--out", out, "--overwrite"]

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hseed
 
 from conformance.pipelines import registry as reg
-from conformance.pipelines.jax import xla_cache
+from conformance.pipelines.jax import eager_cache, xla_cache
 from generators.programs import Config, cases, input_values
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,27 +107,33 @@ def torch_floor(name: str, prog, inputs) -> None:
             torch._dynamo.reset()
 
 
-def part_floor(progs, names) -> dict:
+def part_floor(progs, names, selected: list[list[str]]) -> dict:
+    """The floor of the pipelines the harness's campaign path selected on each program."""
     per = {n: 0.0 for n in names}
     for n in names:   # warm-up: imports and first kernels
-        (torch_floor if reg.framework_of(n) == "torch" else jax_floor)(n, *_first(progs))
-    for prog, seed in progs:
+        (torch_floor if reg.framework_of(n) == "torch" else jax_floor)(n, *_warm(progs))
+    for (prog, seed), chosen in zip(progs, selected):
         inputs = input_values(prog, seed)
-        for n in names:
+        for n in chosen:
             t = time.perf_counter()
             (torch_floor if reg.framework_of(n) == "torch" else jax_floor)(n, prog, inputs)
             per[n] += time.perf_counter() - t
     return {"per": per}
 
 
-def _first(progs):
-    prog, seed = progs[0]
+def _warm(progs):
+    """The warm-up program: the last one sampled, outside the timed ones."""
+    prog, seed = progs[-1]
     return prog, input_values(prog, seed)
 
 
 # -- the harness --------------------------------------------------------------------------
-def part_harness(progs, names) -> dict:
+def part_harness(progs, names, before: bool = False) -> dict:
+    """The harness on the programs as a campaign checks them: the pipelines its shares select
+    (search.Shares: family time shares, the declared program shares of twins), the isolated
+    executor, judging; then each selected pipeline's own time (`pipeline.run`)."""
     from conformance.engine.isolation import IsolatedExecutor
+    from conformance.engine.search import Shares
     from oracles.expectations import Expectations
     from oracles.judge import judge
     exp = Expectations.load()
@@ -135,48 +141,76 @@ def part_harness(progs, names) -> dict:
     # judging. First, so that a compile cache it is given starts empty, as a campaign's does
     # (measured after the per-pipeline loop, it would read back what that loop compiled).
     ex = IsolatedExecutor()
-    ex.run(*_first(progs[-1:]), names)   # warm-up on a program outside the timed ones
+    ex.run(*_warm(progs), names)   # warm-up on a program outside the timed ones
     t0 = time.perf_counter()
     sample_programs(len(progs), 1)
     gen = time.perf_counter() - t0
+    # before: every pipeline on every program (no declared program shares)
+    shares, selected = Shares(names, {n: 1.0 for n in reg.shared_pipelines(names)} if before else None), []
     t0 = time.perf_counter()
     for prog, seed in progs[:-1]:
-        inputs = input_values(prog, seed)
-        judge(prog, ex.run(prog, inputs, names), exp)
-    whole = (time.perf_counter() - t0) * len(progs) / max(len(progs) - 1, 1) + gen
+        chosen = shares.select(prog, names)
+        obs = ex.run(prog, input_values(prog, seed), chosen)
+        judge(prog, obs, exp)
+        shares.account(prog, obs)
+        selected.append(chosen)
+    whole = time.perf_counter() - t0 + gen
     ex.close()
     per = {n: 0.0 for n in names}
     for n in names:
-        reg.get(n).run(*_first(progs))
-    for prog, seed in progs:
+        reg.get(n).run(*_warm(progs))
+    for (prog, seed), chosen in zip(progs, selected):
         inputs = input_values(prog, seed)
-        for n in names:
+        for n in chosen:
             t = time.perf_counter()
             reg.get(n).run(prog, inputs)
             per[n] += time.perf_counter() - t
-    return {"per": per, "whole": whole, "generation": gen}
+    return {"per": per, "whole": whole, "generation": gen, "selected": selected}
 
 
-def _part(kind: str, n: int, seed: int, torch: bool, cache: str = "off") -> dict:
+def _part(kind: str, n: int, seed: int, torch: bool, cache: str = "off", before: bool = False,
+          selected: str | None = None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--part", kind, "--programs", str(n), "--seed", str(seed)]
     if not torch:
         cmd.append("--jax-only")
+    if before:
+        cmd.append("--before")
+    if selected:
+        cmd += ["--selected", selected]
     # both sides cold: no compile cache shared between them (`cache`: a fresh one of its own)
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), xla_cache.ENV: cache})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), xla_cache.ENV: cache}
+    if before:   # JAX as configured: a compile per flag setting, every pipeline on every program
+        env[eager_cache.DEFAULTS_ENV] = "1"
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     if r.returncode != 0:
         raise SystemExit(f"bench part {kind} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def side(n: int, seed: int, torch: bool, before: bool) -> tuple[dict, dict]:
+    """(harness, floor) of one configuration; the floor runs what the harness selected."""
+    harness = _part("harness", n, seed, torch, before=before)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(harness["selected"], f)
+    try:
+        return harness, _part("floor", n, seed, torch, before=before, selected=f.name)
+    finally:
+        os.unlink(f.name)
+
+
 # -- campaigns ------------------------------------------------------------------------------
-def campaign(jobs: int, seconds: float, seed: int) -> dict:
+def campaign(jobs: int, seconds: float, seed: int, before: bool = False) -> dict:
+    """A default campaign (`make run`'s) of `seconds`; `before`: JAX's own eager cache per flag
+    setting and every pipeline on every program."""
     out = Path(tempfile.mkdtemp(prefix=f"bench-jobs{jobs}-"))
     cmd = [sys.executable, "-m", "conformance.cli", "run", "--budget", str(seconds), "--seed", str(seed),
            "--jobs", str(jobs), "--out", str(out / "run"), "--quiet"]
+    env = {k: v for k, v in os.environ.items() if k != xla_cache.ENV}   # a compile cache of its own, as make run
+    if before:
+        env[eager_cache.DEFAULTS_ENV] = "1"
+        for n in reg.shared_pipelines(reg.run_set(list(reg.DEFAULT_PIPELINES))):
+            cmd += ["--share", f"{n}=1"]
     t0 = time.perf_counter()
-    # as `make run` runs: a compile cache of the campaign's own
-    env = {k: v for k, v in os.environ.items() if k != xla_cache.ENV}
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})
     wall = time.perf_counter() - t0
     if r.returncode != 0:
@@ -185,6 +219,7 @@ def campaign(jobs: int, seconds: float, seed: int) -> dict:
     findings = json.loads((out / "run" / "findings.json").read_text())
     sizes = [f["size"] for f in recs if f["type"] == "finding" and isinstance(f.get("size"), int)]
     return {"programs": sum(x["type"] == "result" for x in recs), "wall": wall, "findings": len(findings),
+            "roots": len({f.get("root") or f["check"] + f["pipeline"] for f in findings}),
             "behaviours": [f"{f['check']}|{f['pipeline']}|{f['error_type']}" for f in findings], "sizes": sizes,
             "siblings": sum(len(f.get("reproduces", [])) for f in findings)}
 
@@ -197,6 +232,21 @@ def _dist(sizes: list[int]) -> str:
     return f"{len(s)} shrinks: median {statistics.median(s):g}, 90th percentile {p90:g}, max {s[-1]} statements"
 
 
+def _print_side(label: str, n: int, harness: dict, floor: dict, names: list[str]) -> float:
+    print(f"{label}:")
+    print(f"  {'pipeline':<28} {'programs':>8} {'harness ms':>11} {'floor ms':>9} {'ratio':>6}")
+    ran = {p: sum(p in c for c in harness["selected"]) for p in names}
+    for p in names:   # per program it ran on
+        k = max(ran[p], 1)
+        h, f = harness["per"][p] / k * 1e3, floor["per"][p] / k * 1e3
+        print(f"  {p:<28} {ran[p]:>8} {h:>11.1f} {f:>9.1f} {h / f if f else float('nan'):>6.2f}")
+    fl = sum(floor["per"].values()) / n * 1e3
+    wh = harness["whole"] / n * 1e3
+    print(f"  {'default set, per program':<28} {n:>8} {wh:>11.1f} {fl:>9.1f} {wh / fl:>6.2f}"
+          f"   (harness: generation {harness['generation'] / n * 1e3:.1f} ms, isolated executor, judge)")
+    return fl
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python tools/bench.py")
     ap.add_argument("--programs", type=int, default=30)
@@ -204,44 +254,58 @@ def main(argv=None) -> int:
     ap.add_argument("--campaign-seconds", type=float, default=90.0, help="0: skip the campaigns")
     ap.add_argument("--jax-only", dest="torch", action="store_false",
                     help="time the default set's JAX pipelines only")
+    ap.add_argument("--no-information", dest="information", action="store_false",
+                    help="skip the corpus measure of which pipelines detect which roots (tools/information.py)")
     ap.add_argument("--part", choices=["floor", "harness"], help=argparse.SUPPRESS)
+    ap.add_argument("--before", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--selected", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     names = _names(args.torch)
     if args.part:
-        progs = sample_programs(args.programs, args.seed)
-        res = (part_floor if args.part == "floor" else part_harness)(progs, names)
+        progs = sample_programs(args.programs + 1, args.seed)
+        if args.part == "floor":
+            res = part_floor(progs, names, json.loads(Path(args.selected).read_text()))
+        else:
+            res = part_harness(progs, names, args.before)
         print(json.dumps(res))
         return 0
 
     n = args.programs
-    floor = _part("floor", n, args.seed, args.torch)
-    harness = _part("harness", n, args.seed, args.torch)
-    print(f"remat-conformance bench: {n} generated programs (seed {args.seed}); each side in a fresh process")
-    print(f"{'pipeline':<28} {'harness ms':>11} {'floor ms':>9} {'ratio':>6}")
-    for p in names:
-        h, f = harness["per"][p] / n * 1e3, floor["per"][p] / n * 1e3
-        print(f"{p:<28} {h:>11.1f} {f:>9.1f} {h / f:>6.2f}")
-    fl = sum(floor["per"].values()) / n * 1e3
-    wh = harness["whole"] / n * 1e3
-    print(f"{'default set, per program':<28} {wh:>11.1f} {fl:>9.1f} {wh / fl:>6.2f}"
-          f"   (harness: generation {harness['generation'] / n * 1e3:.1f} ms, isolated executor, judge)")
+    print(f"remat-conformance bench: {n} generated programs (seed {args.seed}) as a campaign selects their "
+          f"pipelines; each side in a fresh process; per pipeline, ms per program it ran on")
+    hb, fb = side(n, args.seed, args.torch, before=True)
+    floor_before = _print_side("before: JAX's own eager cache per flag setting, every pipeline on every program",
+                               n, hb, fb, names)
+    ha, fa = side(n, args.seed, args.torch, before=False)
+    floor_after = _print_side("after: the shared eager cache, twins on their declared shares", n, ha, fa, names)
+    print(f"floor per program of the default set: {floor_before:.0f} ms before, {floor_after:.0f} ms after "
+          f"({floor_before / floor_after:.2f}x lower)")
     cores = os.cpu_count() or 1
-    print(f"{'  ceiling at the floor':<28} {cores * 240 / (fl / 1e3):>11.0f} programs in 240 s on {cores} cores "
-          f"(every core busy with nothing but these framework calls: no start-up, judging or shrinking)")
+    print(f"{'  ceiling at the floor':<28} {cores * 240 / (floor_after / 1e3):>11.0f} programs in 240 s on {cores} "
+          f"cores (every core busy with nothing but these framework calls: no start-up, judging or shrinking)")
     with xla_cache.campaign_cache() as d:   # the same harness with a campaign's compile cache, cold
         cached = _part("harness", n, args.seed, args.torch, cache=d)
-    wc = cached["whole"] / n * 1e3
-    print(f"{'  with the compile cache':<28} {wc:>11.1f} {fl:>9.1f} {wc / fl:>6.2f}"
+    wh, wc = ha["whole"] / n * 1e3, cached["whole"] / n * 1e3
+    print(f"{'  with the compile cache':<28} {wc:>11.1f} {floor_after:>9.1f} {wc / floor_after:>6.2f}"
           f"   (a fresh cache, as each campaign gets: {wh / wc:.2f}x the programs per second)")
+    if args.information:
+        sys.path.insert(0, str(ROOT / "tools"))
+        import information
+        info = information.measure()
+        print("where detection comes from: the corpus roots each default pipeline detects (tools/information.py)")
+        information.print_table(information.table(info, names), info)
     if args.campaign_seconds > 0:
         t = args.campaign_seconds
-        one, two = campaign(1, t, args.seed), campaign(2, t, args.seed)
-        print(f"campaign of the default set, {t:g}s budget, seed {args.seed}, {os.cpu_count()} cores:")
-        for j, c in ((1, one), (2, two)):
-            print(f"  --jobs {j}: {c['programs']} programs ({c['programs'] / c['wall']:.2f}/s over {c['wall']:.0f}s "
-                  f"wall), {c['findings']} findings ({c['siblings']} sibling pipelines merged); shrunk sizes: "
-                  f"{_dist(c['sizes'])}")
-        print(f"  speed-up jobs=2 / jobs=1: {two['programs'] / max(one['programs'], 1):.2f}x programs")
+        before = campaign(cores, t, args.seed, before=True)
+        one, two = campaign(1, t, args.seed), campaign(cores, t, args.seed)
+        print(f"campaign of the default set, {t:g}s budget, seed {args.seed}, {cores} cores:")
+        for label, c in (("before, --jobs %d" % cores, before), ("--jobs 1", one), (f"--jobs {cores}", two)):
+            print(f"  {label}: {c['programs']} programs ({c['programs'] / c['wall'] * 60:.0f}/min over "
+                  f"{c['wall']:.0f}s wall), {c['findings']} findings of {c['roots']} roots "
+                  f"({c['findings'] / max(c['roots'], 1):.2f} per root, {c['siblings']} sibling pipelines merged); "
+                  f"shrunk sizes: {_dist(c['sizes'])}")
+        print(f"  programs after / before: {two['programs'] / max(before['programs'], 1):.2f}x; "
+              f"speed-up jobs={cores} / jobs=1: {two['programs'] / max(one['programs'], 1):.2f}x")
     return 0
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from conformance.pipelines.registry import FAMILY_SHARES
+from conformance.pipelines.registry import FAMILY_SHARES, SPECS
 from generators.programs import Config
 from generators.swarm import swarm_dimensions
 
@@ -52,6 +52,10 @@ def shard(s):
     return (i, n)
 
 
+def _shareable() -> list[str]:
+    return list(FAMILY_SHARES) + [n for n, sp in SPECS.items() if sp.share is not None]
+
+
 def swarm_dimension(s):
     """--require DIMENSION: a swarm dimension of the generator (generators.swarm)."""
     dims = swarm_dimensions()
@@ -61,11 +65,12 @@ def swarm_dimension(s):
 
 
 def share(s):
-    """--share FAMILY=FRACTION: a known pipeline family, a fraction in (0, 1]."""
+    """--share FAMILY=FRACTION or PIPELINE=FRACTION: a known pipeline family, or a pipeline with a
+    declared share (registry.Share); a fraction in (0, 1]."""
     fam, sep, val = s.partition("=")
-    if not sep or fam not in FAMILY_SHARES:
-        raise argparse.ArgumentTypeError(f"must be FAMILY=FRACTION with FAMILY one of {', '.join(FAMILY_SHARES)}, "
-                                         f"got {s!r}")
+    if not sep or fam not in _shareable():
+        raise argparse.ArgumentTypeError(f"must be FAMILY=FRACTION or PIPELINE=FRACTION, one of "
+                                         f"{', '.join(_shareable())}; got {s!r}")
     try:
         v = float(val)
     except ValueError:
@@ -134,7 +139,9 @@ class Options(BaseModel):
         "union is the unsharded campaign", _shard, "I/N", resume=True)] = (0, 1)
     shares: Annotated[dict[str, float], Flag(
         "time share of a pipeline family (" + ", ".join(f"{k}={v:g}" for k, v in FAMILY_SHARES.items())
-        + " by default); repeatable", share, "FAMILY=FRACTION", repeat=True, flag="--share")] = \
+        + " by default), or the fraction of the programs a pipeline with a declared share runs on ("
+        + ", ".join(f"{k}={v.share.fraction:g}" for k, v in SPECS.items() if v.share) + "); repeatable",
+        share, "NAME=FRACTION", repeat=True, flag="--share")] = \
         Field(default_factory=dict)
     share_by: Annotated[Literal["time", "programs"], Flag(
         "what a family's share measures: its pipelines' seconds (time), or the programs it ran on "

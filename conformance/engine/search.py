@@ -276,7 +276,9 @@ class Shares:
     of the programs checked (by="programs": the same programs for one seed on any machine). Within
     its share it runs on a program when it is under half its share, or when the program has a
     feature the family has covered least (at most the median count): expensive pipelines cover
-    features evenly."""
+    features evenly. A pipeline with a declared share (registry.Share: a twin whose verdicts
+    follow from a cheaper sibling) runs on that fraction of the programs, chosen by content hash;
+    `shares` may name such a pipeline to change its fraction."""
 
     def __init__(self, names: list[str], shares: dict[str, float] | None = None, by: str = "time"):
         self.shares = {**registry.FAMILY_SHARES, **(shares or {})}
@@ -308,7 +310,11 @@ class Shares:
             else:
                 self.skipped[n] += 1
         keep = set(registry.run_set(rivals))
-        return [n for n in names if n in keep]
+        run = [n for n in names if n in keep]
+        dtypes = {dt for _, dt in prog.types().values()}
+        out = [n for n in run if registry.on_share(n, prog.content_hash(), dtypes, run, self.shares.get(n))]
+        self.skipped.update(n for n in run if n not in out)
+        return out
 
     def account(self, prog: Program, obs: dict) -> None:
         fams = {self.family[n] for n in obs if n in self.family}

@@ -32,7 +32,7 @@ from conformance.ir.ops import CAST_OP, dropout_mask  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
-from conformance.pipelines.jax import prelude, xla_cache
+from conformance.pipelines.jax import eager_cache, prelude, xla_cache
 from conformance.pipelines.jax import table as jax_table  # noqa: E402
 from conformance.pipelines.tables import compile_table, helpers, unlowered  # noqa: E402
 
@@ -49,6 +49,10 @@ if _CACHE_DIR:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_max_size", -1)   # no LRU eviction: xla_cache.trim bounds it
 
+
+# Eager primitives compiled once for every remat flag setting (eager_cache; off in the matrix's
+# framework-defaults cell).
+eager_cache.share()
 
 ALL_FLAGS = ("jax_remat3", "jax_custom_vjp3", "jax_custom_jvp3")
 
@@ -421,7 +425,7 @@ class JaxBase(Pipeline):
         d = [arrays[i] for i in diff_ids]
         stage = "lowering"
         try:
-            if self.spec.jit:
+            if self.traced():
                 # One compile: forward and backward in one jitted function (as jax.jit(jax.grad(f))
                 # is used), its outputs also carrying the pullback's residual leaves.
                 def fwd_bwd(*d):
@@ -463,7 +467,7 @@ class JaxBase(Pipeline):
                 stage = "second_order"
 
                 g2 = hvp_fn
-                if self.spec.jit:
+                if self.traced():
                     g2 = jax.jit(g2)
                 with timed(t, "second_order"):
                     grads2 = g2(*d)
@@ -472,6 +476,10 @@ class JaxBase(Pipeline):
         except Exception as e:  # the observation records it; oracles judge  # noqa: BLE001
             obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
         obs.custom_rules = {k: v for k, v in low.logs.items()}
+
+    def traced(self) -> bool:
+        """Whether the run is one jax.jit of forward and backward (else eager)."""
+        return self.spec.jit
 
     def _report(self, program: Program, const, diff_ids, d, obs: Observation):
         """JAX's own residual report of the loss this run differentiates (traced afresh with its
@@ -561,38 +569,58 @@ def _memory_kind(x) -> str | None:
 _NODE_VALUES: dict = {}
 
 
-def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool = False) -> dict[str, np.ndarray]:
-    """Every primal value of the program, evaluated concretely without remat. The pipelines of one
+def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool = False,
+                traced: bool = False) -> dict[str, np.ndarray]:
+    """Every primal value of the program, evaluated concretely without remat (`traced`: by one
+    jax.jit of the recording evaluation, eagerly where that cannot trace). The pipelines of one
     program share it: the last program's values are kept (keyed by program, inputs and dtype)."""
-    key = (program.content_hash(), cast_f64,
+    key = (program.content_hash(), cast_f64, traced,
            tuple((k, v.dtype.str, v.shape, np.asarray(v).tobytes()) for k, v in sorted(inputs.items())))
     hit = _NODE_VALUES.get(key)
     if hit is None:
-        hit = _node_values(program, inputs, cast_f64)
+        hit = _node_values(program, inputs, cast_f64, traced)
         if len(_NODE_VALUES) >= 4:
             _NODE_VALUES.clear()
         _NODE_VALUES[key] = hit
     return hit
 
 
-def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool) -> dict[str, np.ndarray]:
-    def record(inputs):   # one example's values
-        env = {}
-        for i in program.inputs:
-            env[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
+def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool,
+                 traced: bool) -> dict[str, np.ndarray]:
+    def evaluate(env):
         rec = dict(env)
-        Lowering(program, remat=False, custom=False, record=rec, cast_f64=cast_f64).body(program.body, env)
-        return {k: np.asarray(v) for k, v in rec.items()}
+        Lowering(program, remat=False, custom=False, record=rec, cast_f64=cast_f64).body(program.body, dict(env))
+        return rec
+
+    def record(inputs):   # one example's values
+        env = {i.id: jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
+               for i in program.inputs}
+        rec = None
+        if traced:
+            try:
+                rec = jax.jit(evaluate)(env)
+            except Exception:  # a value-dependent branch (or anything else that cannot trace): eagerly  # noqa: BLE001
+                rec = None
+        return {k: np.asarray(v) for k, v in (rec if rec is not None else evaluate(env)).items()}
     return record_examples(program, inputs, record)
 
 
 class JaxReference(JaxBase):
-    """ref:f64: float64, no checkpoint at all, custom rules kept. Records every node's value."""
+    """ref:f64: float64, no checkpoint at all, custom rules kept. Records every node's value.
+
+    What it computes is a reference, not what is tested: it runs under jax.jit (one compile where
+    eager dispatch compiles each op), its values recorded by one jitted evaluation too (eagerly
+    where the program branches on a value: a recording cond takes its branch in Python). Eager
+    under framework defaults (eager_cache.framework_defaults)."""
+
+    def traced(self) -> bool:
+        return not eager_cache.framework_defaults()
 
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
         if obs.error is None:
-            obs.values = {k: v.tolist() for k, v in node_values(program, inputs, cast_f64=True).items()}
+            obs.values = {k: v.tolist() for k, v in node_values(program, inputs, cast_f64=True,
+                                                                 traced=self.traced()).items()}
 
 
 class JaxNoRemat(JaxBase):

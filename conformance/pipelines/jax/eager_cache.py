@@ -1,0 +1,70 @@
+"""One eager executable per primitive, whichever remat flags are set.
+
+JAX keys its eager primitive cache (dispatch.xla_primitive_callable, then the jit it returns) by
+every config flag marked include_in_jit_key, jax_remat3, jax_custom_vjp3 and jax_custom_jvp3
+among them. The eager pipelines of one program differ only in those flags, so each compiles the
+same `sin` of the same shape again. The flags are read at only five places, all at trace time of
+the user-facing API (jax.checkpoint, checkpoint_name, checkpoint_name_fwd, custom_vjp.__call__,
+custom_jvp.__call__: `grep -n "remat3.value\\|custom_[jv]\\{2\\}p3.value" jax/_src`), never by
+a lowering rule, so a first-order primitive (no jaxpr or function among its parameters) compiles
+to the same executable under any of them. `share()` makes eager dispatch of such a primitive look
+up, compile and run it under the flags all off: one executable for every flag setting. Higher-order
+primitives (remat, custom rules, control flow, pjit) keep the flags they are called under.
+
+Off (JAX's own per-flag cache) when REMAT_CONFORMANCE_FRAMEWORK_DEFAULTS is set: the matrix's
+framework-defaults cell runs so, so that a difference only a per-flag compile shows is still seen.
+
+Imports jax only when `share()` runs.
+"""
+from __future__ import annotations
+
+import os
+
+DEFAULTS_ENV = "REMAT_CONFORMANCE_FRAMEWORK_DEFAULTS"
+FLAGS = ("remat3", "custom_vjp3", "custom_jvp3")   # jax._src.config states of the remat variants
+_installed: list = []
+
+
+def framework_defaults() -> bool:
+    """Whether this process runs JAX exactly as configured (no shared eager cache, eager references)."""
+    return os.environ.get(DEFAULTS_ENV, "").lower() not in ("", "0", "off", "false", "no")
+
+
+def share() -> bool:
+    """Install the shared eager cache (once per process); False under framework defaults or where
+    this JAX lacks the hook or a flag (an older release: its own cache is kept)."""
+    if _installed:
+        return _installed[0] is not None
+    from jax._src import config, core, dispatch
+    states = [getattr(config, f, None) for f in FLAGS]
+    if framework_defaults() or not hasattr(dispatch, "xla_primitive_callable") or None in states:
+        _installed.append(None)
+        return False
+    original = dispatch.xla_primitive_callable
+    jaxpr_types = tuple(t for t in (core.Jaxpr, getattr(core, "ClosedJaxpr", None)) if t is not None)
+
+    def higher_order(v) -> bool:
+        if isinstance(v, (tuple, list)):
+            return any(higher_order(x) for x in v)
+        return isinstance(v, jaxpr_types) or callable(v)
+
+    def flags_off(fn):
+        def call(*args, **kwargs):
+            prev = [s.swap_local(False) for s in states]
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                for s, p in zip(states, prev):
+                    s.set_local(p)
+        return call
+
+    lookup = flags_off(original)
+
+    def shared(prim, **params):
+        if any(higher_order(v) for v in params.values()):
+            return original(prim, **params)
+        return flags_off(lookup(prim, **params))
+
+    dispatch.xla_primitive_callable = shared
+    _installed.append(original)
+    return True
