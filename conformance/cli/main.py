@@ -125,8 +125,11 @@ def parse_pipelines(spec: str | None) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    from conformance.pipelines.jax.xla_cache import campaign_cache
-    with campaign_cache():   # before any pipeline module is imported: workers inherit it
+    from conformance.pipelines.jax import eager_cache, xla_cache
+    if args.framework_defaults:   # before any pipeline module is imported: workers inherit it
+        os.environ[eager_cache.DEFAULTS_ENV] = "1"
+        os.environ[xla_cache.ENV] = "off"
+    with xla_cache.campaign_cache():
         return _run(args)
 
 

@@ -66,7 +66,7 @@ def main(args) -> int:
             for c in cells:
                 print(f"{c.name}: python {c.python} ({c.base}{': ' + ' '.join(c.packages) if c.packages else ''}); "
                       f"device {c.device}; {c.shards} shard(s) x {c.budget:g} s; profile {c.profile}; seed {c.seed}; "
-                      f"pipelines {','.join(c.pipelines)}")
+                      f"pipelines {','.join(c.pipelines)}" + ("; framework defaults" if c.framework_defaults else ""))
         return 0
     if args.matrix_cmd == "env":
         print(matrix.env_python(matrix.cell_named(cells, args.cell)))

@@ -25,7 +25,10 @@ MATRIX_FILE = ROOT / "matrix.toml"
 CELLS_DIR = ROOT / ".cells"
 CORPUS = ROOT / "tests" / "regressions"   # the regression corpus: known behaviours, rechecked on every cell
 FIELDS = {"name": str, "python": str, "base": str, "packages": list, "pipelines": list, "device": str,
-          "profile": str, "budget": (int, float), "shards": int, "seed": int, "runner": str, "mode": str}
+          "profile": str, "budget": (int, float), "shards": int, "seed": int, "runner": str, "mode": str,
+          "framework_defaults": bool}
+# Fields a cell may leave out, and their value then.
+OPTIONAL = {"framework_defaults": False}
 MODES = ("campaign", "devices")   # devices: the CPU-vs-device oracle (`remat-conformance devices`)
 BASES = ("project", "lock")
 PROFILES = ("dev", "ci", "nightly")
@@ -48,11 +51,12 @@ class Cell:
     seed: int
     runner: str
     mode: str
+    framework_defaults: bool = False   # JAX as configured (the run's --framework-defaults)
     overrides: dict[str, str] = field(default_factory=dict)   # package name -> version, from `packages`
 
 
 def _check(where: str, key: str, value, kind) -> None:
-    if not isinstance(value, kind) or isinstance(value, bool):
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise UsageError(f"{where}.{key}: must be a {names}, got {value!r}")
 
@@ -76,6 +80,7 @@ def load_matrix(path: Path = MATRIX_FILE) -> list[Cell]:
         for key in merged:
             if key not in FIELDS:
                 raise UsageError(f"{where}.{key}: unknown field; known: {', '.join(FIELDS)}")
+        merged = {**OPTIONAL, **merged}
         for key, kind in FIELDS.items():
             if key not in merged:
                 raise UsageError(f"{where}.{key}: missing (set it in the cell or in [defaults])")
@@ -244,6 +249,7 @@ def run_shard(cell: Cell, i: int, out: Path, py: str, budget: float | None = Non
         cmd = [py, "-m", "conformance.cli", "run", "--pipelines", ",".join(cell.pipelines), "--device", cell.device,
                "--seed", str(cell.seed), "--shard", f"{i}/{cell.shards}", "--budget", f"{budget or cell.budget:g}",
                "--known", str(corpus), "--out", str(d), "--quiet",
+               *(["--framework-defaults"] if cell.framework_defaults else []),
                *(["--jobs", str(jobs)] if jobs else []), *(["--resume"] if resume and d.exists() else ["--overwrite"])]
     log(f"== cell {cell.name} shard {i}/{cell.shards}: {' '.join(cmd[1:])}")
     r = subprocess.run(cmd, env=cell_env(cell), cwd=ROOT)

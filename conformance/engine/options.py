@@ -150,6 +150,10 @@ class Options(BaseModel):
     round_size: Annotated[int, Flag("programs per seeded round", positive(int, "--round-size"), resume=True)] = 40
     max_shrinks_per_key: Annotated[int, Flag("shrinks of one key (check, pipeline, reference, error type) at most",
                                              positive(int, "--max-shrinks-per-key"))] = 3
+    framework_defaults: Annotated[bool, Flag(
+        "run JAX exactly as configured: eager primitives compiled per remat flag setting (no shared eager "
+        "cache), the float64 reference eager, no XLA compile cache (the matrix's framework-defaults cell)",
+        switch=True, resume=True)] = False
     isolate: Annotated[bool | None, Flag("run pipelines in supervised worker processes (default on)",
                                          negatable=True, record=False)] = None
     timeout: Annotated[float, Flag("per-pipeline timeout in seconds for one program (isolated runs)",

@@ -54,6 +54,22 @@ def _row(pipeline: str, cell: str) -> str:
     return f"{pipeline} @ {cell}" if cell else pipeline
 
 
+def _shares(inputs, rows: list[str], ran_on, programs: int) -> list[dict]:
+    """The pipelines that ran on a declared share of the programs (registry.Share), each once."""
+    out: dict[str, dict] = {}
+    for r in inputs:
+        if not r.info:
+            continue
+        names = [p for p in r.info.options.pipelines if p in registry.known_names()]
+        for p, sh in registry.shared_pipelines(names).items():
+            row = _row(p, r.cell)
+            if row in rows and row not in out:
+                out[row] = {"pipeline": row, "share": r.info.options.shares.get(p, sh.fraction), "sibling": sh.sibling,
+                            "why": sh.why, "dtypes": sorted(sh.dtypes) if sh.dtypes else None,
+                            "ran": ran_on[row], "programs": programs}
+    return list(out.values())
+
+
 def _status(counts: Counter, has_finding: bool) -> str:
     if has_finding or counts.get("fail"):
         return "fail"
@@ -263,6 +279,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     coverage_rows = [{"feature": ft, "programs": n,
                       "cells": {row: coverage.get((ft, row), [0, 0]) for row in rows if ran_on[row]}}
                      for ft, n in sorted(tally.features.items())]
+    shares = _shares(inputs, rows, ran_on, programs)
     # behaviours: each finding is one root behaviour; where its shrunk program fails the same way
     behaviours = [
         {
@@ -321,6 +338,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         "checks_ran": checks_ran,
         "ran_on": {row: ran_on[row] for row in rows},
         "coverage": coverage_rows,
+        "shares": shares,
         "behaviours": behaviours,
         "trend": trend,
         "versions": None,   # the report command adds the matrix's version history (--recheck)

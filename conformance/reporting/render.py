@@ -242,6 +242,13 @@ def render_md(rep: dict) -> str:
                                for c in checks] for r in rep["pipelines"]])
     shown = [r for r in rep["pipelines"] if ran_on.get(r)]
     L += ["", "## Feature coverage: programs checked / programs with a failed verdict, per pipeline", ""]
+    if rep.get("shares"):
+        L += ["Pipelines on a share of the programs (their verdicts follow from a cheaper sibling's; "
+              "`--share NAME=1` runs one on every program):", ""]
+        L += [f"- `{x['pipeline']}`: {x['share']:.0%} of the programs"
+              + (f" whose values are all {'/'.join(x['dtypes'])}" if x["dtypes"] else "")
+              + f", ran on {x['ran']} of {x['programs']}; sibling `{x['sibling']}`: {x['why']}" for x in rep["shares"]]
+        L += [""]
     L += _table(["feature", "programs"] + [f"`{p}`" for p in shown],
                 [[c["feature"], c["programs"]]
                  + [f"{c['cells'][p][0]}/{c['cells'][p][1]}" if c["cells"].get(p, [0])[0] else "**0**" for p in shown]

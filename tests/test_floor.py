@@ -1,0 +1,158 @@
+"""The floor: twins on declared program shares, the shared eager cache, the jitted float64 reference."""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance.engine.search import Shares
+from conformance.pipelines import registry as reg
+from oracles.judge import judge
+from tests.programs import op, prog, region
+from tests.test_oracle_units import G, exps, find, ob
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = reg.run_set(list(reg.DEFAULT_PIPELINES))
+TWINS = ["jax:remat2:jit", "jax:remat3:jit", "jax:remat3+cvjp3:jit"]
+
+
+def _hashes(n=2000, seed=0):
+    rnd = random.Random(seed)
+    return [f"{rnd.getrandbits(64):016x}" for _ in range(n)]
+
+
+def test_every_share_names_a_cheaper_sibling_that_runs_beside_it_in_the_default_set():
+    shared = reg.shared_pipelines(DEFAULT)
+    assert set(TWINS) | {"jax:none"} <= set(shared)
+    for name, sh in shared.items():
+        assert sh.sibling in DEFAULT and sh.why
+        if reg.spec(name).jit:   # a :jit twin's sibling is its eager self
+            assert sh.sibling == name.removesuffix(":jit") and not reg.spec(sh.sibling).jit
+    with pytest.raises(ValueError, match="fraction"):
+        reg.Share(0.0, "jax:remat2", "never")
+
+
+def test_a_share_picks_its_fraction_of_programs_by_hash_the_same_for_every_twin():
+    hs = _hashes()
+    picked = {t: {h for h in hs if reg.on_share(t, h, {"float32"}, DEFAULT)} for t in TWINS}
+    assert picked[TWINS[0]] == picked[TWINS[1]] == picked[TWINS[2]]   # jit twins compare on one set
+    frac = len(picked[TWINS[0]]) / len(hs)
+    assert abs(frac - reg.JIT_TWIN_SHARE) < 0.04, frac
+    # a fraction given on the command line, and a twin whose sibling is not in the run: every program
+    assert all(reg.on_share(TWINS[1], h, {"float32"}, DEFAULT, fraction=1.0) for h in hs)
+    assert all(reg.on_share("jax:remat3:jit", h, {"float32"}, ["jax:remat3:jit", "jax:remat2"]) for h in hs)
+    # jax:none's share holds on float64-only programs only
+    assert all(reg.on_share("jax:none", h, {"float64", "float32"}, DEFAULT) for h in hs)
+    assert 0.15 < sum(reg.on_share("jax:none", h, {"float64"}, DEFAULT) for h in hs) / len(hs) < 0.25
+
+
+def _programs(n):
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hseed
+
+    from generators.programs import Config, cases
+    out = []
+
+    @hseed(7)
+    @settings(max_examples=n, database=None, deadline=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @given(cases(Config()))
+    def collect(case):
+        out.append(case[0])
+    collect()
+    return out
+
+
+def test_a_campaign_selection_leaves_twins_out_of_most_programs_and_a_share_flag_restores_them():
+    progs = _programs(60)
+    shares, lifted = Shares(DEFAULT, by="programs"), Shares(DEFAULT, {t: 1.0 for t in TWINS}, by="programs")
+    ran, full = [], []
+    for p in progs:
+        ran.append(shares.select(p, DEFAULT))
+        full.append(lifted.select(p, DEFAULT))
+    for t in TWINS:
+        assert 0 < sum(t in r for r in ran) < len(progs) / 2
+        assert sum(t in r for r in full) == len(progs)
+        assert shares.skipped[t] == len(progs) - sum(t in r for r in ran)
+    for r in ran:   # a twin never runs without its sibling, nor the references without the rivals' needs
+        assert "ref:f64" in r and "jax:remat2" in r
+        assert all(t.removesuffix(":jit") in r for t in TWINS if t in r)
+
+
+def test_on_a_float64_program_without_jax_none_ref_f64_is_the_tight_baseline():
+    p = prog([op("sin", ["x"], "y")])   # float64 throughout
+    close = {"x": [v * (1 + 1e-8) for v in G["x"]]}   # within the loose bound, beyond the tight one
+    j = judge(p, {"ref:f64": ob("ref:f64", G), "jax:remat2": ob("jax:remat2", G),
+                  "jax:remat3": ob("jax:remat3", close)}, exps())
+    v = find(j, "gradient", "jax:remat3", "ref:f64")
+    assert v.status == "fail" and v.detail.get("mode") == "tight", v.detail
+    # with jax:none present it is the baseline, and ref:f64 the loose reference
+    j = judge(p, {"ref:f64": ob("ref:f64", G), "jax:none": ob("jax:none", G), "jax:remat2": ob("jax:remat2", G),
+                  "jax:remat3": ob("jax:remat3", close)}, exps())
+    assert find(j, "gradient", "jax:remat3", "jax:none").status == "fail"
+    assert find(j, "gradient", "jax:remat3", "ref:f64").status == "pass"
+
+
+def test_on_a_float32_program_a_missing_baseline_is_not_replaced():
+    p = prog([op("sin", ["x"], "y")], inputs=[{"id": "x", "shape": [3], "dtype": "float32", "diff": True}])
+    j = judge(p, {"ref:f64": ob("ref:f64", G), "jax:remat2": ob("jax:remat2", G),
+                  "jax:remat3": ob("jax:remat3", G)}, exps())
+    v = find(j, "gradient", "jax:remat3", "ref:f64")
+    assert v.status == "pass" and v.detail.get("mode") != "tight"
+
+
+_SCRIPT = r"""
+import json, sys
+import numpy as np
+from conformance.pipelines import registry as reg
+from tests.programs import op, prog, region
+p = prog([op("sin", ["x"], "a"), region(["a"], [op("cos", ["a"], "b"), op("name", ["b"], "c", name="c"),
+          op("tanh", ["c"], "d")], ["d"], {"kind": "save_only_names", "names": ["c"]}), op("mul", ["d", "x"], "y")],
+         inputs=[{"id": "x", "shape": [3], "dtype": "float32", "diff": True}])
+inputs = {"x": np.array([0.3, -0.7, 1.1], dtype="float32")}
+from jax._src import util
+misses = []
+util.test_event_listener = lambda name, *a: misses.append(name) if name == "xla_primitive_callable_cache_miss" else None
+out, counts = {}, {}
+for n in ["jax:none", "jax:remat2", "jax:remat3", "jax:remat3+cvjp3", "ref:f64"]:
+    before = len(misses)
+    o = reg.get(n).run(p, inputs)
+    counts[n] = len(misses) - before
+    out[n] = o.model_dump(mode="json", exclude={"timings", "versions"})
+print(json.dumps({"obs": out, "misses": counts}))
+"""
+
+
+def _run(defaults: bool) -> dict:
+    import json
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REMAT_CONFORMANCE_COMPILE_CACHE": "off"}
+    env.pop("REMAT_CONFORMANCE_FRAMEWORK_DEFAULTS", None)
+    if defaults:
+        env["REMAT_CONFORMANCE_FRAMEWORK_DEFAULTS"] = "1"
+    r = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_shared_eager_cache_compiles_a_primitive_once_for_every_flag_setting_and_changes_no_observation():
+    shared, defaults = _run(False), _run(True)
+    # JAX's own cache compiles the eager primitives again under each new flag setting; shared, the
+    # remat3 pipelines find every first-order primitive remat2's flags compiled
+    assert defaults["misses"]["jax:remat3"] > 0 and defaults["misses"]["jax:remat3+cvjp3"] > 0
+    assert shared["misses"]["jax:remat3"] < defaults["misses"]["jax:remat3"]
+    assert shared["misses"]["jax:remat3+cvjp3"] < defaults["misses"]["jax:remat3+cvjp3"]
+    # ... and every observation is the same: values, gradients, residuals, rule logs (ref:f64 runs
+    # under jit there, eagerly under framework defaults: the same float64 values to the ulp)
+    for n, o in shared["obs"].items():
+        d = defaults["obs"][n]
+        if n == "ref:f64":
+            for k in ("grads", "outputs"):
+                for key in (o[k] if isinstance(o[k], dict) else range(len(o[k]))):
+                    assert o[k][key] == pytest.approx(d[k][key], rel=1e-14, abs=1e-300), (n, k)
+            assert set(o["values"]) == set(d["values"])
+        else:
+            assert o == d, n
