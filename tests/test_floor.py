@@ -12,7 +12,7 @@ import pytest
 from conformance.engine.search import Shares
 from conformance.pipelines import registry as reg
 from oracles.judge import judge
-from tests.programs import op, prog, region
+from tests.programs import op, prog
 from tests.test_oracle_units import G, exps, find, ob
 
 ROOT = Path(__file__).resolve().parents[1]
