@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -69,16 +70,17 @@ def jax_floor(name: str, prog, inputs) -> None:
     def loss(*xs):
         return sum(jnp.sum(o).astype(jnp.float64) for o in low.outputs(const, diff, xs))
     argnums = tuple(range(len(d)))
+    jit = reg.get(name).traced()   # as the pipeline runs (ref:f64: jitted unless under framework defaults)
     with jax_flags(s.flags):
         try:
-            if s.jit:
+            if jit:
                 jax.block_until_ready(jax.jit(jax.value_and_grad(loss, argnums=argnums))(*d))
             else:
                 out, pullback = jax.vjp(loss, *d)
                 jax.block_until_ready(pullback(jnp.ones((), jnp.float64)))
             if prog.diff.order == 2:
                 g2 = jax.grad(lambda *x: sum(jnp.sum(g) for g in jax.grad(loss, argnums=argnums)(*x)), argnums=argnums)
-                jax.block_until_ready((jax.jit(g2) if s.jit else g2)(*d))
+                jax.block_until_ready((jax.jit(g2) if jit else g2)(*d))
         except Exception:   # a program that raises costs what it costs  # noqa: BLE001
             pass
 
@@ -187,13 +189,18 @@ def _part(kind: str, n: int, seed: int, torch: bool, cache: str = "off", before:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def side(n: int, seed: int, torch: bool, before: bool) -> tuple[dict, dict]:
-    """(harness, floor) of one configuration; the floor runs what the harness selected."""
-    harness = _part("harness", n, seed, torch, before=before)
+def side(n: int, seed: int, torch: bool, before: bool, cache: bool = False) -> tuple[dict, dict]:
+    """(harness, floor) of one configuration; the floor runs what the harness selected. `cache`:
+    each side with a fresh XLA compile cache of its own, as every campaign gets one."""
+    def fresh():
+        return xla_cache.campaign_cache() if cache else contextlib.nullcontext("off")
+    with fresh() as d:
+        harness = _part("harness", n, seed, torch, cache=d, before=before)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(harness["selected"], f)
     try:
-        return harness, _part("floor", n, seed, torch, before=before, selected=f.name)
+        with fresh() as d:
+            return harness, _part("floor", n, seed, torch, cache=d, before=before, selected=f.name)
     finally:
         os.unlink(f.name)
 
@@ -274,20 +281,22 @@ def main(argv=None) -> int:
     print(f"remat-conformance bench: {n} generated programs (seed {args.seed}) as a campaign selects their "
           f"pipelines; each side in a fresh process; per pipeline, ms per program it ran on")
     hb, fb = side(n, args.seed, args.torch, before=True)
-    floor_before = _print_side("before: JAX's own eager cache per flag setting, every pipeline on every program",
-                               n, hb, fb, names)
+    floor_before = _print_side("before: JAX's own eager cache per flag setting, every pipeline on every program, "
+                               "no compile cache", n, hb, fb, names)
     ha, fa = side(n, args.seed, args.torch, before=False)
-    floor_after = _print_side("after: the shared eager cache, twins on their declared shares", n, ha, fa, names)
+    floor_after = _print_side("after: the shared eager cache, the jitted float64 reference, twins on their "
+                              "declared shares, no compile cache", n, ha, fa, names)
+    hc, fc = side(n, args.seed, args.torch, before=False, cache=True)
+    floor_cached = _print_side("after, each side with a fresh XLA compile cache of its own (as a campaign runs)",
+                               n, hc, fc, names)
     print(f"floor per program of the default set: {floor_before:.0f} ms before, {floor_after:.0f} ms after "
-          f"({floor_before / floor_after:.2f}x lower)")
+          f"({floor_before / floor_after:.2f}x lower), {floor_cached:.0f} ms after with a campaign's compile cache "
+          f"({floor_before / floor_cached:.2f}x lower); the harness against it: "
+          f"{hb['whole'] / n * 1e3 / floor_before:.2f}x, {ha['whole'] / n * 1e3 / floor_after:.2f}x, "
+          f"{hc['whole'] / n * 1e3 / floor_cached:.2f}x")
     cores = os.cpu_count() or 1
-    print(f"{'  ceiling at the floor':<28} {cores * 240 / (floor_after / 1e3):>11.0f} programs in 240 s on {cores} "
+    print(f"{'  ceiling at the floor':<28} {cores * 240 / (floor_cached / 1e3):>11.0f} programs in 240 s on {cores} "
           f"cores (every core busy with nothing but these framework calls: no start-up, judging or shrinking)")
-    with xla_cache.campaign_cache() as d:   # the same harness with a campaign's compile cache, cold
-        cached = _part("harness", n, args.seed, args.torch, cache=d)
-    wh, wc = ha["whole"] / n * 1e3, cached["whole"] / n * 1e3
-    print(f"{'  with the compile cache':<28} {wc:>11.1f} {floor_after:>9.1f} {wc / floor_after:>6.2f}"
-          f"   (a fresh cache, as each campaign gets: {wh / wc:.2f}x the programs per second)")
     if args.information:
         sys.path.insert(0, str(ROOT / "tools"))
         import information
