@@ -156,3 +156,21 @@ def test_the_shared_eager_cache_compiles_a_primitive_once_for_every_flag_setting
             assert set(o["values"]) == set(d["values"])
         else:
             assert o == d, n
+
+
+def test_the_information_table_counts_roots_each_pipeline_detects_alone_and_beyond_its_sibling():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import information
+    info = {"a": {"class": "bug", "programs": 1, "pipelines": {"jax:remat3": 1, "jax:remat3:jit": 1}},
+            "b": {"class": "bug", "programs": 2, "pipelines": {"jax:remat3:jit": 2}},
+            "c": {"class": "question", "programs": 1, "pipelines": {"torch:compile-aot_eager": 1}},
+            "d": {"class": "documented", "programs": 1, "pipelines": {}}}
+    rows = {r["pipeline"]: r for r in information.table(info, DEFAULT)}
+    assert rows["jax:remat3"]["roots"] == 1 and rows["jax:remat3"]["alone"] == []
+    assert rows["jax:remat3:jit"]["alone"] == ["b"] and rows["jax:remat3:jit"]["beyond_sibling"] == ["b"]
+    assert rows["torch:compile-aot_eager"]["alone"] == ["c"] and rows["torch:compile-aot_eager"]["sibling"] is None
+    assert rows["jax:none"]["sibling"] == "ref:f64"
+    import io
+    out = io.StringIO()
+    information.print_table(list(rows.values()), info, file=out)
+    assert "only the pipelines on a share" in out.getvalue() and ": b\n" in out.getvalue()   # b is the twins' alone

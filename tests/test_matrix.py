@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from packaging.version import Version
@@ -52,6 +53,7 @@ BAD = [
     ('[[cell]\n', "invalid TOML"),
     ('[defaults]\nbudget = 1\n', "no [[cell]] tables"),
     ('[[cell]]\nname = "a"\nmode = "devices"\n', "mode: one of campaign, devices"),
+    ('[[cell]]\nname = "a"\nframework_defaults = "yes"\n', "framework_defaults: must be a bool"),
 ]
 
 
@@ -65,6 +67,18 @@ def test_a_bad_matrix_file_is_refused_naming_the_file_and_the_field(tmp_path, te
     assert "m.toml" in str(e.value) and message in str(e.value), str(e.value)
     r = cli("matrix", "--file", str(p), "plan")
     assert r.returncode == 2 and message in r.stderr
+
+
+def test_one_cell_runs_the_pinned_frameworks_with_their_defaults(monkeypatch, tmp_path):
+    """The framework-defaults cell passes --framework-defaults to its campaign; the others do not."""
+    from conformance.engine import matrix as m
+    cells = load_matrix()
+    assert [c.name for c in cells if c.framework_defaults] == ["pinned-framework-defaults"]
+    ran = []
+    monkeypatch.setattr(m.subprocess, "run", lambda cmd, **kw: ran.append(cmd) or SimpleNamespace(returncode=0))
+    for name in ("pinned-framework-defaults", "pinned"):
+        m.run_shard(m.cell_named(cells, name), 0, tmp_path, sys.executable, log=lambda *a: None)
+    assert "--framework-defaults" in ran[0] and "--framework-defaults" not in ran[1]
 
 
 def test_a_lock_cell_replaces_the_locked_pins_of_its_packages():
