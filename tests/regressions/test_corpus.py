@@ -102,3 +102,14 @@ def test_regression(path, prog, inputs, finding):
     assert not hit, (f"{path.name}: [{finding.check}] {finding.pipeline} vs {finding.reference} still fails: "
                      f"{json.dumps(hit[0].detail, default=str)[:600]}\n"
                      f"repro: remat-conformance repro {path}")
+
+
+def test_the_corpus_replays_under_the_campaign_settings():
+    """The entries above replay as a default campaign runs its pipelines (issue: every corpus root
+    still reproduces under the campaign's settings): eager primitives shared across the remat
+    flags, ref:f64 jitted, not JAX's framework defaults (the matrix cell that runs those)."""
+    from conformance.pipelines import registry
+    from conformance.pipelines.jax import eager_cache
+    assert not eager_cache.framework_defaults()
+    assert registry.get("ref:f64").traced()   # importing the JAX pipelines installed the shared cache
+    assert eager_cache.share()
