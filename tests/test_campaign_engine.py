@@ -66,7 +66,8 @@ def test_a_campaign_files_one_finding_for_a_bug_shared_by_two_pipelines(tmp_path
 def test_shares_keep_an_expensive_family_within_its_share():
     names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "jax:remat3:jit"]
     sh = Shares(names, {"jax:jit": 0.2})
-    prog = SimpleNamespace(features=lambda: {"sin"})
+    # (a program whose hash falls within every declared program share: only the family share decides)
+    prog = SimpleNamespace(features=lambda: {"sin"}, content_hash=lambda: "0" * 16, types=lambda: {})
     sh.start = time.monotonic() - 100.0          # 100 s elapsed
     assert "jax:remat3:jit" in sh.select(prog, names)
     sh.spent["jax:jit"] = 50.0                   # far over 20% of 100 s
@@ -78,7 +79,7 @@ def test_shares_keep_an_expensive_family_within_its_share():
     sh.spent["jax:jit"] = 15.0
     sh.covered["jax:jit"] = Counter({"sin": 10, "cos": 0})
     assert "jax:remat3:jit" not in sh.select(prog, names)
-    prog2 = SimpleNamespace(features=lambda: {"cos"})
+    prog2 = SimpleNamespace(features=lambda: {"cos"}, content_hash=lambda: "0" * 16, types=lambda: {})
     assert "jax:remat3:jit" in sh.select(prog2, names)
 
 

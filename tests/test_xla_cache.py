@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conformance.pipelines.jax import xla_cache
+from conformance.pipelines.jax import eager_cache, xla_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,22 +81,35 @@ print(json.dumps(out))
 """
 
 
-def _probe(cache: str, names: list[str]) -> dict:
+def _probe(cache: str, names: list[str], framework_defaults: bool = True) -> dict:
+    """Each pipeline's disk-cache hits and results, in a fresh process; `framework_defaults`: JAX's own
+    eager cache per flag setting (eager_cache off), where only the disk cache shares across flags."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), xla_cache.ENV: cache}
+    env.pop(eager_cache.DEFAULTS_ENV, None)
+    if framework_defaults:
+        env[eager_cache.DEFAULTS_ENV] = "1"
     r = subprocess.run([sys.executable, "-c", PROBE, *names], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), xla_cache.ENV: cache})
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_pipelines_that_differ_in_flags_share_compiled_executables_and_results(tmp_path):
-    """remat2:jit and remat3:jit compile the same HLO for this program: the second is a cache hit
-    (jax_remat3 is part of the in-memory jit key, so without the disk cache it compiles again),
-    and each pipeline observes exactly what it observes without the cache."""
+    """Under JAX's own eager cache, remat2:jit and remat3:jit compile the same HLO for this
+    program's eager parts: the second reads them from the disk cache (jax_remat3 is part of the
+    in-memory key, so without the disk cache it compiles again), and each pipeline observes
+    exactly what it observes without the cache, and with the shared eager cache."""
     names = ["jax:remat2:jit", "jax:remat3:jit"]
     cached = _probe(str(tmp_path), names)
     assert cached["jax:remat2:jit"]["hits"] == 0 and cached["jax:remat3:jit"]["hits"] >= 1
     assert any(tmp_path.iterdir())
     plain = _probe("off", names)
     assert all(plain[n]["hits"] == 0 for n in names)
+    # the shared eager cache (eager_cache) serves from memory what remat3:jit's eager parts read
+    # from disk above
+    (tmp_path / "shared").mkdir()
+    shared = _probe(str(tmp_path / "shared"), names, framework_defaults=False)
+    assert shared["jax:remat3:jit"]["hits"] < cached["jax:remat3:jit"]["hits"]
     for n in names:
-        assert cached[n]["grads"] == plain[n]["grads"] and cached[n]["residuals"] == plain[n]["residuals"]
+        for other in (plain, shared):
+            assert cached[n]["grads"] == other[n]["grads"] and cached[n]["residuals"] == other[n]["residuals"]
