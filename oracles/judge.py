@@ -160,10 +160,10 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             _apply_diverges(j, v, diverges)
             j.verdicts.append(v)
 
-        j.verdicts += _status_equivalence(j, program, obs, observations, entries[name], errors, value_ref)
+        j.verdicts += _status_equivalence(j, dtypes, obs, observations, entries[name], errors, value_ref)
 
         # -- values ---------------------------------------------------------------------
-        base = observations.get(_baseline(program, name, observations) or "")
+        base = observations.get(_baseline(dtypes, name, observations) or "")
         if base is not None:
             add(gradients.compare(program, obs, base, "tight", values, values_missing))
         if ref is not None and ref is not base:   # (ref:f64 standing in for the baseline: tight only)
@@ -292,7 +292,7 @@ def _meets(err: ErrorInfo | None, e: Entry) -> bool:
     return bool(err is not None and re.search(e.raises.type, err.type) and re.search(e.raises.regex, err.message))
 
 
-def _baseline(program: Program, name: str, observations: dict) -> str | None:
+def _baseline(dtypes: set[str], name: str, observations: dict) -> str | None:
     """The pipeline's same-dtype baseline; where it did not run on this program for its share
     (registry.Share with dtypes: jax:none on a float64-only program), the sibling it stands for,
     which computes the same values in the same dtype."""
@@ -300,7 +300,7 @@ def _baseline(program: Program, name: str, observations: dict) -> str | None:
     sh = registry.spec(b).share if b else None
     if b in observations or sh is None or sh.sibling not in observations:
         return b
-    return sh.sibling if sh.dtypes is None or {dt for _, dt in program.types().values()} <= sh.dtypes else b
+    return sh.sibling if sh.holds_on(dtypes) else b
 
 
 def _has_status(o: Observation) -> bool:
@@ -308,12 +308,12 @@ def _has_status(o: Observation) -> bool:
     return o.unsupported is None and (o.error is None or symptom_check(o.error.type) is None)
 
 
-def _status_equivalence(j: Judgement, program: Program, obs: Observation, observations: dict[str, Observation],
+def _status_equivalence(j: Judgement, dtypes: set[str], obs: Observation, observations: dict[str, Observation],
                         entries: list[Entry], errors: dict[str, Verdict | None], value_ref: str) -> list[Verdict]:
     """Error status against the references that claim the same semantics (module docstring)."""
     name = obs.pipeline
     refs = [r for r, mode in registry.comparisons(name, set(observations)) if mode in SAME_SEMANTICS]
-    b = _baseline(program, name, observations)
+    b = _baseline(dtypes, name, observations)
     if b in observations and b != name:
         refs.append(b)
     own = errors.get(name)

@@ -66,11 +66,10 @@ def measure(corpus: Path = CORPUS, progress=None) -> dict:
 
 
 def sibling(name: str) -> str | None:
-    """The cheaper pipeline whose verdicts a twin's mostly follow: a `:jit` twin's eager one,
+    """The cheaper pipeline a twin's share declares (registry.Share): a `:jit` twin's eager one,
     jax:none's float64 reference."""
-    if name.endswith(":jit"):
-        return name.removesuffix(":jit")
-    return reg.value_reference() if reg.role_of(name) == reg.BASELINE and reg.framework_of(name) == "jax" else None
+    s = reg.spec(name).share
+    return s.sibling if s else None
 
 
 def table(info: dict, names: list[str]) -> list[dict]:
@@ -92,7 +91,7 @@ def print_table(rows: list[dict], info: dict, file=sys.stdout) -> None:
     for r in rows:
         print(f"{r['pipeline']:<28} {r['roots']:>5} {len(r['alone']):>7}  {r['sibling'] or '-':<16} "
               f"{', '.join(r['beyond_sibling']) or '-'}", file=file)
-    twins = [r["pipeline"] for r in rows if reg.shared_pipelines([r["pipeline"], r["sibling"] or ""])]
+    twins = [r["pipeline"] for r in rows if r["sibling"]]
     lost = sorted(k for k, x in info.items() if set(x["pipelines"]) & {r["pipeline"] for r in rows}
                   and not (set(x["pipelines"]) & {r["pipeline"] for r in rows}) - set(twins))
     print(f"roots that only the pipelines on a share ({', '.join(twins)}) detect: {', '.join(lost) or 'none'}",

@@ -86,6 +86,10 @@ class Share:
         if not 0.0 < self.fraction <= 1.0:
             raise ValueError(f"a share's fraction must be in (0, 1], got {self.fraction}")
 
+    def holds_on(self, dtypes) -> bool:
+        """Whether the share holds on a program whose values have these dtypes."""
+        return self.dtypes is None or set(dtypes) <= self.dtypes
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -126,8 +130,9 @@ class Spec:
         return dict(JAX_VARIANT_FLAGS[self.variant]) if self.framework == "jax" else {}
 
 
-# The `:jit` twins: no corpus root and no campaign root was detected by a `:jit` pipeline alone
-# (each also by its eager twin: tools/information.py, printed by `make bench`).
+# The `:jit` twins: no corpus root, and no root of two 30-minute default campaigns, was detected by
+# a `:jit` pipeline alone: an eager default pipeline detects each too (tools/information.py,
+# printed by `make bench`).
 JIT_TWIN_SHARE = 0.25
 
 
@@ -139,8 +144,8 @@ def _jax_rivals():
             if name == "jax:remat2":
                 continue
             refs = ("jax:remat2:jit", "jax:remat2") if jit and variant != "remat2" else ("jax:remat2",)
-            share = Share(JIT_TWIN_SHARE, f"jax:{variant}", "every root it detects, its eager twin detects too") \
-                if jit else None
+            share = Share(JIT_TWIN_SHARE, f"jax:{variant}",
+                          "every root it detects, an eager default pipeline detects too") if jit else None
             out.append(Spec(name, "jax", "JaxRemat", variant=variant, jit=jit, compare=(Compare(refs, "same"),),
                             default=variant in DEFAULT_VARIANTS, repro_default=name == "jax:remat3",
                             residual_report=jit, share=share))
@@ -355,7 +360,7 @@ def on_share(name: str, program_hash: str, dtypes, present, fraction: float | No
     then when the program's content hash falls within the fraction."""
     s = _lookup(name)
     sh = s.share if s else None
-    if sh is None or sh.sibling not in present or (sh.dtypes is not None and not set(dtypes) <= sh.dtypes):
+    if sh is None or sh.sibling not in present or not sh.holds_on(dtypes):
         return True
     return int(program_hash[:8], 16) < (sh.fraction if fraction is None else fraction) * 16 ** 8
 
