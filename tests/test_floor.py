@@ -158,6 +158,51 @@ def test_the_shared_eager_cache_compiles_a_primitive_once_for_every_flag_setting
             assert o == d, n
 
 
+_JIT_SCRIPT = r"""
+import json
+from conformance.pipelines.jax import eager_cache
+eager_cache.share()
+import jax, jax.numpy as jnp
+from jax._src import compiler
+x = jnp.arange(3.0, dtype=jnp.float32)
+compiles, compile_or_get_cached = [], compiler.compile_or_get_cached
+compiler.compile_or_get_cached = lambda *a, **k: compiles.append(1) or compile_or_get_cached(*a, **k)
+outs = []
+for flags in ({}, {}, {"jax_remat3": True}, {"jax_custom_vjp3": True}):
+    f = lambda x: jnp.sin(x) * 2.0   # a new function: a new jaxpr of the same text, as a transformation makes
+    eqn = jax.make_jaxpr(jax.jit(f))(x).jaxpr.eqns[0]
+    for k, v in flags.items():
+        jax.config.update(k, v)
+    outs.append(eqn.primitive.bind(x, **eqn.params)[0].tolist())
+    for k in flags:
+        jax.config.update(k, False)
+eqn = jax.make_jaxpr(jax.jit(lambda x: jnp.cos(x) * 2.0))(x).jaxpr.eqns[0]   # another text
+other = eqn.primitive.bind(x, **eqn.params)[0].tolist()
+print(json.dumps({"compiles": len(compiles), "outs": outs, "other": other}))
+"""
+
+
+def _jit_run(defaults: bool) -> dict:
+    import json
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REMAT_CONFORMANCE_COMPILE_CACHE": "off"}
+    env.pop("REMAT_CONFORMANCE_FRAMEWORK_DEFAULTS", None)
+    if defaults:
+        env["REMAT_CONFORMANCE_FRAMEWORK_DEFAULTS"] = "1"
+    r = subprocess.run([sys.executable, "-c", _JIT_SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_eager_jit_calls_of_equal_first_order_jaxprs_compile_once_for_every_flag_setting():
+    shared, defaults = _jit_run(False), _jit_run(True)
+    # JAX keys an eager jit call by its jaxpr object and the flags: four compiles of one text, and
+    # one of the other; shared, one canonical jaxpr per text, whatever the flags
+    assert defaults["compiles"] == 5 and shared["compiles"] == 2, (shared, defaults)
+    assert shared["outs"] == defaults["outs"] and len({str(o) for o in shared["outs"]}) == 1
+    assert shared["other"] == defaults["other"] != shared["outs"][0]   # another text is not mapped onto it
+
+
 def test_the_information_table_counts_roots_each_pipeline_detects_alone_and_beyond_its_sibling():
     sys.path.insert(0, str(ROOT / "tools"))
     import information
