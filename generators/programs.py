@@ -22,7 +22,18 @@ from hypothesis import strategies as st
 
 from conformance.ir import ops as O
 from conformance.ir.batching import value_shape
-from conformance.ir.nodes import DIFF_MODES, Checkpoint, CustomJVP, CustomVJP, Diff, Input, Jit, Op, free_vars
+from conformance.ir.nodes import (
+    DIFF_MODES,
+    STATIC_SPELLINGS,
+    Checkpoint,
+    CustomJVP,
+    CustomVJP,
+    Diff,
+    Input,
+    Jit,
+    Op,
+    free_vars,
+)
 from conformance.ir.policy import KINDS, NoPolicy
 from conformance.ir.program import Program, validate
 from generators.draws import BOOL, draw_int, flag, perms, span
@@ -292,10 +303,17 @@ class _Gen(Structure):
         # `ops` policy can name the region's own ops
         g.policy_choice = draw_policy_plan(draw, self.kinds)
         g.prevent_cse = not (self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_false"))
-        g.static_flag, g.tree = False, "flat"
-        if self.sw["region_options"]:   # jax.checkpoint's static_argnums, a pytree of args
+        # prevent_cse per argument: a bit mask (cycled over the args) of a flat region's tuple
+        g.cse_mask = None
+        if self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_tuple"):
+            g.cse_mask = draw_int(draw, 0, 7, "prevent_cse_mask")
+        g.static_flag, g.tree, g.static_by, g.static_value = False, "flat", "argnums", "bool"
+        if self.sw["region_options"]:   # jax.checkpoint's static arguments, a pytree of args
             g.static_flag = draw(BOOL, label="static_flag")
             g.tree = ("flat", "tuple", "dict")[draw_int(draw, 0, 2, "region_tree")]
+            if g.static_flag:
+                g.static_by = STATIC_SPELLINGS[draw_int(draw, 0, len(STATIC_SPELLINGS) - 1, "static_by")]
+                g.static_value = ("bool", "unhashable")[draw_int(draw, 0, 1, "static_value")]
 
     def _open_cvjp(self, g: Frame):
         sw, draw = self.sw, self.draw
@@ -435,9 +453,13 @@ class _Gen(Structure):
                 body.append(self._cond(it, inner))
             elif it.kind == "checkpoint":
                 results = results or [defined[-1]]
-                body.append(Checkpoint(args=free_vars(inner), body=inner, results=results,
+                args = free_vars(inner)
+                cse = ([bool(it.cse_mask >> (k % 3) & 1) for k in range(len(args))]
+                       if it.cse_mask is not None and it.tree == "flat" else [])
+                body.append(Checkpoint(args=args, body=inner, results=results,
                                        policy=self._policy(it, inner), prevent_cse=it.prevent_cse,
-                                       static_flag=it.static_flag, tree=it.tree))
+                                       static_flag=it.static_flag, tree=it.tree, static_by=it.static_by,
+                                       static_value=it.static_value, prevent_cse_args=cse))
             elif it.kind == "custom_jvp":
                 body.append(self._cjvp(it, inner, defined, results))
                 self.cjvp_frames[id(body[-1])] = (it, defined)

@@ -378,3 +378,24 @@ def test_compiled_pytorch_drops_dead_random_ops():
     p2 = dropouts(False)
     assert "dead_random" not in p2.features() and "random" in p2.features()
     assert not judge(p2, EXECUTOR.run(p2, input_values(p2, 0), names), PACKAGED).failures()
+
+
+def _static_flag_program(static_by: str):
+    return prog([op("sin", ["x"], "a"),
+                 {"kind": "checkpoint", "args": ["a"], "results": ["b"], "prevent_cse": True,
+                  "policy": {"kind": "nothing"}, "body": [op("cos", ["a"], "b")], "static_flag": True,
+                  "static_by": static_by},
+                 op("mul", ["b", "x"], "y")])
+
+
+def test_a_static_argnum_no_argument_has_raises():
+    obs = verify("jax-static-argnum-out-of-range", _static_flag_program("missing_argnum"),
+                 ["ref:f64", "jax:none", "jax:remat2"], "jax:remat2", "error")
+    assert obs["jax:remat2"].error.type == "ValueError" and obs["jax:none"].error is None
+
+
+def test_the_reentrant_checkpoint_rejects_a_keyword_argument():
+    obs = verify("torch-reentrant-no-keyword-arguments", _static_flag_program("argnames"),
+                 ["torch:none", "torch:eager-sac", "torch:eager-reentrant"], "torch:eager-reentrant", "error")
+    # the non-reentrant checkpoint passes the keyword on: its gradient is the reference's
+    assert obs["torch:eager-sac"].error is None and obs["torch:eager-reentrant"].error.type == "ValueError"

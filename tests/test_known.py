@@ -23,10 +23,12 @@ def test_load_known_names_each_root_and_leaves_out_fixed_keys_and_roots():
     files = {p.name for p in root_files()}
     assert {f.tracked for f in known} <= files and known
     assert not [f for f in known if "|".join(f.key()) in fixed or f.tracked.removesuffix(".json") in fixed]
-    # every variant of every root is known unless its key or its root is fixed
+    # every variant of every root is known unless its key, its root or the variant itself is fixed
     want = [(root.name, v) for name, (root, v) in variants().items()
-            if root.stem not in fixed and "|".join(v["finding"][k] for k in ("check", "pipeline", "reference",
-                                                                             "error_type")) not in fixed]
+            if root.stem not in fixed and f"{root.stem}/{name}" not in fixed
+            and "|".join(v["finding"][k] for k in ("check", "pipeline", "reference", "error_type")) not in fixed]
+    assert any("/" in k for k in fixed)   # a variant fixed by its name ...
+    assert len(want) < len([1 for root, _ in variants().values() if root.stem not in fixed])   # ... is left out
     assert len(known) == len(want)
     assert sorted(f.tracked for f in known) == sorted(r for r, _ in want)
 

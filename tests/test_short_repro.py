@@ -26,7 +26,8 @@ def corpus_cases():
     """(id, program, inputs, finding, expected exit status) for every program of the corpus:
     each root's variants (or a plain entry). A short repro exits 1 while the framework still does
     what the finding describes: 0 for a harness artifact (a root of class `harness`: plain code
-    does not show it) and for a finding key status.json lists as fixed (the behaviour is gone, or
+    does not show it) and for a finding key or a root's variant ("root/variant") status.json lists
+    as fixed (the behaviour is gone, or
     a constructed conforming guard); a root listed there as now *expected* (class documented, say)
     still reproduces in plain code: 1."""
     from conformance.engine.loading import corpus_fixed_keys, load_corpus_root
@@ -38,7 +39,7 @@ def corpus_cases():
         root, variants = load_corpus_root(str(path))
         harness = root is not None and root.triage is not None and root.triage.class_ == "harness"
         for name, prog, inputs, finding in variants:
-            gone = harness or "|".join(finding.key()) in fixed
+            gone = harness or "|".join(finding.key()) in fixed or f"{path.stem}/{name}" in fixed
             out.append((f"{path.stem}/{name}", prog, inputs, finding, 0 if gone else 1))
     return out
 

@@ -57,7 +57,7 @@ def refresh_corpus() -> int:
         stored = raw["variants"] if root is not None else [raw]
         dirty = False
         for obj, (name, prog, inputs, finding) in zip(stored, variants):
-            if _fixed(path, finding):
+            if _fixed(path, finding, name):
                 continue
             hit = [v for v in replay_failures(prog, inputs, finding) if v.key() == finding.key()]
             if not hit or detail_digest(hit[0].detail) == detail_digest(finding.detail):

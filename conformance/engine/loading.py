@@ -233,7 +233,7 @@ def corpus_entry_stem(check: str, pipeline: str, program_hash: str) -> str:
 
 def load_known(paths: list[str], limits=None):
     """The findings of regression-corpus entries (`run --known`): each path a corpus entry or a
-    directory of them. A directory's status.json lists fixed keys under "fixed": those entries
+    directory of them. A directory's status.json lists fixed keys, roots or "root/variant"s under "fixed": those entries
     are not known behaviours (a recurrence is a regression) and are left out. A corpus root gives
     every variant's finding. Each finding is returned with `tracked` set to its file's name."""
     from pathlib import Path
@@ -253,10 +253,10 @@ def load_known(paths: list[str], limits=None):
             if f.name in names:
                 continue
             names.add(f.name)
-            for _, _, _, finding in load_corpus_variants(str(f), limits):
+            for name, _, _, finding in load_corpus_variants(str(f), limits):
                 if finding is None:
                     raise UsageError(f"{f}: finding: a known behaviour needs a corpus entry with a finding")
-                if "|".join(finding.key()) in fixed or f.stem in fixed:
+                if "|".join(finding.key()) in fixed or f.stem in fixed or f"{f.stem}/{name}" in fixed:
                     continue
                 out.append(finding.model_copy(update={"tracked": f.name}))
     return out

@@ -330,6 +330,16 @@ def _plain_options(obj: dict) -> Iterator[dict]:
                 yield o
 
 
+def _fit_region_options(obj: dict) -> dict:
+    """A region's per-argument prevent_cse kept one bool per arg when a rewrite changed its args
+    (the pattern cycled over the new args), so that the rewrite is still a valid program."""
+    for _, s in _statements(obj["body"]):
+        pa = s.get("prevent_cse_args") if s["kind"] == "checkpoint" else None
+        if pa and len(pa) != len(s["args"]):
+            s["prevent_cse_args"] = [pa[k % len(pa)] for k in range(len(s["args"]))] if s["args"] else []
+    return obj
+
+
 def candidates(prog: Program) -> Iterator[Program]:
     """Rewrites of `prog`, simplest first: dead statements removed; one program output dropped
     (and what only it needed); one region or jitted sub-function inlined; one custom rule's block inlined; one
@@ -348,7 +358,7 @@ def candidates(prog: Program) -> Iterator[Program]:
         if o is None:
             return None
         try:
-            p = load_program(o)
+            p = load_program(_fit_region_options(o))
         except ProgramError:
             return None
         if p.content_hash() in seen or p.size() > prog.size() or not p.body:

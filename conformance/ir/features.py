@@ -40,6 +40,15 @@ FEATURES: dict[str, Feature] = {
                               focus=("region_options",)),
     "region_pytree": Feature("a region whose function takes and returns its values as one tuple or dict",
                              focus=("region_options",)),
+    "static_argnames": Feature("a region's static argument declared by name (static_argnames) and passed by keyword",
+                               focus=("region_options",)),
+    "static_argnums_negative": Feature("a region's static argument declared by a negative index (static_argnums=(-1,))",
+                                       focus=("region_options",)),
+    "static_argnum_missing": Feature("a region declares a static argument index that no argument has",
+                                     focus=("region_options",)),
+    "static_unhashable": Feature("a region's static argument is unhashable (a list)", focus=("region_options",)),
+    "prevent_cse_tuple": Feature("a region with prevent_cse given per argument (a tuple of bools)",
+                                 focus=("prevent_cse",)),
     "offload_in_both": Feature("a both(p, q) policy one of whose parts offloads"),
     "policy:<kind>": Feature("a region uses this policy kind (everything, nothing, dots, ...)"),
     "op:<op>": Feature("the program uses this op (for expectations; not part of signatures)"),
@@ -167,6 +176,12 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("prevent_cse_false")
             if s.static_flag:
                 f.add("static_argnums")
+                f.update({"argnames": ("static_argnames",), "negative_argnums": ("static_argnums_negative",),
+                          "missing_argnum": ("static_argnum_missing",)}.get(s.static_by, ()))
+                if s.static_value == "unhashable":
+                    f.add("static_unhashable")
+            if s.prevent_cse_args:
+                f.add("prevent_cse_tuple")
             if s.tree != "flat":
                 f.add("region_pytree")
         elif isinstance(s, CustomVJP):

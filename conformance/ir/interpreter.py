@@ -90,13 +90,22 @@ class Interpreter:
     @staticmethod
     def spelled_region(s: Checkpoint, fn):
         """(the region's function as the program spells it, how to call it on the args, how to read
-        its results): with a static flag argument it branches on, and taking and returning one
+        its results): with a static flag argument it branches on (passed last, or by keyword as
+        `flag`; True, or [True] where the region says unhashable), and taking and returning one
         pytree (a tuple or a dict keyed by value id) where the region says so."""
-        def spelled(*a):
+        flag_value = [True] if s.static_value == "unhashable" else True
+        by_keyword = s.static_by == "argnames"
+
+        def spelled(*a, **kw):
             if s.static_flag:
-                a, flag = a[:-1], a[-1]
-                if flag is not True:
-                    raise ValueError("the region's static flag must be True")
+                if by_keyword:
+                    flag = kw.pop("flag", None)
+                else:
+                    a, flag = a[:-1], a[-1]
+                ok = flag is True if s.static_value == "bool" else (
+                    isinstance(flag, list) and len(flag) == 1 and flag[0] is True)
+                if not ok:   # a traced flag: the static argument was not made static
+                    raise ValueError("the region's static flag must be " + repr(flag_value))
             if s.tree == "tuple":
                 a = a[0]
             elif s.tree == "dict":
@@ -108,7 +117,9 @@ class Interpreter:
             packed = (
                 [tuple(args)] if s.tree == "tuple" else [dict(zip(s.args, args))] if s.tree == "dict" else list(args)
             )
-            return f(*packed, True) if s.static_flag else f(*packed)
+            if not s.static_flag:
+                return f(*packed)
+            return f(*packed, flag=flag_value) if by_keyword else f(*packed, flag_value)
 
         def read(out):
             return tuple(out[r] for r in s.results) if s.tree == "dict" else tuple(out)

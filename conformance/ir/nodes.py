@@ -79,6 +79,19 @@ class Checkpoint(_M):
     # instead of positionally. Neither changes what the program computes.
     static_flag: bool = False
     tree: Literal["flat", "tuple", "dict"] = "flat"
+    # How the static flag is declared and passed (STATIC_SPELLINGS); `static_value`, what it is:
+    # True, or [True] (an unhashable value: jax.checkpoint hashes static arguments by identity).
+    static_by: Literal["argnums", "negative_argnums", "argnames", "missing_argnum"] = "argnums"
+    static_value: Literal["bool", "unhashable"] = "bool"
+    # prevent_cse per positional argument (jax.checkpoint's tuple of bools, one per arg); empty:
+    # the bool `prevent_cse` for all
+    prevent_cse_args: list[bool] = Field(default_factory=list)
+
+
+# How a region's static flag reaches jax.checkpoint: static_argnums=(n,) and the flag passed
+# last; static_argnums=(-1,); static_argnames=("flag",) and the flag passed by keyword; or
+# static_argnums=(n + 1,), an index no argument has (the flag still passed last).
+STATIC_SPELLINGS = ("argnums", "negative_argnums", "argnames", "missing_argnum")
 
 
 class CustomVJP(_M):
@@ -256,7 +269,8 @@ class Diff(_M):
 # defaults, so that those programs keep their content hashes.
 _LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False, "tree": "flat",
                    "non_differentiable": [], "once_differentiable": False, "bwd_branch": False}
-_LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat"}
+_LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat", "static_by": "argnums", "static_value": "bool",
+                          "prevent_cse_args": []}
 _LATER_RULE_DEFAULTS = {"tree": "flat"}   # custom_jvp
 _LATER_DIFF_DEFAULTS = {"cotangents": "ones", "aux": 0, "batch": 0}   # the same for the diff part
 _LATER_INPUT_DEFAULTS = {"batched": False}

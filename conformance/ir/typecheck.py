@@ -98,6 +98,13 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
         if x in s.args[1:]:
             raise ProgramError(f"{p}.args", f"{s.op} reads the value it mutates")
 
+    def check_region_options(s: Checkpoint, p: str) -> None:
+        if not s.static_flag and (s.static_by != "argnums" or s.static_value != "bool"):
+            raise ProgramError(f"{p}.static_by", "static_by and static_value need static_flag")
+        if s.prevent_cse_args and (s.tree != "flat" or len(s.prevent_cse_args) != len(s.args)):
+            raise ProgramError(f"{p}.prevent_cse_args", f"one bool per arg of a flat region ({len(s.args)} args, "
+                                                        f"tree {s.tree!r})")
+
     def check_body(body, scope: set[str], path: str, depth: int, nondiff: list[float] | None, in_fwd=False):
         if depth > limits.max_depth:
             raise ProgramError(path, f"nesting depth {depth} exceeds the limit {limits.max_depth}")
@@ -129,6 +136,8 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
                 for nm in policy_names(s.policy) if isinstance(s, Checkpoint) else ():
                     if len(nm) > limits.max_name_length:
                         raise ProgramError(f"{p}.policy", f"name longer than {limits.max_name_length} characters")
+                if isinstance(s, Checkpoint):
+                    check_region_options(s, p)
                 inner = check_body(s.body, set(s.args), f"{p}.body", depth + 1, nondiff,
                                    in_fwd and isinstance(s, Jit))
                 if not s.results:

@@ -206,9 +206,13 @@ class Emitter:
         call = ([self.tuple_(args)] if s.tree == "tuple" else
                 ["{" + ", ".join(f"{a!r}: {self.n[a]}" for a in s.args) + "}"] if s.tree == "dict" else list(args))
         if s.static_flag:   # a static argument the function branches on (static_argnums in JAX)
-            params.append(f"static_{k}")
-            pro = [f"    if static_{k} is not True:", "        raise ValueError('the static flag must be True')"] + pro
-            call.append("True")
+            value = "[True]" if s.static_value == "unhashable" else "True"
+            name = "flag" if s.static_by == "argnames" else f"static_{k}"   # passed by keyword, or last
+            params.append(f"{name}=None" if name == "flag" else name)
+            test = (f"{name} is not True" if value == "True" else
+                    f"not (isinstance({name}, list) and len({name}) == 1 and {name}[0] is True)")
+            pro = [f"    if {test}:", f"        raise ValueError('the static flag must be {value}')"] + pro
+            call.append(f"flag={value}" if name == "flag" else value)
         ret = (
             ("{" + ", ".join(f"{r!r}: {self.n[r]}" for r in s.results) + "}") if s.tree == "dict" else self.tuple_(res)
         )
@@ -380,8 +384,7 @@ class PseudoEmitter(Emitter):
 
     def region(self, s, path, ind, nd):
         head = f"{ind}with checkpoint(policy={policy_text(s.policy)}" + (
-            ", prevent_cse=False" if not s.prevent_cse else "") + (
-            ", static_argnums=(flag,)" if s.static_flag else "") + (
+            jax_table.checkpoint_options_source(s, plain=True)) + (
             f", args_as={s.tree!r}" if s.tree != "flat" else "") + f"):   # {path}"
         return [head] + self.body(s.body, ind + "    ", path + ".body", nd) + [
             f"{ind}    export {', '.join(self.n[r] for r in s.results)}"]

@@ -52,9 +52,9 @@ class JaxEmitter(Emitter):
         src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {ret}", ""]
         self.defs.append("\n".join(src))
         pol = jax_table.policy_source(s.policy)
-        static = f", static_argnums=({len(params) - 1},)" if s.static_flag else ""
+        opts = jax_table.checkpoint_options_source(s)
         return [
-            f"{ind}out_{k} = checkpoint({fn}, policy={pol}, prevent_cse={s.prevent_cse}{static})({', '.join(call)})",
+            f"{ind}out_{k} = checkpoint({fn}, policy={pol}{opts})({', '.join(call)})",
             f"{ind}{res} = {read}",
         ]
 

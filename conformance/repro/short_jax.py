@@ -40,7 +40,7 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         if (isinstance(inner, CustomVJP) and inner.args == s.args and inner.results == s.results and not inner.nondiff
                 and not inner.non_differentiable and s.tree == "flat" and not s.static_flag and nd is None):
             self.block(inner, path + ".body[0]", ind)   # checkpoint of the custom rule itself
-            kw = f"policy={jax_table.policy_source(s.policy)}" + ("" if s.prevent_cse else ", prevent_cse=False")
+            kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
             ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
             res = self.seq([self.n[r] for r in s.results])
             return [f"{ind}{res} = {ck}({self.last_block}, {kw})({', '.join(self.n[a] for a in s.args)})   # {path}"]
@@ -53,7 +53,7 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         src = [f"def {fn}({', '.join(params)}):   # checkpoint region {path}"] + pro
         src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {ret}"]
         folded = fold_returns("\n".join(src)).split("\n")
-        kw = f"policy={jax_table.policy_source(s.policy)}" + ("" if s.prevent_cse else ", prevent_cse=False")
+        kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
         ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
         if len(folded) == 2 and s.tree == "flat" and not s.static_flag:  # one expression: a lambda
             expr = folded[1].strip()[len("return "):]
@@ -61,8 +61,7 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
             if len(line) <= 100:
                 return [line]
         self.defs.append("\n".join(folded))
-        kw = f"policy={jax_table.policy_source(s.policy)}" + ("" if s.prevent_cse else ", prevent_cse=False") + (
-            f", static_argnums=({len(params) - 1},)" if s.static_flag else "")
+        kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
         ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
         target = self.seq(res) if s.tree == "flat" else f"out_{k}"
         lines = [f"{ind}{target} = {ck}({fn}, {kw})({', '.join(call)})"]

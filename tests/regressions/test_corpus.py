@@ -31,10 +31,11 @@ def _key_str(key) -> str:
     return "|".join(key)
 
 
-def _fixed(path, finding) -> bool:
-    """status.json's "fixed" names finding keys, or whole roots by file name without .json (a
-    harness artifact that was mended: its programs must now pass)."""
-    return _key_str(finding.key()) in FIXED or path.stem in FIXED
+def _fixed(path, finding, name: str = "") -> bool:
+    """status.json's "fixed" names finding keys, whole roots by file name without .json (a
+    harness artifact that was mended: its programs must now pass), or one variant of a root as
+    "root/variant"."""
+    return _key_str(finding.key()) in FIXED or path.stem in FIXED or f"{path.stem}/{name}" in FIXED
 
 
 def _entries():
@@ -50,11 +51,11 @@ def _entries():
             tid = f"{path.stem}/{name}" if root is not None else \
                 corpus_entry_stem(finding.check, finding.pipeline, finding.program_hash)
             marks = []
-            if not _fixed(path, finding):
+            if not _fixed(path, finding, name):
                 marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
                     f"open: [{finding.check}] {finding.pipeline} vs {finding.reference} "
                     f"{finding.error_type or ''} ({', '.join(finding.features)})")))
-            out.append(pytest.param(path, prog, inputs, finding, id=tid, marks=marks))
+            out.append(pytest.param(path, name, prog, inputs, finding, id=tid, marks=marks))
     return out
 
 
@@ -77,11 +78,11 @@ class BehaviourChanged(Exception):
     so that its strict xfail reports it as a failure)."""
 
 
-@pytest.mark.parametrize("path,prog,inputs,finding", _entries())
-def test_regression(path, prog, inputs, finding):
+@pytest.mark.parametrize("path,name,prog,inputs,finding", _entries())
+def test_regression(path, name, prog, inputs, finding):
     from conformance.engine.findings import detail_digest, what_differed
     obs, j = replay(prog, inputs, finding)
-    if _fixed(path, finding):
+    if _fixed(path, finding, name):
         # A fixed entry: its pipeline ran and the check judged it (passed, or met an expectation),
         # and no failing verdict of that check on that pipeline at all (a key that only changed its
         # error type, say NotImplementedError -> none, is no fix).

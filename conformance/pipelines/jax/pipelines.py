@@ -170,9 +170,7 @@ class Lowering(Interpreter):
         if not self.remat:
             return fn
         spelled, call, read = self.spelled_region(s, fn)
-        n = 1 if s.tree != "flat" else len(s.args)
-        ck = jax.checkpoint(spelled, policy=jax_policy(s.policy), prevent_cse=s.prevent_cse,
-                            static_argnums=(n,) if s.static_flag else ())
+        ck = jax.checkpoint(spelled, policy=jax_policy(s.policy), **jax_table.checkpoint_options(s))
         return lambda *args: read(call(ck, args))
 
     def block(self, s: CustomVJP, path: str, args: list) -> list:

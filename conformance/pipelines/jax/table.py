@@ -87,5 +87,24 @@ def policy_source(p) -> str:
     return POLICIES[p.kind].format(**fields)
 
 
+def checkpoint_options(s) -> dict:
+    """jax.checkpoint's keyword arguments for a region's options beside its policy: prevent_cse
+    (a bool, or one per argument), and how its static flag is declared (ir.nodes.STATIC_SPELLINGS;
+    the flag is passed after the args, or by keyword as `flag`)."""
+    out: dict = {"prevent_cse": tuple(s.prevent_cse_args) if s.prevent_cse_args else s.prevent_cse}
+    if s.static_flag:
+        n = 1 if s.tree != "flat" else len(s.args)   # the flag's index
+        out.update({"argnums": {"static_argnums": (n,)}, "negative_argnums": {"static_argnums": (-1,)},
+                    "argnames": {"static_argnames": ("flag",)},
+                    "missing_argnum": {"static_argnums": (n + 1,)}}[s.static_by])
+    return out
+
+
+def checkpoint_options_source(s, plain: bool = False) -> str:
+    """The options as source (", k=v" each); `plain`: leaving out prevent_cse=True."""
+    return "".join(f", {k}={v!r}" for k, v in checkpoint_options(s).items()
+                   if not (plain and k == "prevent_cse" and v is True))
+
+
 def op_text(op: str, args: list[str], params: dict, nondiff: str | None) -> str:
     return op_source(OPS, op, args, params, nondiff)

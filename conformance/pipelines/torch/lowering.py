@@ -203,24 +203,26 @@ class Lowering(Interpreter):
         if opts["graph_break"]:
             body_fn = spelled
 
-            def spelled(*a):
+            def spelled(*a, **k):
                 torch._dynamo.graph_break()
-                return body_fn(*a)
+                return body_fn(*a, **k)
         if opts["compile_inside"]:   # one compiled function per region, built on its first run
             if path not in self._compiled_regions:
                 self._compiled_regions[path] = torch.compile(spelled, backend=opts["compile_inside"], dynamic=False)
             spelled = self._compiled_regions[path]
         rng = {} if opts["preserve_rng_state"] else {"preserve_rng_state": False}
         if opts["reentrant"]:   # the reentrant implementation takes no policy
-            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=True, **rng), args))
+            return lambda *args: read(call(lambda *a, **k: checkpoint(spelled, *a, use_reentrant=True, **rng, **k),
+                                           args))
         kw = {"determinism_check": "none", **rng} if opts["checks_off"] else dict(rng)
         if s.policy.kind == "no_policy":   # no policy: checkpoint's own (non-selective) path
             kw.update({"debug": True} if opts["checks_off"] else {})   # (debug rejects a custom context_fn)
-            return lambda *args: read(call(lambda *a: checkpoint(spelled, *a, use_reentrant=False, **kw), args))
+            return lambda *args: read(call(lambda *a, **k: checkpoint(spelled, *a, use_reentrant=False, **kw, **k),
+                                           args))
 
-        def ck(*a):
+        def ck(*a, **k):
             return checkpoint(spelled, *a, use_reentrant=False, context_fn=ctx_fn,
-                              **({"respect_saved_tensors_hooks": True} if SAC_THROUGH_HOOKS else {}), **kw)
+                              **({"respect_saved_tensors_hooks": True} if SAC_THROUGH_HOOKS else {}), **kw, **k)
         return lambda *args: read(call(ck, args))
 
     def function(self, s: CustomVJP, path: str):
