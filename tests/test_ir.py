@@ -207,3 +207,30 @@ def test_readme_feature_table_is_generated_from_the_declarations():
     assert {k: FOCUS[k] for k in FEATURE_FOCUS} == FEATURE_FOCUS and {"scan", "random", "aux_outputs"} <= set(FOCUS)
     dims = {d for v in FOCUS.values() for d in v}
     assert dims <= set(swarm_dimensions()), dims - set(swarm_dimensions())
+
+
+@pytest.mark.parametrize("options, field, reason", [
+    ({"prevent_cse_args": [True, False]}, "body[0].prevent_cse_args", "one bool per arg"),
+    ({"prevent_cse_args": [True], "tree": "tuple"}, "body[0].prevent_cse_args", "flat region"),
+    ({"static_by": "argnames"}, "body[0].static_by", "need static_flag"),
+    ({"static_value": "unhashable"}, "body[0].static_by", "need static_flag"),
+    ({"static_by": "by_name", "static_flag": True}, "body[0].static_by", ""),
+])
+def test_bad_region_options_are_rejected_naming_the_field(options, field, reason):
+    obj = prog([op("sin", ["x"], "y")]).to_json_obj()
+    obj["body"] = [{"kind": "checkpoint", "args": ["x"], "results": ["y"], "policy": {"kind": "nothing"},
+                    "body": [op("sin", ["x"], "y")], **options}]
+    with pytest.raises(ProgramError) as e:
+        load_program(obj)
+    assert e.value.field.startswith(field) and reason in e.value.reason, (e.value.field, e.value.reason)
+
+
+def test_the_reducer_keeps_a_per_argument_prevent_cse_one_bool_per_arg():
+    from conformance.engine.reduce import candidates
+    p = prog([op("sin", ["x"], "a"),
+              {"kind": "checkpoint", "args": ["a", "x"], "results": ["c"], "policy": {"kind": "nothing"},
+               "prevent_cse_args": [False, True], "body": [op("mul", ["a", "x"], "c")]}], outputs=["c"])
+    # bypassing sin makes the region read x twice: it passes x once, with the first one's bool
+    fitted = [s for c in candidates(p) for s in c.body if getattr(s, "prevent_cse_args", None)
+              and len(s.args) != 2]
+    assert [(s.args, s.prevent_cse_args) for s in fitted] == [(["x"], [False])]

@@ -330,13 +330,23 @@ def _plain_options(obj: dict) -> Iterator[dict]:
                 yield o
 
 
-def _fit_region_options(obj: dict) -> dict:
-    """A region's per-argument prevent_cse kept one bool per arg when a rewrite changed its args
-    (the pattern cycled over the new args), so that the rewrite is still a valid program."""
+def _fit_regions(obj: dict) -> dict:
+    """A rewrite that made a region (or jitted sub-function) read one value twice (an op bypassed:
+    its readers read its argument) passes it once; a per-argument prevent_cse keeps one bool per
+    arg (the first occurrence's; a length a rewrite changed otherwise, its pattern cycled)."""
     for _, s in _statements(obj["body"]):
-        pa = s.get("prevent_cse_args") if s["kind"] == "checkpoint" else None
+        if s["kind"] not in ("checkpoint", "jit"):
+            continue
+        pa = s.get("prevent_cse_args") or []
+        keep = [k for k, a in enumerate(s["args"]) if a not in s["args"][:k]]
+        if len(keep) != len(s["args"]):
+            if len(pa) == len(s["args"]):
+                pa = [pa[k] for k in keep]
+            s["args"] = [s["args"][k] for k in keep]
         if pa and len(pa) != len(s["args"]):
-            s["prevent_cse_args"] = [pa[k % len(pa)] for k in range(len(s["args"]))] if s["args"] else []
+            pa = [pa[k % len(pa)] for k in range(len(s["args"]))]
+        if "prevent_cse_args" in s:
+            s["prevent_cse_args"] = pa
     return obj
 
 
@@ -358,7 +368,7 @@ def candidates(prog: Program) -> Iterator[Program]:
         if o is None:
             return None
         try:
-            p = load_program(_fit_region_options(o))
+            p = load_program(_fit_regions(o))
         except ProgramError:
             return None
         if p.content_hash() in seen or p.size() > prog.size() or not p.body:
