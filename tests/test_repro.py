@@ -199,7 +199,7 @@ def test_jax_repro_of_a_residual_report_finding_checks_the_report(tmp_path):
     f = make_finding(v, prog, inputs, {}, {}, "cpu")
     src = repro.generate(prog, inputs, f, "jax")
     rc, out = run_script(src, tmp_path)
-    assert rc == 0, out
+    assert rc == 0 and "error during" not in out and "unexpected keyword" not in out, out
     assert "OK: [residual_report] jax:remat3:jit vs vjp" in out and "named 'a'" in out
     marker = "rows = saved_residuals(lambda *x: objective(*x)[0], *d)"
     assert marker in src
@@ -227,7 +227,7 @@ def test_jax_repro_of_a_custom_jvp_program_runs_its_rule(tmp_path):
     src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), "jax")
     assert "jax.custom_jvp(block_" in src and ".defjvp(block_" in src
     rc, out = run_script(src, tmp_path)
-    assert rc == 0, out
+    assert rc == 0 and "error during" not in out and "unexpected keyword" not in out, out
     assert "OK: [residuals] jax:remat2:jit vs jax:remat2" in out
     assert "with custom_jvp():" in repro.pseudo_code(p) and load_program(p.to_json_obj()) == p
 
@@ -251,7 +251,7 @@ def test_jax_repro_spells_the_rule_as_the_program_does(spelling, tmp_path):
     assert ("jax.custom_gradient(" in src) == spelling.startswith("custom_gradient")
     assert (".defremat(" in src) == (spelling == "defremat")
     rc, out = run_script(src, tmp_path)
-    assert rc == 0, out
+    assert rc == 0 and "error during" not in out and "unexpected keyword" not in out, out
     assert "OK: [gradient] jax:remat3+cvjp3 vs jax:none" in out
     assert f"spelling={spelling!r}" in repro.pseudo_code(p)
 
@@ -272,7 +272,7 @@ def test_jax_repro_passes_residuals_in_the_programs_pytree(spelling, tree, tmp_p
     src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), "jax")
     assert f"pack_residuals({tree!r}, res)" in src and f"unpack_residuals({tree!r}, res)" in src
     rc, out = run_script(src, tmp_path)
-    assert rc == 0, out
+    assert rc == 0 and "error during" not in out and "unexpected keyword" not in out, out
     assert "OK: [gradient] jax:remat3+cvjp3 vs jax:none" in out
 
 
@@ -297,6 +297,16 @@ def test_jax_repro_of_a_rule_that_branches_on_perturbed(tmp_path):
     src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), "jax")
     assert "mark_perturbed(" in src and "read_perturbed(res, 2)" in src
     rc, out = run_script(src, tmp_path)
-    assert rc == 0, out
+    assert rc == 0 and "error during" not in out and "unexpected keyword" not in out, out
     assert "OK: [gradient] jax:remat2:jit vs jax:none" in out
     assert "bwd_branches_on_perturbed=True" in repro.pseudo_code(p)
+
+
+def test_torch_repro_passes_a_static_flag_by_keyword_through_checkpoint(tmp_path):
+    """A JAX finding on a region whose static flag is passed by keyword (static_argnames): its
+    program under torch SAC passes the keyword through torch.utils.checkpoint and runs clean."""
+    path = REG / "remat2-ignores-static-argnames.json"
+    src = gen(path, "torch")
+    assert "flag=True" in src
+    rc, out = run_script(src, tmp_path)
+    assert rc == 0 and "error during" not in out and "unexpected keyword" not in out, out
