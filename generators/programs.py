@@ -24,6 +24,7 @@ from conformance.ir import ops as O
 from conformance.ir.batching import value_shape
 from conformance.ir.nodes import (
     DIFF_MODES,
+    STATE_KINDS,
     STATIC_SPELLINGS,
     Checkpoint,
     CustomJVP,
@@ -307,8 +308,11 @@ class _Gen(Structure):
         g.cse_mask = None
         if self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_tuple"):
             g.cse_mask = draw_int(draw, 0, 7, "prevent_cse_mask")
-        g.static_flag, g.tree, g.static_by, g.static_value = False, "flat", "argnums", "bool"
-        if self.sw["region_options"]:   # jax.checkpoint's static arguments, a pytree of args
+        g.static_flag, g.tree, g.static_by, g.static_value, g.state = False, "flat", "argnums", "bool", "none"
+        if self.sw["region_options"] and not self.sw["per_example"] and draw(BOOL, label="region_state"):
+            # mutable state the region closes over (a jax.new_ref): a flat region, no static flag
+            g.state = STATE_KINDS[draw_int(draw, 1, len(STATE_KINDS) - 1, "state_kind")]
+        elif self.sw["region_options"]:   # jax.checkpoint's static arguments, a pytree of args
             g.static_flag = draw(BOOL, label="static_flag")
             g.tree = ("flat", "tuple", "dict")[draw_int(draw, 0, 2, "region_tree")]
             if g.static_flag:
@@ -459,7 +463,8 @@ class _Gen(Structure):
                 body.append(Checkpoint(args=args, body=inner, results=results,
                                        policy=self._policy(it, inner), prevent_cse=it.prevent_cse,
                                        static_flag=it.static_flag, tree=it.tree, static_by=it.static_by,
-                                       static_value=it.static_value, prevent_cse_args=cse))
+                                       static_value=it.static_value, prevent_cse_args=cse,
+                                       state=it.state if it.tree == "flat" else "none"))
             elif it.kind == "custom_jvp":
                 body.append(self._cjvp(it, inner, defined, results))
                 self.cjvp_frames[id(body[-1])] = (it, defined)

@@ -399,3 +399,17 @@ def test_the_reentrant_checkpoint_rejects_a_keyword_argument():
                  ["torch:none", "torch:eager-sac", "torch:eager-reentrant"], "torch:eager-reentrant", "error")
     # the non-reentrant checkpoint passes the keyword on: its gradient is the reference's
     assert obs["torch:eager-sac"].error is None and obs["torch:eager-reentrant"].error.type == "ValueError"
+
+
+def test_torch_declares_region_state_unsupported():
+    from conformance.pipelines.torch.pipelines import NO_REGION_STATE
+    p = prog([op("sin", ["x"], "a"),
+              {"kind": "checkpoint", "args": ["a"], "results": ["b"], "policy": {"kind": "nothing"},
+               "body": [op("cos", ["a"], "b")], "state": "read"}, op("mul", ["b", "x"], "y")])
+    obs = EXECUTOR.run(p, input_values(p, 0), ["ref:f64", "jax:none", "torch:none", "torch:eager-sac"])
+    j = judge(p, obs, PACKAGED)
+    entry = next(e for e in PACKAGED.entries if e.id == "torch-no-region-state")
+    assert entry.unsupported.reason == NO_REGION_STATE   # one reason, said by the pipeline and the data
+    assert obs["torch:eager-sac"].unsupported == NO_REGION_STATE and obs["jax:none"].grads is not None
+    (v,) = _verdicts(j, "torch:eager-sac", "error")
+    assert (v.status, v.expectation) == ("unsupported", "torch-no-region-state")

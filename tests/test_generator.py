@@ -294,7 +294,8 @@ def test_focus_declarations_name_features_and_dimensions():
 
 
 @pytest.mark.parametrize("feature", ["checkpoint_in_jit", "while_loop", "linearize", "policy:no_policy", "float16",
-                                     "static_argnums", "static_argnames", "static_argnum_missing", "prevent_cse_tuple"])
+                                     "static_argnums", "static_argnames", "static_argnum_missing", "prevent_cse_tuple",
+                                     "region_state", "state_accumulate"])
 def test_a_focused_program_has_its_feature(feature):
     """Half of a focused round's programs aim at one feature; those have it (rare ones: 3-5% of
     unfocused programs)."""

@@ -215,6 +215,9 @@ def test_readme_feature_table_is_generated_from_the_declarations():
     ({"static_by": "argnames"}, "body[0].static_by", "need static_flag"),
     ({"static_value": "unhashable"}, "body[0].static_by", "need static_flag"),
     ({"static_by": "by_name", "static_flag": True}, "body[0].static_by", ""),
+    ({"state": "accumulate", "tree": "tuple"}, "body[0].state", "flat region"),
+    ({"state": "read", "static_flag": True}, "body[0].state", "without a static flag"),
+    ({"state": "everything"}, "body[0].state", ""),
 ])
 def test_bad_region_options_are_rejected_naming_the_field(options, field, reason):
     obj = prog([op("sin", ["x"], "y")]).to_json_obj()

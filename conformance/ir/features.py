@@ -47,6 +47,10 @@ FEATURES: dict[str, Feature] = {
     "static_argnum_missing": Feature("a region declares a static argument index that no argument has",
                                      focus=("region_options",)),
     "static_unhashable": Feature("a region's static argument is unhashable (a list)", focus=("region_options",)),
+    "region_state": Feature("a region closes over mutable state (a jax.new_ref) and reads it",
+                            focus=("region_options",)),
+    "state_write": Feature("a region writes the mutable state it closes over", focus=("region_options",)),
+    "state_accumulate": Feature("a region adds to the mutable state it closes over (+=)", focus=("region_options",)),
     "prevent_cse_tuple": Feature("a region with prevent_cse given per argument (a tuple of bools)",
                                  focus=("prevent_cse",)),
     "offload_in_both": Feature("a both(p, q) policy one of whose parts offloads"),
@@ -182,6 +186,10 @@ def compute_features(prog: Program) -> set[str]:
                     f.add("static_unhashable")
             if s.prevent_cse_args:
                 f.add("prevent_cse_tuple")
+            if s.state != "none":
+                f.add("region_state")
+                if s.state != "read":
+                    f.add(f"state_{s.state}")
             if s.tree != "flat":
                 f.add("region_pytree")
         elif isinstance(s, CustomVJP):

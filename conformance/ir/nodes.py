@@ -86,12 +86,18 @@ class Checkpoint(_M):
     # prevent_cse per positional argument (jax.checkpoint's tuple of bools, one per arg); empty:
     # the bool `prevent_cse` for all
     prevent_cse_args: list[bool] = Field(default_factory=list)
+    # Mutable state the region's function closes over (STATE_KINDS): a scalar jax.new_ref made
+    # before the region, zero; the function reads it into its first result, writes the sum of that
+    # result to it, or adds that sum to it (then multiplies the result by it); after the region
+    # the first result adds the ref's value. The references run the same code without checkpoint.
+    state: Literal["none", "read", "write", "accumulate"] = "none"
 
 
 # How a region's static flag reaches jax.checkpoint: static_argnums=(n,) and the flag passed
 # last; static_argnums=(-1,); static_argnames=("flag",) and the flag passed by keyword; or
 # static_argnums=(n + 1,), an index no argument has (the flag still passed last).
 STATIC_SPELLINGS = ("argnums", "negative_argnums", "argnames", "missing_argnum")
+STATE_KINDS = ("none", "read", "write", "accumulate")
 
 
 class CustomVJP(_M):
@@ -270,7 +276,7 @@ class Diff(_M):
 _LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False, "tree": "flat",
                    "non_differentiable": [], "once_differentiable": False, "bwd_branch": False}
 _LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat", "static_by": "argnums", "static_value": "bool",
-                          "prevent_cse_args": []}
+                          "prevent_cse_args": [], "state": "none"}
 _LATER_RULE_DEFAULTS = {"tree": "flat"}   # custom_jvp
 _LATER_DIFF_DEFAULTS = {"cotangents": "ones", "aux": 0, "batch": 0}   # the same for the diff part
 _LATER_INPUT_DEFAULTS = {"batched": False}

@@ -101,6 +101,9 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
     def check_region_options(s: Checkpoint, p: str) -> None:
         if not s.static_flag and (s.static_by != "argnums" or s.static_value != "bool"):
             raise ProgramError(f"{p}.static_by", "static_by and static_value need static_flag")
+        if s.state != "none" and (s.tree != "flat" or s.static_flag or prog.diff.batch):
+            raise ProgramError(f"{p}.state", "mutable state needs a flat region without a static flag, in a program "
+                                             "that is not per example")
         if s.prevent_cse_args and (s.tree != "flat" or len(s.prevent_cse_args) != len(s.args)):
             raise ProgramError(f"{p}.prevent_cse_args", f"one bool per arg of a flat region ({len(s.args)} args, "
                                                         f"tree {s.tree!r})")

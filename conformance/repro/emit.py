@@ -385,6 +385,7 @@ class PseudoEmitter(Emitter):
     def region(self, s, path, ind, nd):
         head = f"{ind}with checkpoint(policy={policy_text(s.policy)}" + (
             jax_table.checkpoint_options_source(s, plain=True)) + (
+            f", state={s.state!r}" if s.state != "none" else "") + (
             f", args_as={s.tree!r}" if s.tree != "flat" else "") + f"):   # {path}"
         return [head] + self.body(s.body, ind + "    ", path + ".body", nd) + [
             f"{ind}    export {', '.join(self.n[r] for r in s.results)}"]

@@ -53,6 +53,14 @@ class JaxEmitter(Emitter):
         self.defs.append("\n".join(src))
         pol = jax_table.policy_source(s.policy)
         opts = jax_table.checkpoint_options_source(s)
+        if s.state != "none":   # a scalar mutable state the region closes over (prelude.with_state)
+            dtype = self.types[s.results[0]][1]
+            return [
+                f"{ind}state_{k} = jax.new_ref(jnp.zeros((), dt({dtype!r})))",
+                f"{ind}out_{k} = read_state(checkpoint(with_state({s.state!r}, state_{k})({fn}), policy={pol}{opts})"
+                f"({', '.join(call)}), state_{k})",
+                f"{ind}{res} = {read}",
+            ]
         return [
             f"{ind}out_{k} = checkpoint({fn}, policy={pol}{opts})({', '.join(call)})",
             f"{ind}{res} = {read}",

@@ -38,7 +38,8 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
     def region(self, s, path, ind, nd):
         inner = s.body[0] if len(s.body) == 1 else None
         if (isinstance(inner, CustomVJP) and inner.args == s.args and inner.results == s.results and not inner.nondiff
-                and not inner.non_differentiable and s.tree == "flat" and not s.static_flag and nd is None):
+                and not inner.non_differentiable and s.tree == "flat" and not s.static_flag and nd is None
+                and s.state == "none"):
             self.block(inner, path + ".body[0]", ind)   # checkpoint of the custom rule itself
             kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
             ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
@@ -48,14 +49,14 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         fn = f"region_{k}"
         params, pro, ret, call, read = self.region_spelling(s, k)
         res = [self.n[r] for r in s.results]
-        if s.tree == "flat":
-            ret = self.seq(res)
+        if s.tree == "flat":   # (with state: a tuple, as with_state reads it)
+            ret = self.tuple_(res) if s.state != "none" else self.seq(res)
         src = [f"def {fn}({', '.join(params)}):   # checkpoint region {path}"] + pro
         src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {ret}"]
         folded = fold_returns("\n".join(src)).split("\n")
         kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
         ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
-        if len(folded) == 2 and s.tree == "flat" and not s.static_flag:  # one expression: a lambda
+        if len(folded) == 2 and s.tree == "flat" and not s.static_flag and s.state == "none":  # a lambda
             expr = folded[1].strip()[len("return "):]
             line = f"{ind}{self.seq(res)} = {ck}(lambda {', '.join(params)}: {expr}, {kw})({', '.join(call)})"
             if len(line) <= 100:
@@ -64,6 +65,11 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
         ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
         target = self.seq(res) if s.tree == "flat" else f"out_{k}"
+        if s.state != "none":   # a scalar mutable state the region closes over (with_state)
+            dtype = "float64" if self.f64 else self.types[s.results[0]][1]
+            return [f"{ind}state_{k} = jax.new_ref(jnp.zeros((), jnp.{dtype}))",
+                    f"{ind}{self.tuple_(res)} = read_state({ck}(with_state({s.state!r}, state_{k})({fn}), {kw})"
+                    f"({', '.join(call)}), state_{k})"]
         lines = [f"{ind}{target} = {ck}({fn}, {kw})({', '.join(call)})"]
         if s.tree != "flat":
             lines.append(f"{ind}{self.tuple_(res)} = {read}")

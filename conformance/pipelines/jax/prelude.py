@@ -118,3 +118,31 @@ def save_unbatched_dots():
     """A custom policy over the params: save dot_general outputs whose dimension numbers name
     no batch dimension."""
     return lambda prim, *_, **params: prim.name == "dot_general" and not any(params["dimension_numbers"][1])
+
+
+def with_state(kind, ref):
+    """A region function whose first result goes through a scalar mutable state `ref`: read
+    (result + ref), write (ref = sum(result), then result * ref) or accumulate (ref += sum(result),
+    then result * ref)."""
+    def wrap(fn):
+        def stateful(*args):
+            first, *rest = fn(*args)
+            if kind == "read":
+                first = first + ref[...].astype(first.dtype)
+            else:
+                total = jnp.sum(first).astype(ref.dtype)
+                if kind == "write":
+                    ref[...] = total
+                else:
+                    ref[...] += total
+                first = first * ref[...].astype(first.dtype)
+            return (first, *rest)
+        return stateful
+    return wrap
+
+
+def read_state(out, ref):
+    """The region's results after it: the first adds the state's value."""
+    first, *rest = out
+    return (first + ref[...].astype(first.dtype), *rest)
+

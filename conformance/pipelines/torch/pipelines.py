@@ -51,6 +51,9 @@ def _tolist(x) -> Any:
 # The reason, also in the expectations data (entry torch-no-custom-jvp).
 NO_CUSTOM_JVP = ("PyTorch has no custom_jvp: an autograd.Function's jvp rule serves forward-mode AD only, "
                  "never the reverse mode these programs are differentiated in")
+# (entry torch-no-region-state)
+NO_REGION_STATE = ("a region's mutable state is a jax.new_ref; its PyTorch counterpart (an in-place update of a "
+                   "tensor the checkpointed function closes over) is not lowered: a harness limit")
 # (entry torch-no-linearize)
 NO_LINEARIZE = ("jax.linearize has no PyTorch counterpart that runs under checkpoint: torch.func.linearize, like "
                 "every torch.func transform, rejects the saved tensor hooks torch.utils.checkpoint uses")
@@ -135,6 +138,9 @@ class TorchBase(Pipeline):
             return obs
         if "linearize" in feats:
             obs.unsupported = NO_LINEARIZE
+            return obs
+        if "region_state" in feats:
+            obs.unsupported = NO_REGION_STATE
             return obs
         if "forward_ad" in feats and ("names" in feats or "custom_vjp" in feats):
             obs.unsupported = NO_FORWARD_AD
