@@ -309,7 +309,7 @@ class _Gen(Structure):
         if self.sw["prevent_cse"] and draw(BOOL, label="prevent_cse_tuple"):
             g.cse_mask = draw_int(draw, 0, 7, "prevent_cse_mask")
         g.static_flag, g.tree, g.static_by, g.static_value, g.state = False, "flat", "argnums", "bool", "none"
-        if self.sw["region_options"] and not self.sw["per_example"] and draw(BOOL, label="region_state"):
+        if self.sw["mutable_state"] and not self.sw["per_example"] and draw(BOOL, label="region_state"):
             # mutable state the region closes over (a jax.new_ref): a flat region, no static flag
             g.state = STATE_KINDS[draw_int(draw, 1, len(STATE_KINDS) - 1, "state_kind")]
         elif self.sw["region_options"]:   # jax.checkpoint's static arguments, a pytree of args

@@ -73,7 +73,10 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
                ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
                ("rule_trees", _HALF), ("per_example", (1, 4)), ("function_options", _HALF),
-               ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)))
+               ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _HALF))
+# Dimensions a campaign generates only when it requires them (a construct whose programs would
+# otherwise change every seeded campaign's programs): a region's mutable state (jax.new_ref).
+OPT_IN = ("mutable_state",)
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 
@@ -95,6 +98,9 @@ def _allowed(cfg: Config) -> dict[str, bool]:
     a["region_options"] &= a["checkpoint"]
     a["checkpoint_in_rules"] &= a["checkpoint"] and cfg.custom_vjp
     a["sequential_regions"] &= a["checkpoint"] and cfg.max_stmts >= 4
+    # opt-in dimensions (--require NAME): off, they draw nothing, so other programs stay as they were
+    for n in OPT_IN:
+        a[n] &= a["checkpoint"] and n in cfg.require
     if not cfg.custom_vjp:
         for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees",
                   "perturbed_branch", "function_options"):

@@ -121,6 +121,7 @@ SHOWS = {
     "function_options": lambda p: bool({"non_differentiable", "once_differentiable", "bwd_branch"} & p.features()),
     "checkpoint_in_rules": lambda p: "checkpoint_in_custom_vjp" in p.features(),
     "sequential_regions": lambda p: "sequential_regions" in p.features(),
+    "mutable_state": lambda p: "region_state" in p.features(),
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},
@@ -146,7 +147,11 @@ def test_generated_programs_validate(p):
 
 @pytest.mark.parametrize("dim", sorted(SHOWS))
 def test_every_swarm_dimension_occurs_on_and_off(dim):
+    from generators.swarm import OPT_IN
     shows = [SHOWS[dim](p) for p in sample()]
+    if dim in OPT_IN:   # never unless required; required, in some programs and not all
+        assert not any(shows), f"opt-in {dim} occurs unrequired"
+        shows = [SHOWS[dim](p) for p in sample((("require", (dim,)),), n=60)]
     assert any(shows), f"{dim} never occurs in {SAMPLE} programs"
     assert not all(shows), f"{dim} occurs in every program"
 
