@@ -332,21 +332,17 @@ def _plain_options(obj: dict) -> Iterator[dict]:
 
 def _fit_regions(obj: dict) -> dict:
     """A rewrite that made a region (or jitted sub-function) read one value twice (an op bypassed:
-    its readers read its argument) passes it once; a per-argument prevent_cse keeps one bool per
-    arg (the first occurrence's; a length a rewrite changed otherwise, its pattern cycled)."""
+    its readers read its argument) passes it once; a per-argument prevent_cse keeps the first
+    occurrence's bool."""
     for _, s in _statements(obj["body"]):
         if s["kind"] not in ("checkpoint", "jit"):
             continue
-        pa = s.get("prevent_cse_args") or []
         keep = [k for k, a in enumerate(s["args"]) if a not in s["args"][:k]]
-        if len(keep) != len(s["args"]):
-            if len(pa) == len(s["args"]):
-                pa = [pa[k] for k in keep]
-            s["args"] = [s["args"][k] for k in keep]
-        if pa and len(pa) != len(s["args"]):
-            pa = [pa[k % len(pa)] for k in range(len(s["args"]))]
-        if "prevent_cse_args" in s:
-            s["prevent_cse_args"] = pa
+        if len(keep) == len(s["args"]):
+            continue
+        if len(s.get("prevent_cse_args") or []) == len(s["args"]):
+            s["prevent_cse_args"] = [s["prevent_cse_args"][k] for k in keep]
+        s["args"] = [s["args"][k] for k in keep]
     return obj
 
 

@@ -92,6 +92,7 @@ def _share_jit(core, jaxpr_types, higher_order, flags_off) -> None:
     if jit_p is None or getattr(jit_p.impl, "_remat_conformance_shared", False):
         return
     original = jit_p.impl
+    original_flags_off = flags_off(original)
     canonical: dict = {}
     keys: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -120,17 +121,17 @@ def _share_jit(core, jaxpr_types, higher_order, flags_off) -> None:
         return (k, tuple(sorted(params.items())))
 
     def shared(*args, jaxpr, **params):
-        try:
-            key = key_of(jaxpr, params)
-            hash(key)
-        except TypeError:   # an unhashable parameter: JAX's own path
-            key = None
+        key = key_of(jaxpr, params)
+        if key is not None:
+            if len(canonical) >= CANONICAL_LIMIT:
+                canonical.clear()
+            try:
+                same = canonical.setdefault(key, jaxpr)
+            except TypeError:   # an unhashable parameter: JAX's own path
+                key = None
         if key is None:
             return original(*args, jaxpr=jaxpr, **params)
-        if len(canonical) >= CANONICAL_LIMIT:
-            canonical.clear()
-        same = canonical.setdefault(key, jaxpr)
-        return flags_off(original)(*args, jaxpr=same, **params)
+        return original_flags_off(*args, jaxpr=same, **params)
 
     shared._remat_conformance_shared = True
     jit_p.def_impl(shared)

@@ -172,8 +172,13 @@ class Lowering(Interpreter):
         if not self.remat:
             return fn
         spelled, call, read = self.spelled_region(s, fn)
-        ck = jax.checkpoint(spelled, policy=jax_policy(s.policy), **jax_table.checkpoint_options(s))
+        ck = self.checkpointed(s, spelled)
         return lambda *args: read(call(ck, args))
+
+    @staticmethod
+    def checkpointed(s: Checkpoint, f):
+        """jax.checkpoint of a region's function with the region's policy and options."""
+        return jax.checkpoint(f, policy=jax_policy(s.policy), **jax_table.checkpoint_options(s))
 
     def stateful_region(self, s: Checkpoint, fn):
         """A region closing over a scalar jax.new_ref made before it (Checkpoint.state), with or
@@ -184,7 +189,7 @@ class Lowering(Interpreter):
             ref = jax.new_ref(jnp.zeros((), dtype))
             f = prelude.with_state(s.state, ref)(fn)
             if self.remat:
-                f = jax.checkpoint(f, policy=jax_policy(s.policy), **jax_table.checkpoint_options(s))
+                f = self.checkpointed(s, f)
             return prelude.read_state(f(*args), ref)
         return run
 
