@@ -482,9 +482,7 @@ class JaxBase(Pipeline):
                     obs.residuals = self._canonical(program, leaves)
                     if self.spec.residual_report:
                         obs.saved_arrays = [(int(np.size(x)), str(x.dtype)) for x in leaves]
-            # (not with a region's mutable state: jax's saved_residuals of a function that makes a
-            # jax.new_ref raises; a harness limit, left out rather than reported)
-            if self.spec.residual_report and "region_state" not in program.features():
+            if self.spec.residual_report:
                 with timed(t, "residual_report"):
                     self._report(program, const, diff_ids, d, obs)
             if program.diff.order == 2:
