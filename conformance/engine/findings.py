@@ -182,7 +182,7 @@ def error_root(detail: dict) -> str | None:
 DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also_differs_from"})
 # Where a framework's message turns from what went wrong into where (tracebacks echo the harness's
 # own source lines, which move with every edit) or advice.
-_MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS")
+_MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing")
 
 
 def what_differed(detail):

@@ -47,7 +47,13 @@ MEMORY_BUDGETS = (0.5, 0.0)
 # Spec's PyTorch checkpoint and compile options (on/off): recorded in a run's flags when on,
 # carried by repro scripts.
 TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break",
-                 "policy_state", "sequential")
+                 "policy_state", "sequential", "hooks", "early_stop_off", "export", "functional_call", "func_vmap")
+# Saved-tensor hooks a pipeline runs its forward under (Spec.hooks): torch.autograd.graph.save_on_cpu; a
+# user's own saved_tensors_hooks (pack: a float64 copy and the dtype, unpack: back), with
+# respect_saved_tensors_hooks=True; the same hooks with respect_saved_tensors_hooks=False (SAC's cache
+# bypasses them).
+HOOK_KINDS = ("save_on_cpu", "user", "user_bypassed")
+EXPORT_KINDS = ("strict", "nonstrict")
 
 
 class CompareMode(StrEnum):
@@ -114,6 +120,13 @@ class Spec:
     preserve_rng_state: bool = True  # torch checkpoint's preserve_rng_state (False: test-only mutants)
     policy_state: str = ""           # torch: "every_other", a stateful policy_fn per checkpoint call (sac_policy)
     sequential: bool = False         # torch: chained regions without a policy as checkpoint_sequential
+    hooks: str = ""                  # torch: the forward under saved-tensor hooks (HOOK_KINDS)
+    early_stop_off: bool = False     # torch: the forward under set_checkpoint_early_stop(False)
+    export: str = ""                 # torch: torch.export.export (EXPORT_KINDS) of the program as a module, then
+                                     # its .module() run and differentiated eagerly
+    functional_call: bool = False    # torch: the differentiated inputs as a module's parameters, called through
+                                     # torch.func.functional_call
+    func_vmap: bool = False          # torch: vmap-spelled loops as torch.func.vmap (else Python loops)
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
@@ -124,6 +137,12 @@ class Spec:
     residual_report: bool = False
     repro_default: bool = False      # the framework's pipeline for repros of bare programs
     share: Share | None = None       # runs on a fraction of the programs its sibling runs on
+
+    def __post_init__(self):
+        if self.hooks not in ("", *HOOK_KINDS):
+            raise ValueError(f"{self.name}: hooks must be one of {HOOK_KINDS}, got {self.hooks!r}")
+        if self.export not in ("", *EXPORT_KINDS):
+            raise ValueError(f"{self.name}: export must be one of {EXPORT_KINDS}, got {self.export!r}")
 
     @property
     def flags(self) -> dict[str, bool]:
@@ -206,6 +225,23 @@ def _torch_rivals():
                     compare=(eager,)))
     out.append(Spec("torch:compile-aot_eager:graph-break", "torch", "TorchSAC", compile="aot_eager", graph_break=True,
                     compare=(eager,)))
+    # Training-loop compositions: the forward under saved-tensor hooks (torch.autograd.graph.save_on_cpu, a user's
+    # own hooks honoured or bypassed by SAC's cache), eager and compiled; under set_checkpoint_early_stop(False);
+    # the program exported (torch.export, strict and non-strict) and its exported module differentiated; the
+    # differentiated inputs as parameters through torch.func.functional_call; vmap-spelled loops as torch.func.vmap.
+    same = Compare(("torch:eager-sac",), "same")
+    values = Compare(("torch:eager-sac",), "values")
+    out.append(Spec("torch:eager-sac:save-on-cpu", "torch", "TorchSAC", hooks="save_on_cpu", compare=(same,)))
+    out.append(Spec("torch:eager-sac:user-hooks", "torch", "TorchSAC", hooks="user", compare=(same,)))
+    out.append(Spec("torch:eager-sac:user-hooks-bypassed", "torch", "TorchSAC", hooks="user_bypassed",
+                    compare=(values,)))
+    out.append(Spec("torch:compile-aot_eager:user-hooks", "torch", "TorchSAC", compile="aot_eager", hooks="user",
+                    compare=(Compare(("torch:eager-sac:user-hooks",), "eager"),)))
+    out.append(Spec("torch:eager-sac:early-stop-off", "torch", "TorchSAC", early_stop_off=True, compare=(eager,)))
+    for kind in EXPORT_KINDS:
+        out.append(Spec(f"torch:export-{kind}", "torch", "TorchSAC", export=kind, compare=(values,)))
+    out.append(Spec("torch:eager-sac:functional-call", "torch", "TorchSAC", functional_call=True, compare=(same,)))
+    out.append(Spec("torch:eager-sac:func-vmap", "torch", "TorchSAC", func_vmap=True, compare=(values,)))
     return out
 
 

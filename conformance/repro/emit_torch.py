@@ -14,6 +14,16 @@ class TorchEmitter(Emitter):
         self.names = torch_table.program_names(prog)
 
     stack_fn = "torch.stack"   # scans: the default Python loop
+
+    def scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res):
+        """A vmap-spelled loop: torch.func.vmap of its step where the pipeline says so (func_vmap),
+        else the Python loop."""
+        loop = super().scan_loop(k, step, s, ind, init, xs, carry_res, ys_res)
+        if s.spelling != "vmap":
+            return loop
+        vm = (f"{ind}    {self.tuple_(ys_res)} = torch.func.vmap(lambda *x: {step}((), x)[1])"
+              f"({', '.join(xs)})")
+        return [f"{ind}if OPTS.get(\"func_vmap\"):", vm, f"{ind}else:"] + ["    " + line for line in loop]
     stop_fn = "{}.detach()"
 
     def op_text(self, op, args, params, nondiff):

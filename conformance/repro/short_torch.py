@@ -70,6 +70,7 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
 
     def __init__(self, prog, probe="", remat_helper=False, prefer=False, hooks=False, compile_inside=None, f64=False):
         super().__init__(prog)
+        # hooks: respect_saved_tensors_hooks=True on selective regions (or "False": SAC's cache bypasses them)
         self.probe, self.remat_helper, self.prefer, self.hooks = probe, remat_helper, prefer, hooks
         self.compile_inside, self.f64 = compile_inside, f64
 
@@ -87,7 +88,7 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
             self.defs.append(policy_fn(s.policy, self.names, f"policy_{k}", self.prefer))
             kw += f", context_fn=partial(create_selective_checkpoint_contexts, policy_{k})"
             if self.hooks:
-                kw += ", respect_saved_tensors_hooks=True"
+                kw += f", respect_saved_tensors_hooks={self.hooks == 'respect'}"
         target = f"torch.compile({fn}, backend={self.compile_inside!r})" if self.compile_inside else fn
         return [f"{ind}{self.seq(res)} = checkpoint({target}, {', '.join(args)}{kw})   # {path}"]
 
@@ -138,7 +139,24 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
         return "\n\n\n".join(d.rstrip() for d in self.defs), fold_returns(src)
 
 
-_SIMPLE = ("reentrant", "checks_off", "backward_twice", "dynamic", "graph_break", "sequential")
+_SIMPLE = ("reentrant", "checks_off", "backward_twice", "dynamic", "graph_break", "sequential", "functional_call",
+           "func_vmap")
+# Options the short form writes (the rival's, `option=True` in its run): the forward under a context (saved-tensor
+# hooks, early stop off), or the program exported and its module run.
+_CONTEXTS = {"save_on_cpu": "torch.autograd.graph.save_on_cpu()",
+             "user": "torch.autograd.graph.saved_tensors_hooks(pack, unpack)",
+             "user_bypassed": "torch.autograd.graph.saved_tensors_hooks(pack, unpack)"}
+_USER_HOOKS = ["def pack(t):   # the user's hooks: a float64 copy and the dtype",
+               "    return t.dtype, t.to(torch.float64, copy=True)", "", "",
+               "def unpack(packed):", "    return packed[1].to(packed[0])"]
+
+
+def _option(st: dict) -> tuple[str, str] | None:
+    """The one short-form option a side runs with (hooks, early_stop_off, export), if any."""
+    on = [(k, st[k]) for k in ("hooks", "early_stop_off", "export") if st.get(k)]
+    if len(on) > 1:
+        raise ReproError(f"options {on} together have no short form (use --full)")
+    return on[0] if on else None
 
 
 def _side_args(st: dict, vary: set) -> str:
@@ -168,6 +186,11 @@ def script(prog, inputs, finding) -> str:
         if any(st.get(k) for k in _SIMPLE) or st.get("policy_state") or st["partitioner"] != "min_cut":
             raise ReproError(f"{p}: its checkpoint options have no short form (use --full)")
     rival = sides[-1][1]
+    if len(sides) > 1 and _option(sides[0][1]):
+        raise ReproError(f"{sides[0][0]}: a reference with checkpoint options has no short form (use --full)")
+    option = _option(rival)
+    if option and check in ("residuals", "custom_rule"):
+        raise ReproError(f"the {check} check of {pipe} has no short form (use --full)")
     prog = dead_code_removed(prog)
     has_ck = any(isinstance(s, Checkpoint) for s, _, _, _ in walk(prog.body))
     vary = {k for k in ("backend", "memory_budget", "f64", "remat") if len({str(st[k]) for _, st in sides}) > 1
@@ -182,7 +205,8 @@ def script(prog, inputs, finding) -> str:
         probe=probe,
         remat_helper="remat" in vary,
         prefer=rival["prefer"],
-        hooks=check == "residuals",
+        hooks=("respect" if check == "residuals" or (option and option[1] in ("save_on_cpu", "user"))
+               else "bypass" if option and option[1] == "user_bypassed" else ""),
         compile_inside=rival["backend"] if rival["compile_inside"] else None,
     )
     defs, fsrc = e.function()
@@ -192,6 +216,8 @@ def script(prog, inputs, finding) -> str:
     params = ", ".join(x.split("=")[0] + "=" + {"backend": "None", "budget": "1.0", "dtype": "torch.float32",
                                                   "remat": "True"}[x.split("=")[0]]
                        for x in _side_args(rival, vary).split(", ") if x)
+    if option:
+        params = ", ".join([x for x in [params, "option=False"] if x])
     head = [f"def run({params}):"]
     if "remat" in vary:
         head += ["    global REMAT", "    REMAT = remat"]
@@ -212,8 +238,28 @@ def script(prog, inputs, finding) -> str:
     if "backend" in vary:
         head.append(f"    fn = {fn}")
         grad_line = f"torch.autograd.grad(fn({args}), {xs_name})"
-    call = lambda p, st: f"run({_side_args(st, vary)})   # {p}"   # noqa: E731
     pre = []
+    forward = f"{'fn' if 'backend' in vary else 'f'}({args})"   # the forward: its loss
+    if option:
+        def call(p, st):
+            side = [x for x in [_side_args(st, vary), "option=True" if _option(st) else ""] if x]
+            return f"run({', '.join(side)})   # {p}"
+        if option[0] == "export":
+            pre += ["", "", "class Module(torch.nn.Module):   # the program as a module, for torch.export",
+                    "    def forward(self, *xs):", "        return f(*xs)"]
+            forward = (f"(torch.export.export(Module(), ({d},), strict={option[1] == 'strict'}).module() "
+                       f"if option else f)({args})")
+        else:
+            if option[0] == "hooks" and option[1] != "save_on_cpu":
+                pre += _USER_HOOKS
+            ctx = (_CONTEXTS[option[1]] if option[0] == "hooks"
+                   else "torch.utils.checkpoint.set_checkpoint_early_stop(False)")
+            head += [f"    with ({ctx} if option else torch.enable_grad()):", f"        loss = {forward}"]
+            forward = "loss"
+        grad_line = f"torch.autograd.grad({forward}, {xs_name})"
+    else:
+        def call(p, st):
+            return f"run({_side_args(st, vary)})   # {p}"
     if check == "residuals":
         pre.append("SAVED = []   # what the forward saves for backward (saved_tensors_hooks)")
         body = head + [
@@ -253,8 +299,9 @@ def script(prog, inputs, finding) -> str:
         if registry.role_of(ref) == registry.VALUE:
             mode = "loose"
         rtol, atol = tolerance(prog, mode)
-        loss = f"{'fn' if 'backend' in vary else 'f'}({args})"
-        body = head + [f"    loss = {loss}   # (no grad_fn: every output non-differentiable, the gradients are 0)",
+        loss = forward
+        body = head + ([f"    loss = {loss}   # (no grad_fn: every output non-differentiable, the gradients are 0)"]
+                       if loss != "loss" else []) + [
                        f"    g = torch.autograd.grad(loss, {xs_name}) if loss.requires_grad else "
                        f"[torch.zeros_like(x) for x in {xs_name}]",
                        "    print([a.tolist() for a in g])", "    return [a.double() for a in g]", "", "",

@@ -20,6 +20,11 @@ def memory_kind(t: torch.Tensor, device: str) -> str:
     return "pinned_host" if t.is_pinned() else "unpinned_host"
 
 
+def _from_sac(caller) -> bool:
+    """Whether a pack hook's caller is SAC's cache (its `wrap`), not autograd's save."""
+    return caller.co_name == "wrap" and caller.co_filename.endswith(_SAC_FILE)
+
+
 # ---- residual capture -----------------------------------------------------------------------
 class SavedRecorder:
     """saved_tensors_hooks recording every tensor saved for backward while `active` and
@@ -59,10 +64,12 @@ class SavedRecorder:
             return ("id", id(t))
 
     def pack(self, t):
+        return self._pack(t, _from_sac(sys._getframe(1).f_code))
+
+    def _pack(self, t, from_sac: bool):
         if not self.active:
             return t
-        caller = sys._getframe(1).f_code
-        if caller.co_name == "wrap" and caller.co_filename.endswith(_SAC_FILE):   # SAC's cache
+        if from_sac:   # SAC's cache
             alias = t
         else:   # autograd's save
             alias = t.detach()
@@ -93,6 +100,23 @@ class SavedRecorder:
             self.read.add(i)
         return t
 
+    def user_pack(self, pack):
+        """A pack hook that records, then hands the user's pack what it would have got: (the alias,
+        the user's packed value). Not a tensor, so SAC's cache checks no version (as with user hooks)."""
+        def packed(t):
+            alias = self._pack(t, _from_sac(sys._getframe(1).f_code))
+            return alias, pack(alias)
+        return packed
+
+    def user_unpack(self, unpack):
+        """The unpack hook of user_pack: the user's unpacked tensor, after the version check and read
+        record unpack makes of the saved tensor."""
+        def unpacked(packed):
+            alias, p = packed
+            self.unpack(alias)
+            return unpack(p)
+        return unpacked
+
     @property
     def saved(self) -> list[torch.Tensor]:
         return [c for i, c in enumerate(self._copy) if i in self.read]
@@ -102,10 +126,13 @@ class SavedRecorder:
         return [c for i, c in enumerate(self._copy) if i not in self.read]
 
     @contextmanager
-    def recording(self):
+    def recording(self, user=None):
+        """Records while inside; `user`, a (pack, unpack) pair of the user's saved-tensor hooks the
+        forward runs under: each saved tensor recorded, then packed by them."""
         self.active = True
+        hooks = (self.pack, self.unpack) if user is None else (self.user_pack(user[0]), self.user_unpack(user[1]))
         try:
-            with torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack):
+            with torch.autograd.graph.saved_tensors_hooks(*hooks):
                 yield
         finally:
             self.active = False

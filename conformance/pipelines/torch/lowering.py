@@ -98,10 +98,13 @@ TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 # a graph break at the start of each region's function (under torch.compile); preserve_rng_state
 # (False: a recompute draws new random numbers; test-only mutants).
 CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False,
-                      "preserve_rng_state": True, "materialize_grads": False, "policy_state": "", "sequential": False}
+                      "preserve_rng_state": True, "materialize_grads": False, "policy_state": "", "sequential": False,
+                      "respect_hooks": True, "func_vmap": False}
 # (materialize_grads: symbolic_zeros rules get zero tensors instead of None; test-only mutants)
 # policy_state: "" (one stateless policy_fn per region), "every_other" (sac_policy's stateful policy)
 # sequential: regions without a policy chained on one value, then an op, run as checkpoint_sequential
+# respect_hooks: respect_saved_tensors_hooks (False: SAC's cache bypasses the user's saved-tensor hooks)
+# func_vmap: vmap-spelled loops as torch.func.vmap of the body (else a Python loop over the examples)
 
 
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
@@ -222,8 +225,22 @@ class Lowering(Interpreter):
 
         def ck(*a, **k):
             return checkpoint(spelled, *a, use_reentrant=False, context_fn=ctx_fn,
-                              **({"respect_saved_tensors_hooks": True} if SAC_THROUGH_HOOKS else {}), **kw, **k)
+                              **({"respect_saved_tensors_hooks": opts["respect_hooks"]} if SAC_THROUGH_HOOKS else {}),
+                              **kw, **k)
         return lambda *args: read(call(ck, args))
+
+    def scan(self, s, path: str, args: list) -> list:
+        """A vmap-spelled loop as torch.func.vmap of its body over the xs' leading axis (func_vmap),
+        every other loop (and any loop while values are recorded) a Python loop."""
+        if not (self.options["func_vmap"] and s.spelling == "vmap" and self.record is None):
+            return super().scan(s, path, args)
+        _, xs, consts = s.split_args()
+        seqs, env0 = args[:len(xs)], dict(zip(consts, args[len(xs):]))
+
+        def one(*slices):
+            env = self.body(s.body, {**env0, **dict(zip(s.xs, slices))}, None, path + ".body")
+            return tuple(env[y] for y in s.ys)
+        return list(torch.func.vmap(one)(*seqs))
 
     def function(self, s: CustomVJP, path: str):
         if path in self._fns:

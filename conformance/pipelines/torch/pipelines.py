@@ -30,6 +30,7 @@ import torch._functorch.config as functorch_config  # noqa: E402
 
 from conformance.ir.batching import example_inputs  # noqa: E402
 from conformance.ir.interpreter import loss_outputs, output_cotangents  # noqa: E402
+from conformance.ir.nodes import Checkpoint, CustomVJP, Op, Scan, walk  # noqa: E402
 from conformance.ir.observation import ErrorInfo, Observation  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
@@ -72,11 +73,26 @@ CHECKPOINT_IN_FUNCTION_COMPILED = (
     "the harness's interpreted lowering trips a dynamo aliasing check that straight-line "
     "code does not (eager pipelines run it)"
 )
+# (entry torch-export-autograd-function)
+EXPORT_NO_CUSTOM_RULES = (
+    "torch.export captures the forward's tensor computation only: an autograd.Function's backward is not part of the "
+    "exported program (non-strict export differentiates its forward instead, strict export's outputs have no "
+    "gradient): custom rules are out of the export pipelines' scope")
+# (entry torch-export-data-dependent-control-flow)
+EXPORT_NO_PYTHON_BRANCHES = ("torch.export does not trace data-dependent Python control flow (a cond is a Python if on "
+                             "a tensor here, a backward branch too); it documents torch.cond for it")
+# (no expectation entry: the program's features do not say what a vmap body holds)
+VMAP_BODY_UNSUPPORTED = ("torch.func.vmap of a body with an autograd.Function (it needs setup_context and a vmap "
+                         "rule: \"Extending torch.func with autograd.Function\"), a random op (vmap's "
+                         "randomness=\"error\") or a checkpoint region (its backward raises \"your tensor may have "
+                         "escaped\": pytorch/pytorch#165880, open)")
 # (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
 NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
                  "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
 
 
+# Options that change how the first-order forward is called (not run again for second order).
+OWN_FORWARD = ("hooks", "early_stop_off", "export", "functional_call", "func_vmap")
 RECOMPILE_LIMIT = 64   # dynamo's, per code object (default 8)
 
 
@@ -151,6 +167,16 @@ class TorchBase(Pipeline):
         if "once_differentiable" in feats and program.diff.order == 2:
             obs.unsupported = ONCE_DIFFERENTIABLE
             return obs
+        if self.spec.export and "custom_vjp" in feats:
+            obs.unsupported = EXPORT_NO_CUSTOM_RULES
+            return obs
+        if self.spec.export and feats & {"cond", "switch"}:
+            obs.unsupported = EXPORT_NO_PYTHON_BRANCHES
+            return obs
+        if self.spec.func_vmap and _vmap_body_has(program, lambda s: isinstance(s, (CustomVJP, Checkpoint)) or (
+                isinstance(s, Op) and s.op == "dropout")):
+            obs.unsupported = VMAP_BODY_UNSUPPORTED
+            return obs
         if self.spec.reentrant and program.diff.order == 2:
             obs.unsupported = NO_REENTRANT_GRAD
             return obs
@@ -208,6 +234,8 @@ class TorchBase(Pipeline):
             "preserve_rng_state": sp.preserve_rng_state,
             "policy_state": sp.policy_state,
             "sequential": sp.sequential,
+            "respect_hooks": sp.hooks != "user_bypassed",
+            "func_vmap": sp.func_vmap,
             "compile_inside": self._backend() if sp.compile_inside else None,
         }
 
@@ -258,14 +286,22 @@ class TorchBase(Pipeline):
             example_inputs(program, inputs, b) for b in range(program.diff.batch)]
         per_example = (lambda xs: torch.stack(list(xs))) if program.diff.batch else (lambda xs: list(xs)[0])
         fn = self._compiled(loss_fn)
+        if sp.functional_call:
+            fn = prelude.functional(fn, len(const_ids))
+        hooks = prelude.saved_tensor_hooks(sp.hooks) if sp.hooks else None
         rec = SavedRecorder()
-        stage = "lowering" if self.compile else "forward"
+        stage = "lowering" if self.compile or sp.export else "forward"
         try:
             runs = []
             for x in examples:
                 c, d = tensors(x, const_ids, False), tensors(x, diff_ids, True)
+                if sp.export and fn is loss_fn:   # exported once, on the first example's inputs
+                    stage = "lowering"
+                    with timed(t, "export"):
+                        fn = prelude.exported(loss_fn, [*c, *d], strict=sp.export == "strict")
                 stage = "lowering" if self.compile else "forward"
-                with timed(t, "forward"), rec.recording():
+                with (timed(t, "forward"), rec.recording(hooks),
+                      torch.utils.checkpoint.set_checkpoint_early_stop(not sp.early_stop_off)):
                     loss, outs = fn(*c, *d)
                 stage = "backward"
                 with timed(t, "backward"):
@@ -280,6 +316,10 @@ class TorchBase(Pipeline):
                 index = program.analysis().index
                 obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
                                              memory=[memory_kind(s, device) for s in saved])
+                selective = self.remat and any(f.startswith("policy:") for f in program.features())
+                if sp.hooks == "user_bypassed" and selective:
+                    obs.residuals = None   # SAC's cache bypasses the hooks the capture is part of: not observed
+                    obs.flags["residuals_unobserved"] = "respect_saved_tensors_hooks=False: SAC's cache bypasses hooks"
                 if not SAC_THROUGH_HOOKS and self.remat and any(f.startswith("policy:") for f in program.features()):
                     obs.residuals = None  # this torch's SAC cache is out of the hooks' sight: not observed
                     obs.flags["residuals_unobserved"] = (
@@ -290,7 +330,9 @@ class TorchBase(Pipeline):
                         r.describe() for r in canonicalise([numpy_of(s) for s in rec.unread], values, index)]
             if program.diff.order == 2:
                 stage = "second_order"
-                if self.compile:
+                if any(getattr(sp, k) for k in OWN_FORWARD):
+                    obs.flags["second_order"] = "not run: this pipeline's option applies to the first-order run only"
+                elif self.compile:
                     obs.unsupported = ("aot_autograd does not support double backward "
                                        "(torch.compile); second-order programs are out of scope")
                 else:
@@ -304,7 +346,8 @@ class TorchBase(Pipeline):
                                                                  tensors(x, diff_ids, True), grad))
                     obs.grads2 = {i: _tolist(per_example(g[k] for g in g2s)) for k, i in enumerate(diff_ids)}
         except Exception as e:  # the observation records it; oracles judge  # noqa: BLE001
-            if stage == "lowering" and not type(e).__module__.startswith(("torch._dynamo", "torch._inductor")):
+            if stage == "lowering" and not sp.export and not type(e).__module__.startswith(
+                    ("torch._dynamo", "torch._inductor")):
                 stage = "forward"
             obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
         if self.compile:
@@ -327,6 +370,12 @@ class TorchBase(Pipeline):
                 d: sum(1 for c in calls if c[2] == d) for d in sorted({c[2] for c in calls})
             }
             obs.flags["policy_ops"] = sorted({f"{c[0]}={c[2]}" for c in calls})   # each aten op and its decision
+
+
+def _vmap_body_has(program: Program, pred) -> bool:
+    """Whether a statement inside a vmap-spelled loop's body satisfies pred."""
+    return any(isinstance(s, Scan) and s.spelling == "vmap" and any(pred(b) for b, _, _, _ in walk(s.body))
+               for s, _, _, _ in walk(program.body))
 
 
 class TorchNoRemat(TorchBase):

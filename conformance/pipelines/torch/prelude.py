@@ -66,3 +66,50 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None, state=
             calls.append((str(op), bool(ctx.is_recompute), d, torch.compiler.is_compiling()))
         return table[d]
     return policy_fn
+
+
+def user_hooks():
+    """A user's own saved-tensor hooks as training code writes them (a compressed or offloaded copy):
+    pack keeps a float64 copy and the dtype, unpack casts the copy back (exact for every float dtype)."""
+    def pack(t):
+        return t.dtype, t.detach().to(torch.float64, copy=True)
+
+    def unpack(packed):
+        return packed[1].to(packed[0])
+    return pack, unpack
+
+
+def saved_tensor_hooks(kind):
+    """The (pack, unpack) pair of a hooks kind: torch.autograd.graph.save_on_cpu's, or user_hooks()."""
+    if kind == "save_on_cpu":
+        h = torch.autograd.graph.save_on_cpu(pin_memory=False)
+        return h.pack_hook, h.unpack_hook
+    return user_hooks()
+
+
+class AsModule(torch.nn.Module):
+    """A function as an nn.Module: `params` (name -> tensor) are its parameters, passed after the
+    forward's positional inputs (torch.func.functional_call swaps in the caller's tensors)."""
+    def __init__(self, fn, params=()):
+        super().__init__()
+        self.fn, self.names = fn, list(params)
+        for name in self.names:
+            self.register_parameter(name, torch.nn.Parameter(torch.zeros(1)))
+
+    def forward(self, *inputs):
+        return self.fn(*inputs, *[getattr(self, n) for n in self.names])
+
+
+def exported(fn, args, strict):
+    """fn exported by torch.export.export (strict or non-strict) on these example args: the
+    exported program's module, run eagerly."""
+    return torch.export.export(AsModule(fn), tuple(args), strict=strict).module()
+
+
+def functional(fn, n_const):
+    """fn called with its differentiated inputs (after the n_const constant ones) as the parameters
+    of a module, through torch.func.functional_call."""
+    def call(*a):
+        params = {f"p{k}": x for k, x in enumerate(a[n_const:])}
+        return torch.func.functional_call(AsModule(fn, params), params, tuple(a[:n_const]))
+    return call

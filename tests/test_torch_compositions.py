@@ -1,0 +1,152 @@
+"""PyTorch checkpoint as training code composes it (issue 32): the forward under saved-tensor hooks,
+set_checkpoint_early_stop(False), torch.export (strict and non-strict), torch.func.functional_call and
+torch.func.vmap. Each pipeline runs the real composition (shown by counting the framework calls it makes),
+agrees with eager SAC on a program where PyTorch conforms, and declares what it cannot run as data."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conformance.pipelines import registry as P
+from conformance.pipelines.torch import pipelines as TP
+from conformance.pipelines.torch import prelude
+from generators.programs import input_values
+from oracles.expectations import Expectations
+from oracles.judge import judge
+from tests.programs import op, prog, region, sin_cvjp
+
+PACKAGED = Expectations.load()
+NEW = ["torch:eager-sac:save-on-cpu", "torch:eager-sac:user-hooks", "torch:eager-sac:user-hooks-bypassed",
+       "torch:compile-aot_eager:user-hooks", "torch:eager-sac:early-stop-off", "torch:export-strict",
+       "torch:export-nonstrict", "torch:eager-sac:functional-call"]
+
+
+def saving_program():
+    """x -> sin -> cos -> exp in one region whose policy saves cos's output (sin recomputed)."""
+    return prog([region(["x"], [op("sin", ["x"], "a"), op("cos", ["a"], "b"), op("exp", ["b"], "y")], ["y"],
+                        {"kind": "ops", "ops": ["cos"]})])
+
+
+def vmap_program(with_region=False):
+    """A vmap of sin(x_i * w) over the rows of x (optionally checkpointed inside the body)."""
+    body = [op("mul", ["r", "w"], "m"), op("sin", ["m"], "s")]
+    if with_region:
+        body = [region(["r", "w"], body, ["s"], {"kind": "nothing"})]
+    loop = {"kind": "scan", "spelling": "vmap", "args": ["x", "w"], "carry": [], "xs": ["r"], "body": body,
+            "carry_out": [], "ys": ["s"], "results": ["v"], "length": 2}
+    return prog([loop],
+                inputs=[{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True},
+                        {"id": "w", "shape": [3], "dtype": "float64", "diff": True}], outputs=["v"])
+
+
+def _run(names, p):
+    inp = input_values(p, 0)
+    return {n: P.get(n).run(p, inp) for n in names}, inp
+
+
+def test_every_composition_agrees_with_eager_sac_where_pytorch_conforms():
+    p = saving_program()
+    obs, _ = _run(["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", *NEW], p)
+    base = obs["torch:eager-sac"]
+    for name in NEW:
+        o = obs[name]
+        assert o.ok(), (name, o.error)
+        np.testing.assert_allclose(o.grads["x"], base.grads["x"], rtol=1e-12, err_msg=name)
+        assert o.flags[{"torch:eager-sac:save-on-cpu": "hooks", "torch:eager-sac:user-hooks": "hooks",
+                        "torch:eager-sac:user-hooks-bypassed": "hooks", "torch:compile-aot_eager:user-hooks": "hooks",
+                        "torch:eager-sac:early-stop-off": "early_stop_off", "torch:export-strict": "export",
+                        "torch:export-nonstrict": "export", "torch:eager-sac:functional-call": "functional_call"}[name]]
+    # the hooks pipelines see every residual eager SAC sees (the capture composes with the user's hooks) ...
+    for name in ("torch:eager-sac:save-on-cpu", "torch:eager-sac:user-hooks"):
+        assert [r.describe() for r in obs[name].residuals] == [r.describe() for r in base.residuals], name
+    # ... but not where SAC's cache bypasses them: then residuals are not observed, not wrong
+    assert obs["torch:eager-sac:user-hooks-bypassed"].residuals is None
+    assert "residuals_unobserved" in obs["torch:eager-sac:user-hooks-bypassed"].flags
+    j = judge(p, obs, PACKAGED)
+    assert not j.failures(), [v.key() for v in j.failures()]
+
+
+def test_the_hooks_pipelines_pack_through_the_users_hooks(monkeypatch):
+    calls = {"pack": 0, "unpack": 0}
+    real = prelude.saved_tensor_hooks
+
+    def counting(kind):
+        pack, unpack = real(kind)
+
+        def p(t):
+            calls["pack"] += 1
+            return pack(t)
+
+        def u(x):
+            calls["unpack"] += 1
+            return unpack(x)
+        return p, u
+    monkeypatch.setattr(prelude, "saved_tensor_hooks", counting)
+    p = saving_program()
+    o = P.get("torch:eager-sac:user-hooks").run(p, input_values(p, 0))
+    assert o.ok(), o.error
+    assert calls["pack"] >= 1 and calls["unpack"] >= 1, calls
+    calls.update(pack=0, unpack=0)
+    assert P.get("torch:eager-sac").run(p, input_values(p, 0)).ok()
+    assert calls == {"pack": 0, "unpack": 0}   # eager SAC runs under no user hooks
+
+
+def test_export_pipelines_run_the_exported_module(monkeypatch):
+    exported = []
+    real = torch.export.export
+
+    def recording(mod, args, strict):
+        exported.append(strict)
+        return real(mod, args, strict=strict)
+    monkeypatch.setattr(torch.export, "export", recording)
+    p = prog([op("sin", ["x"], "a"), op("exp", ["a"], "y")])   # no region: both export kinds conform
+    obs, inp = _run(["torch:export-strict", "torch:export-nonstrict"], p)
+    assert exported == [True, False]
+    for o in obs.values():
+        np.testing.assert_allclose(o.grads["x"], np.cos(inp["x"]) * np.exp(np.sin(inp["x"])), rtol=1e-12)
+
+
+def test_export_declares_custom_rules_and_python_branches_unsupported():
+    rule = prog([sin_cvjp(arg="x")], outputs=["s"])
+    cond = prog([{"kind": "cond", "args": ["p", "x"], "branches": [[op("sin", ["x"], "a")], [op("cos", ["x"], "b")]],
+                  "branch_results": [["a"], ["b"]], "results": ["y"]}], outputs=["y"],
+                inputs=[{"id": "p", "shape": [3], "dtype": "float64", "diff": False},
+                        {"id": "x", "shape": [3], "dtype": "float64", "diff": True}])
+    for p, entry_id, reason in ((rule, "torch-export-autograd-function", TP.EXPORT_NO_CUSTOM_RULES),
+                                (cond, "torch-export-data-dependent-control-flow", TP.EXPORT_NO_PYTHON_BRANCHES)):
+        entry = next(e for e in PACKAGED.entries if e.id == entry_id)
+        assert entry.unsupported.reason == reason   # one reason, said by the pipeline and the data
+        obs, _ = _run(["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:export-strict",
+                       "torch:export-nonstrict"], p)
+        assert obs["torch:eager-sac"].ok()   # eager PyTorch runs it
+        j = judge(p, obs, PACKAGED)
+        for name in ("torch:export-strict", "torch:export-nonstrict"):
+            assert obs[name].unsupported == reason and obs[name].grads is None
+            (v,) = [v for v in j.verdicts if v.pipeline == name and v.check == "error"]
+            assert (v.status, v.expectation) == ("unsupported", entry_id)
+
+
+def test_func_vmap_runs_vmap_bodies_through_torch_func_vmap(monkeypatch):
+    calls = []
+    real = torch.func.vmap
+
+    def counting(fn, *a, **k):
+        calls.append(fn)
+        return real(fn, *a, **k)
+    monkeypatch.setattr(torch.func, "vmap", counting)
+    p = vmap_program()
+    obs, _ = _run(["torch:eager-sac", "torch:eager-sac:func-vmap"], p)
+    assert len(calls) == 1   # the func-vmap pipeline only
+    np.testing.assert_allclose(obs["torch:eager-sac:func-vmap"].grads["w"], obs["torch:eager-sac"].grads["w"],
+                               rtol=1e-12)
+    # a checkpoint inside the vmap body is declared out of scope (pytorch/pytorch#165880), not run
+    o = P.get("torch:eager-sac:func-vmap").run(vmap_program(with_region=True), input_values(p, 0))
+    assert o.unsupported == TP.VMAP_BODY_UNSUPPORTED
+
+
+def test_an_unknown_hooks_or_export_kind_is_refused_naming_it():
+    with pytest.raises(ValueError, match="hooks must be one of"):
+        P.Spec("torch:x", "torch", "TorchSAC", hooks="save_on_gpu")
+    with pytest.raises(ValueError, match="export must be one of"):
+        P.Spec("torch:y", "torch", "TorchSAC", export="lenient")
