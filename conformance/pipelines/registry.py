@@ -237,7 +237,9 @@ def _torch_rivals():
                     compare=(values,)))
     out.append(Spec("torch:compile-aot_eager:user-hooks", "torch", "TorchSAC", compile="aot_eager", hooks="user",
                     compare=(Compare(("torch:eager-sac:user-hooks",), "eager"),)))
-    out.append(Spec("torch:eager-sac:early-stop-off", "torch", "TorchSAC", early_stop_off=True, compare=(eager,)))
+    # (values: with early stop on, an outer region's cache entries that an inner region recomputes are never read,
+    # with it off they are; the same tensors are held either way, so the read-back residuals differ by design)
+    out.append(Spec("torch:eager-sac:early-stop-off", "torch", "TorchSAC", early_stop_off=True, compare=(values,)))
     for kind in EXPORT_KINDS:
         out.append(Spec(f"torch:export-{kind}", "torch", "TorchSAC", export=kind, compare=(values,)))
     out.append(Spec("torch:eager-sac:functional-call", "torch", "TorchSAC", functional_call=True, compare=(same,)))

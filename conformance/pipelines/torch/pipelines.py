@@ -31,6 +31,7 @@ import torch._functorch.config as functorch_config  # noqa: E402
 from conformance.ir.batching import example_inputs  # noqa: E402
 from conformance.ir.interpreter import loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir.nodes import Checkpoint, CustomVJP, Op, Scan, walk  # noqa: E402
+from conformance.ir.ops import OPS as OP_DECLS  # noqa: E402
 from conformance.ir.observation import ErrorInfo, Observation  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
@@ -174,7 +175,7 @@ class TorchBase(Pipeline):
             obs.unsupported = EXPORT_NO_PYTHON_BRANCHES
             return obs
         if self.spec.func_vmap and _vmap_body_has(program, lambda s: isinstance(s, (CustomVJP, Checkpoint)) or (
-                isinstance(s, Op) and s.op == "dropout")):
+                isinstance(s, Op) and OP_DECLS[s.op].family == "random")):
             obs.unsupported = VMAP_BODY_UNSUPPORTED
             return obs
         if self.spec.reentrant and program.diff.order == 2:
