@@ -150,3 +150,72 @@ def test_an_unknown_hooks_or_export_kind_is_refused_naming_it():
         P.Spec("torch:x", "torch", "TorchSAC", hooks="save_on_gpu")
     with pytest.raises(ValueError, match="export must be one of"):
         P.Spec("torch:y", "torch", "TorchSAC", export="lenient")
+
+
+# ---- JAX: the program inside jax.shard_map ------------------------------------------------------
+SHARD_MAP_CHECK = """
+import json, numpy as np, jax
+from conformance.pipelines import registry as P
+from generators.programs import input_values
+from tests.programs import named_chain
+p = named_chain()
+inp = input_values(p, 0)
+sm, jit = P.get("jax:remat3:shard-map").run(p, inp), P.get("jax:remat3:jit").run(p, inp)
+print(json.dumps({"devices": len(jax.devices("cpu")), "unsupported": sm.unsupported, "error": str(sm.error),
+                  "same": all(np.allclose(sm.grads[k], jit.grads[k], rtol=1e-6) for k in jit.grads),
+                  "report": sorted(r.shape for r in sm.residual_report or []),
+                  "jit_report": sorted(r.shape for r in jit.residual_report or []),
+                  "residuals": [r.describe() for r in sm.residuals] == [r.describe() for r in jit.residuals]}))
+"""
+
+
+def test_shard_map_pipelines_run_the_program_replicated_over_two_cpu_devices():
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, P.CPU_DEVICES_ENV: "2", "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, "-c", SHARD_MAP_CHECK], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["devices"] == 2 and got["unsupported"] is None and got["error"] == "None", got
+    assert got["same"], got
+    # the same residuals, and JAX's report lists as many values of the same shapes (the named one as an "output of
+    # shard_map": the report does not carry checkpoint names through a shard_map)
+    assert got["residuals"] and got["report"] == got["jit_report"] and got["report"], got
+
+
+def test_a_shard_map_pipeline_without_the_devices_says_how_to_get_them():
+    import jax
+    p = saving_program()
+    o = P.get("jax:remat2:shard-map").run(p, input_values(p, 0))
+    if len(jax.devices("cpu")) >= P.SHARD_MAP_DEVICES:   # a process started with the devices runs it
+        assert o.unsupported is None and o.grads is not None, o.unsupported
+    else:
+        assert o.unsupported and P.CPU_DEVICES_ENV in o.unsupported and o.grads is None
+
+
+def test_a_campaign_naming_a_shard_map_pipeline_gives_its_workers_the_devices(tmp_path):
+    assert P.cpu_devices_needed(["jax:remat3", "torch:eager-sac"]) == 1
+    assert P.cpu_devices_needed(["jax:remat3", "jax:remat3:shard-map"]) == P.SHARD_MAP_DEVICES
+    import json
+    import os
+
+    from conformance.cli.main import main as cli_main
+    before = os.environ.pop(P.CPU_DEVICES_ENV, None)
+    try:
+        rc = cli_main(["run", "--pipelines", "jax:remat2:shard-map", "--max-examples", "3", "--budget", "120",
+                       "--jobs", "1", "--seed", "1", "--out", str(tmp_path / "c"), "--quiet"])
+        assert rc in (0, 1)
+        assert os.environ.get(P.CPU_DEVICES_ENV) == str(P.SHARD_MAP_DEVICES)
+    finally:
+        os.environ.pop(P.CPU_DEVICES_ENV, None)
+        if before is not None:
+            os.environ[P.CPU_DEVICES_ENV] = before
+    rows = [json.loads(line) for line in (tmp_path / "c" / "results.jsonl").read_text().splitlines()]
+    ran = [r for r in rows if r.get("type") == "result" and "jax:remat2:shard-map" in r.get("ran", [])]
+    assert ran, rows[:2]
+    assert not any(v[1] == "jax:remat2:shard-map" and v[3] == "unsupported" for r in ran for v in r["verdicts"])

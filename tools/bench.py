@@ -86,11 +86,15 @@ def jax_floor(name: str, prog, inputs) -> None:
 
 
 def torch_floor(name: str, prog, inputs) -> None:
+    from contextlib import nullcontext
+
     import torch
 
+    from conformance.pipelines.torch import prelude
     from conformance.pipelines.torch.lowering import Lowering, tensor
     s = reg.spec(name)
-    low = Lowering(prog, remat=s.remat, prefer=s.prefer)
+    low = Lowering(prog, remat=s.remat, prefer=s.prefer,
+                   options={"respect_hooks": s.hooks != "user_bypassed", "func_vmap": s.func_vmap})
     diff = [i.id for i in prog.inputs if i.diff]
     const = {i.id: tensor(inputs[i.id], i.dtype) for i in prog.inputs if not i.diff}
     d = [tensor(inputs[i.id], i.dtype).requires_grad_(True) for i in prog.inputs if i.diff]
@@ -99,7 +103,14 @@ def torch_floor(name: str, prog, inputs) -> None:
         return sum(torch.sum(o).to(torch.float64) for o in low.outputs(const, diff, xs))
     try:
         fn = torch.compile(loss, backend=s.compile, dynamic=False) if s.compile else loss
-        out = fn(*d)
+        if s.export:   # the composition options, as the pipelines run them
+            fn = prelude.exported(fn, d, strict=s.export == "strict")
+        if s.functional_call:
+            fn = prelude.functional(fn, 0)
+        hooks = (torch.autograd.graph.saved_tensors_hooks(*prelude.saved_tensor_hooks(s.hooks)) if s.hooks
+                 else nullcontext())
+        with hooks, torch.utils.checkpoint.set_checkpoint_early_stop(not s.early_stop_off):
+            out = fn(*d)
         if out.requires_grad:
             torch.autograd.grad(out, d, allow_unused=True)
     except Exception:  # noqa: BLE001

@@ -54,6 +54,11 @@ TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", 
 # bypasses them).
 HOOK_KINDS = ("save_on_cpu", "user", "user_bypassed")
 EXPORT_KINDS = ("strict", "nonstrict")
+EXPORT_SHARES = (0.2, 0.3)   # the fraction of the programs each export pipeline of the default set runs on
+# CPU devices a run needs (JAX's jax_num_cpu_devices, set before JAX starts: the campaign sets this variable for its
+# processes when a pipeline needs more than one device).
+CPU_DEVICES_ENV = "REMAT_CONFORMANCE_CPU_DEVICES"
+SHARD_MAP_DEVICES = 2
 
 
 class CompareMode(StrEnum):
@@ -127,6 +132,8 @@ class Spec:
     functional_call: bool = False    # torch: the differentiated inputs as a module's parameters, called through
                                      # torch.func.functional_call
     func_vmap: bool = False          # torch: vmap-spelled loops as torch.func.vmap (else Python loops)
+    shard_map: bool = False          # JAX: the program inside jax.shard_map over SHARD_MAP_DEVICES CPU devices,
+                                     # inputs and outputs replicated (each device runs it whole), differentiated outside
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
@@ -168,6 +175,13 @@ def _jax_rivals():
             out.append(Spec(name, "jax", "JaxRemat", variant=variant, jit=jit, compare=(Compare(refs, "same"),),
                             default=variant in DEFAULT_VARIANTS, repro_default=name == "jax:remat3",
                             residual_report=jit, share=share))
+    # The program inside jax.shard_map (replicated over two CPU devices), jitted and differentiated outside it: the
+    # shard_map's partial evaluation and transpose carry every region, name and custom rule. Values and status
+    # against the same variant's jit run (or eager, where the jit twin did not run), JAX's residual report recorded.
+    for variant in DEFAULT_VARIANTS:
+        out.append(Spec(f"jax:{variant}:shard-map", "jax", "JaxRemat", variant=variant, jit=True, shard_map=True,
+                        residual_report=True,
+                        compare=(Compare((f"jax:{variant}:jit", f"jax:{variant}"), "values"),)))
     return out
 
 
@@ -232,7 +246,9 @@ def _torch_rivals():
     same = Compare(("torch:eager-sac",), "same")
     values = Compare(("torch:eager-sac",), "values")
     out.append(Spec("torch:eager-sac:save-on-cpu", "torch", "TorchSAC", hooks="save_on_cpu", compare=(same,)))
-    out.append(Spec("torch:eager-sac:user-hooks", "torch", "TorchSAC", hooks="user", compare=(same,)))
+    # In the default set: the user's hooks (as cheap as eager SAC), and both exports on a share of the programs (strict
+    # export costs about 150 ms a program, non-strict about 30; their roots recur on many programs).
+    out.append(Spec("torch:eager-sac:user-hooks", "torch", "TorchSAC", hooks="user", compare=(same,), default=True))
     out.append(Spec("torch:eager-sac:user-hooks-bypassed", "torch", "TorchSAC", hooks="user_bypassed",
                     compare=(values,)))
     out.append(Spec("torch:compile-aot_eager:user-hooks", "torch", "TorchSAC", compile="aot_eager", hooks="user",
@@ -240,8 +256,10 @@ def _torch_rivals():
     # (values: with early stop on, an outer region's cache entries that an inner region recomputes are never read,
     # with it off they are; the same tensors are held either way, so the read-back residuals differ by design)
     out.append(Spec("torch:eager-sac:early-stop-off", "torch", "TorchSAC", early_stop_off=True, compare=(values,)))
-    for kind in EXPORT_KINDS:
-        out.append(Spec(f"torch:export-{kind}", "torch", "TorchSAC", export=kind, compare=(values,)))
+    for kind, fraction in zip(EXPORT_KINDS, EXPORT_SHARES):
+        out.append(Spec(f"torch:export-{kind}", "torch", "TorchSAC", export=kind, compare=(values,), default=True,
+                        share=Share(fraction, "torch:eager-sac", "an export costs more than eager SAC; its roots "
+                                    "(tests/regressions/torch-export-*) recur on many programs")))
     out.append(Spec("torch:eager-sac:functional-call", "torch", "TorchSAC", functional_call=True, compare=(same,)))
     out.append(Spec("torch:eager-sac:func-vmap", "torch", "TorchSAC", func_vmap=True, compare=(values,)))
     return out
@@ -384,6 +402,11 @@ def run_set(rivals: list[str]) -> list[str]:
         for c in spec(r).compare:
             names.append(c.refs[-1])
     return list(dict.fromkeys(names + list(rivals)))
+
+
+def cpu_devices_needed(names) -> int:
+    """The CPU devices a run of these pipelines needs (1 unless one runs under shard_map)."""
+    return max([SHARD_MAP_DEVICES if (s := _lookup(n)) is not None and s.shard_map else 1 for n in names] + [1])
 
 
 def shared_pipelines(names) -> dict[str, Share]:

@@ -31,12 +31,26 @@ from conformance.ir.observation import CustomRuleLog, ErrorInfo, Observation, Re
 from conformance.ir.ops import CAST_OP, dropout_mask  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
+from conformance.pipelines import registry  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
 from conformance.pipelines.jax import eager_cache, prelude, xla_cache
 from conformance.pipelines.jax import table as jax_table  # noqa: E402
 from conformance.pipelines.tables import compile_table, helpers, unlowered  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+
+def _cpu_devices():
+    """Several CPU devices where the run asks (registry.CPU_DEVICES_ENV, set before JAX starts), for shard_map."""
+    want = int(os.environ.get(registry.CPU_DEVICES_ENV, "0") or 0)
+    if want > 1:
+        try:
+            jax.config.update("jax_num_cpu_devices", want)
+        except Exception:   # the backend already started (an in-process caller): the pipeline says so  # noqa: BLE001
+            pass
+
+
+_cpu_devices()
 
 # The campaign's XLA compile cache (conformance.pipelines.jax.xla_cache). Pipelines that differ only
 # in JAX flags (remat2, remat3, custom_vjp3) compile the same HLO for the same primitive or
@@ -411,6 +425,11 @@ class JaxBase(Pipeline):
         if not ok or missing:
             obs.unsupported = why or f"no JAX lowering for ops {missing}"
             return obs
+        if self.spec.shard_map and len(jax.devices("cpu")) < registry.SHARD_MAP_DEVICES:
+            n = registry.SHARD_MAP_DEVICES
+            obs.unsupported = (f"shard_map needs {n} CPU devices, this process has {len(jax.devices('cpu'))}: set "
+                               f"{registry.CPU_DEVICES_ENV}={n} before JAX starts (a campaign naming it does)")
+            return obs
         if not hasattr(jax, "new_ref") and "region_state" in program.features():
             obs.unsupported = f"jax {jax.__version__} has no jax.new_ref (a region's mutable state)"
             return obs
@@ -434,7 +453,7 @@ class JaxBase(Pipeline):
         const = {i.id: arrays[i.id] for i in program.inputs if not i.diff}
         low = Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64)
 
-        loss_fn, value_and_grad, hvp_fn = _differentiated(low, const, diff_ids, program)
+        loss_fn, value_and_grad, hvp_fn = _differentiated(low, const, diff_ids, program, self._wrap())
 
         def fwd(*d):
             loss, vjp_fn, outs = jax.vjp(loss_fn, *d, has_aux=True)
@@ -499,6 +518,16 @@ class JaxBase(Pipeline):
             obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
         obs.custom_rules = {k: v for k, v in low.logs.items()}
 
+    def _wrap(self):
+        """How the program's function of (constants, *differentiated inputs) is placed: inside jax.shard_map over
+        the CPU devices, everything replicated (shard_map pipelines), or as it is."""
+        if not self.spec.shard_map:
+            return None
+        from jax.sharding import PartitionSpec
+        mesh = jax.make_mesh((registry.SHARD_MAP_DEVICES,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
+                             devices=jax.devices("cpu")[:registry.SHARD_MAP_DEVICES])
+        return lambda f: jax.shard_map(f, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec())
+
     def traced(self) -> bool:
         """Whether the run is one jax.jit of forward and backward (else eager)."""
         return self.spec.jit
@@ -507,7 +536,7 @@ class JaxBase(Pipeline):
         """JAX's own residual report of the loss this run differentiates (traced afresh with its
         own lowering, so that the custom-rule logs stay this run's)."""
         loss_fn = _differentiated(Lowering(program, remat=self.spec.remat, cast_f64=self.spec.f64), const, diff_ids,
-                                  program)[0]
+                                  program, self._wrap())[0]
         try:
             rows = saved_residuals(lambda *x: loss_fn(*x)[0], *d)
         except Exception as e:   # the diagnostic itself failed: the oracle judges it  # noqa: BLE001
@@ -535,14 +564,17 @@ def _loss_fn(low: Lowering, diff_ids: list[str], program: Program):
     return loss_fn
 
 
-def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Program):
+def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Program, wrap=None):
     """(the loss with all outputs as aux, whose vjp gives the residuals; the value_and_grad that
     gives the gradients where the program spells them so, else None; H @ ones).
 
     Auxiliary outputs: value_and_grad(has_aux=True), as a training step spells it. Per-example
     programs: the loss is the sum of the examples' losses (jax.vmap over the batched inputs),
-    and the gradients are per example, jax.vmap of value_and_grad (shared inputs broadcast)."""
+    and the gradients are per example, jax.vmap of value_and_grad (shared inputs broadcast). `wrap`, where
+    given, wraps the function of (constants, *differentiated inputs) that computes the loss and outputs."""
     ex = _loss_fn(low, diff_ids, program)
+    if wrap is not None:
+        ex = wrap(ex)
     argn = tuple(range(1, len(diff_ids) + 1))
     mode = program.diff.mode
     if not program.diff.batch:
@@ -643,6 +675,16 @@ class JaxReference(JaxBase):
     eager dispatch compiles each op), its values recorded by one jitted evaluation too (eagerly
     where the program branches on a value: a recording cond takes its branch in Python). Eager
     under framework defaults (eager_cache.framework_defaults)."""
+
+    def _wrap(self):
+        """How the program's function of (constants, *differentiated inputs) is placed: inside jax.shard_map over
+        the CPU devices, everything replicated (shard_map pipelines), or as it is."""
+        if not self.spec.shard_map:
+            return None
+        from jax.sharding import PartitionSpec
+        mesh = jax.make_mesh((registry.SHARD_MAP_DEVICES,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
+                             devices=jax.devices("cpu")[:registry.SHARD_MAP_DEVICES])
+        return lambda f: jax.shard_map(f, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec())
 
     def traced(self) -> bool:
         return not eager_cache.framework_defaults()

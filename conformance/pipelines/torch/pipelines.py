@@ -31,8 +31,8 @@ import torch._functorch.config as functorch_config  # noqa: E402
 from conformance.ir.batching import example_inputs  # noqa: E402
 from conformance.ir.interpreter import loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir.nodes import Checkpoint, CustomVJP, Op, Scan, walk  # noqa: E402
-from conformance.ir.ops import OPS as OP_DECLS  # noqa: E402
 from conformance.ir.observation import ErrorInfo, Observation  # noqa: E402
+from conformance.ir.ops import OPS as OP_DECLS  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
 from conformance.pipelines.base import Pipeline, timed  # noqa: E402
