@@ -219,3 +219,16 @@ def test_a_campaign_naming_a_shard_map_pipeline_gives_its_workers_the_devices(tm
     ran = [r for r in rows if r.get("type") == "result" and "jax:remat2:shard-map" in r.get("ran", [])]
     assert ran, rows[:2]
     assert not any(v[1] == "jax:remat2:shard-map" and v[3] == "unsupported" for r in ran for v in r["verdicts"])
+
+
+def test_allow_mutation_runs_where_eager_sac_refuses_a_mutated_cache():
+    """Dropout under a policy that saves everything: eager SAC raises (its cache entry, dropout's mask, is filled in
+    place); with allow_cache_entry_mutation=True it runs, and, every step of the mask replayed from the cache, computes
+    the no-checkpoint gradient."""
+    p = prog([region(["x"], [op("dropout", ["x"], "y", p=0.5, seed=3)], ["y"], {"kind": "everything"})])
+    obs, _ = _run(["torch:none", "torch:eager-sac", "torch:eager-sac:allow-mutation"], p)
+    assert obs["torch:eager-sac"].error and "mutated" in obs["torch:eager-sac"].error.message
+    allowed = obs["torch:eager-sac:allow-mutation"]
+    assert allowed.ok(), allowed.error
+    assert allowed.flags["allow_mutation"] is True
+    np.testing.assert_allclose(allowed.grads["x"], obs["torch:none"].grads["x"], rtol=1e-12)

@@ -47,7 +47,8 @@ MEMORY_BUDGETS = (0.5, 0.0)
 # Spec's PyTorch checkpoint and compile options (on/off): recorded in a run's flags when on,
 # carried by repro scripts.
 TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break",
-                 "policy_state", "sequential", "hooks", "early_stop_off", "export", "functional_call", "func_vmap")
+                 "policy_state", "sequential", "hooks", "early_stop_off", "export", "functional_call", "func_vmap",
+                 "allow_mutation")
 # Saved-tensor hooks a pipeline runs its forward under (Spec.hooks): torch.autograd.graph.save_on_cpu; a
 # user's own saved_tensors_hooks (pack: a float64 copy and the dtype, unpack: back), with
 # respect_saved_tensors_hooks=True; the same hooks with respect_saved_tensors_hooks=False (SAC's cache
@@ -132,6 +133,7 @@ class Spec:
     functional_call: bool = False    # torch: the differentiated inputs as a module's parameters, called through
                                      # torch.func.functional_call
     func_vmap: bool = False          # torch: vmap-spelled loops as torch.func.vmap (else Python loops)
+    allow_mutation: bool = False     # torch: SAC's allow_cache_entry_mutation=True (its mutated-cache check off)
     shard_map: bool = False          # JAX: the program inside jax.shard_map over SHARD_MAP_DEVICES CPU devices,
                                      # inputs and outputs replicated (each device runs it whole), differentiated outside
     compare: tuple[Compare, ...] = ()
@@ -262,6 +264,9 @@ def _torch_rivals():
                                     "(tests/regressions/torch-export-*) recur on many programs")))
     out.append(Spec("torch:eager-sac:functional-call", "torch", "TorchSAC", functional_call=True, compare=(same,)))
     out.append(Spec("torch:eager-sac:func-vmap", "torch", "TorchSAC", func_vmap=True, compare=(values,)))
+    # SAC's allow_cache_entry_mutation=True: where eager SAC raises on a mutated cached tensor it runs (values against
+    # the baselines; a wrong value where the check would have fired is documented: entry torch-sac-allow-mutation).
+    out.append(Spec("torch:eager-sac:allow-mutation", "torch", "TorchSAC", allow_mutation=True, compare=(values,)))
     return out
 
 

@@ -140,7 +140,7 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
 
 
 _SIMPLE = ("reentrant", "checks_off", "backward_twice", "dynamic", "graph_break", "sequential", "functional_call",
-           "func_vmap")
+           "func_vmap", "allow_mutation")
 # Options the short form writes (the rival's, `option=True` in its run): the forward under a context (saved-tensor
 # hooks, early stop off), or the program exported and its module run.
 _CONTEXTS = {"save_on_cpu": "torch.autograd.graph.save_on_cpu()",

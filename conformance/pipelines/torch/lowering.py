@@ -99,12 +99,13 @@ TAG_PACKET = eval(torch_table.TAG_PACKET, NAMESPACE)   # noqa: S307
 # (False: a recompute draws new random numbers; test-only mutants).
 CHECKPOINT_OPTIONS = {"reentrant": False, "checks_off": False, "compile_inside": None, "graph_break": False,
                       "preserve_rng_state": True, "materialize_grads": False, "policy_state": "", "sequential": False,
-                      "respect_hooks": True, "func_vmap": False}
+                      "respect_hooks": True, "func_vmap": False, "allow_mutation": False}
 # (materialize_grads: symbolic_zeros rules get zero tensors instead of None; test-only mutants)
 # policy_state: "" (one stateless policy_fn per region), "every_other" (sac_policy's stateful policy)
 # sequential: regions without a policy chained on one value, then an op, run as checkpoint_sequential
 # respect_hooks: respect_saved_tensors_hooks (False: SAC's cache bypasses the user's saved-tensor hooks)
 # func_vmap: vmap-spelled loops as torch.func.vmap of the body (else a Python loop over the examples)
+# allow_mutation: SAC contexts made with allow_cache_entry_mutation=True
 
 
 def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
@@ -112,12 +113,15 @@ def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = No
     return prelude.sac_policy(torch_table.region_decisions(p, names), KINDS_OF, TAG_PACKET, prefer, calls, state)
 
 
-def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None):
+def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None,
+               allow_mutation: bool = False):
     """A region's SAC context_fn: one policy_fn for every call, or a stateful one made afresh for each
-    checkpoint call (its state counts that call's policy calls)."""
+    checkpoint call (its state counts that call's policy calls); `allow_mutation`, SAC's
+    allow_cache_entry_mutation (its check that a cached tensor was not mutated, off)."""
+    kw = {"allow_cache_entry_mutation": True} if allow_mutation else {}
     if state:
-        return lambda: create_selective_checkpoint_contexts(policy_fn(p, names, prefer, calls, state))
-    return functools.partial(create_selective_checkpoint_contexts, policy_fn(p, names, prefer, calls))
+        return lambda: create_selective_checkpoint_contexts(policy_fn(p, names, prefer, calls, state), **kw)
+    return functools.partial(create_selective_checkpoint_contexts, policy_fn(p, names, prefer, calls), **kw)
 
 
 class Lowering(Interpreter):
@@ -150,7 +154,8 @@ class Lowering(Interpreter):
             if isinstance(s, CustomVJP) and custom:
                 self.function(s, path)
             elif isinstance(s, Checkpoint) and remat:
-                self._ctx_fns[path] = context_fn(s.policy, names, prefer, policy_calls, self.options["policy_state"])
+                self._ctx_fns[path] = context_fn(s.policy, names, prefer, policy_calls, self.options["policy_state"],
+                                                 self.options["allow_mutation"])
 
     def op(self, s: Op, args: list, nondiff):
         return OPS[s.op](args, s.params, nondiff)

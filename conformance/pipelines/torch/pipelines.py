@@ -237,6 +237,7 @@ class TorchBase(Pipeline):
             "sequential": sp.sequential,
             "respect_hooks": sp.hooks != "user_bypassed",
             "func_vmap": sp.func_vmap,
+            "allow_mutation": sp.allow_mutation,
             "compile_inside": self._backend() if sp.compile_inside else None,
         }
 
