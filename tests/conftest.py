@@ -13,6 +13,10 @@ settings.register_profile("ci", max_examples=25, derandomize=True, **_common)
 settings.register_profile("nightly", max_examples=400, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Two CPU devices for JAX in every test process (set before JAX starts; xdist workers and campaign subprocesses
+# inherit it), so that the shard_map pipelines and the corpus roots found on them run in-process.
+os.environ.setdefault("REMAT_CONFORMANCE_CPU_DEVICES", "2")
+
 # How many examples property tests draw per profile, for tests that scale their own loops.
 SCALE = {"dev": 1, "ci": 2, "nightly": 20}[os.environ.get("HYPOTHESIS_PROFILE", "ci")]
 

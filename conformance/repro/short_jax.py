@@ -206,7 +206,12 @@ def _sides(finding, pset) -> list[tuple]:
     elif registry.framework_of(ref) != "jax":
         raise ReproError(f"reference {ref} is not a JAX pipeline (use --full)")
     out = [("REFERENCE", ref, *_flags(ref, finding))] if ref else []
-    return out + [("RIVAL", pipe, *_flags(pipe, finding))]
+    out += [("RIVAL", pipe, *_flags(pipe, finding))]
+    if out[0][3].get("shard_map") and len(out) > 1:
+        raise ReproError(f"{ref}: a shard_map reference has no short form (use --full)")
+    if out[-1][3].get("shard_map") and check not in ("error", "gradient"):
+        raise ReproError(f"the {check} check of a shard_map pipeline has no short form (use --full)")
+    return out
 
 
 def script(prog, inputs, finding) -> str:
@@ -250,6 +255,11 @@ def script(prog, inputs, finding) -> str:
         imports.append(f"from jax.ad_checkpoint import {', '.join(names)}")
     pre = ['jax.config.update("jax_enable_x64", True)   # float64 values'] if (
         f64 or any(i.dtype == "float64" for i in prog.inputs) or "float64" in defs + fsrc) else []
+    if "MESH" in body:   # a shard_map side: two CPU devices, before JAX starts
+        imports.append("from jax.sharding import PartitionSpec as P")
+        pre += [f'jax.config.update("jax_num_cpu_devices", {registry.SHARD_MAP_DEVICES})',
+                f'MESH = jax.make_mesh(({registry.SHARD_MAP_DEVICES},), ("devices",), '
+                'axis_types=(jax.sharding.AxisType.Auto,))']
     if code_all.count("cp.") > 1:
         pre.append("cp = jax.checkpoint_policies")
     else:
@@ -281,11 +291,14 @@ _SENTENCE = {
 }
 
 
-def _run_head(name, remat=False):
-    out = [f"def {name}(flags{', remat' if remat else ''}):"]
+def _run_head(name, remat=False, sharded=False):
+    out = [f"def {name}(flags{', remat' if remat else ''}{', sharded=False' if sharded else ''}):"]
     if remat:
         out += ["    global REMAT", "    REMAT = remat"]
-    return out + ["    for k, v in flags.items():", "        jax.config.update(k, v)"]
+    out += ["    for k, v in flags.items():", "        jax.config.update(k, v)"]
+    if sharded:   # the program inside shard_map over the CPU devices, everything replicated
+        out.append("    fn = jax.shard_map(f, mesh=MESH, in_specs=P(), out_specs=P()) if sharded else f")
+    return out
 
 
 def _calls(fn, sides, no_remat, first="rival"):
@@ -293,7 +306,8 @@ def _calls(fn, sides, no_remat, first="rival"):
     lines = {}
     for lab, p, fl, st in sides:
         name = "rival" if lab == "RIVAL" else "reference"
-        lines[name] = f"{name} = {fn}({_side(fl)}{', remat=' + str(st['remat']) if no_remat else ''})   # {p}"
+        sm = ", sharded=True" if st.get("shard_map") else ""
+        lines[name] = f"{name} = {fn}({_side(fl)}{', remat=' + str(st['remat']) if no_remat else ''}{sm})   # {p}"
     order = ["rival", "reference"] if first == "rival" else ["reference", "rival"]
     return "\n".join(lines[n] for n in order if n in lines)
 
@@ -302,15 +316,18 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
     """(the run function and its calls, the verdict)."""
     check = finding.check
     jit = sides[-1][3]["jit"]
+    sharded = bool(sides[-1][3].get("shard_map"))
+    fname = "fn" if sharded else "f"
     argn = tuple(range(n))
-    grad = "jax.grad(f" + (f", argnums={argn!r}" if n > 1 else "") + (", has_aux=True)" if prog.diff.aux else ")")
+    grad = (f"jax.grad({fname}" + (f", argnums={argn!r}" if n > 1 else "")
+            + (", has_aux=True)" if prog.diff.aux else ")"))
     call = f"jax.jit({grad})({d})" if jit else f"{grad}({d})"
     gcall = f"{'jax.jit(g)' if jit else 'g'}({d})" + ("[0]" if prog.diff.aux else "")
     order2 = [f"    g = {grad}", f"    out = [*{gcall}]" if n > 1 else f"    out = [{gcall}]"]
     if prog.diff.aux and prog.diff.order == 2:
         raise ReproError("second order with auxiliary outputs has no short form (use --full)")
     if prog.diff.order == 2:
-        h = SECOND_ORDER[prog.diff.mode].format(d=d, argn=argn)
+        h = SECOND_ORDER[prog.diff.mode].format(d=d, argn=argn).replace("(f,", f"({fname},")
         order2.append(f"    out += jax.jit(lambda {d}: {h})({d})" if jit else f"    out += {h}")
     # what a rule sees and how often it runs is judged on the whole differentiation (second order too)
     ran = [f"    {call}"] if prog.diff.order == 1 else order2
@@ -341,7 +358,7 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
     if check == "error":
         exp = finding.detail.get("expected") if isinstance(finding.detail.get("expected"), dict) else None
         tried = [f"    {call}"] if prog.diff.order == 1 else order2
-        body = _run_head("attempt", no_remat) + ["    try:"] + ["    " + x for x in tried] + [
+        body = _run_head("attempt", no_remat, sharded) + ["    try:"] + ["    " + x for x in tried] + [
             "    except Exception as e:", "        print(flags, 'raised', f'{type(e).__name__}: {e}'[:500])",
             "        return e", "    print(flags, 'raised nothing')", "", "",
             _calls("attempt", sides, no_remat, "reference")]
@@ -358,7 +375,7 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
         mode = "tight" if registry.role_of(finding.reference) == registry.BASELINE else "loose"
         rtol, atol = tolerance(prog, mode)
         body = (
-            _run_head("grads", no_remat)
+            _run_head("grads", no_remat, sharded)
             + order2
             + [
                 "    print(flags, [np.asarray(a) for a in out])",

@@ -258,7 +258,10 @@ class TorchBase(Pipeline):
                 if cts is not None:   # each output's seeded cotangent
                     return sum(torch.sum(o * torch.tensor(c, dtype=o.dtype, device=o.device)).to(torch.float64)
                                for o, c in zip(outs, cts)), outs
-                return sum(torch.sum(o).to(torch.float64) for o in outs[:n_loss]), outs
+                # auxiliary outputs detached, as JAX's has_aux leaves them undifferentiated (else a compiled graph
+                # saves residuals for them that eager autograd, never asked for their backward, does not read)
+                return sum(torch.sum(o).to(torch.float64) for o in outs[:n_loss]), [
+                    *outs[:n_loss], *[o.detach() for o in outs[n_loss:]]]
             return loss_fn
         loss_fn = make_loss(low)
 
