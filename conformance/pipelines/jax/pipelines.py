@@ -676,16 +676,6 @@ class JaxReference(JaxBase):
     where the program branches on a value: a recording cond takes its branch in Python). Eager
     under framework defaults (eager_cache.framework_defaults)."""
 
-    def _wrap(self):
-        """How the program's function of (constants, *differentiated inputs) is placed: inside jax.shard_map over
-        the CPU devices, everything replicated (shard_map pipelines), or as it is."""
-        if not self.spec.shard_map:
-            return None
-        from jax.sharding import PartitionSpec
-        mesh = jax.make_mesh((registry.SHARD_MAP_DEVICES,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
-                             devices=jax.devices("cpu")[:registry.SHARD_MAP_DEVICES])
-        return lambda f: jax.shard_map(f, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec())
-
     def traced(self) -> bool:
         return not eager_cache.framework_defaults()
 
