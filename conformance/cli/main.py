@@ -130,8 +130,9 @@ def cmd_run(args) -> int:
         os.environ[eager_cache.DEFAULTS_ENV] = "1"
         os.environ[xla_cache.ENV] = "off"
     named = [n.strip() for n in (args.pipelines or "").split(",") if n.strip() in reg.known_names()]
-    if reg.cpu_devices_needed(named) > 1:   # before JAX starts, here and in the workers
-        os.environ.setdefault(reg.CPU_DEVICES_ENV, str(reg.cpu_devices_needed(named)))
+    devices = reg.cpu_devices_needed(named)
+    if devices > 1:   # before JAX starts, here and in the workers
+        os.environ.setdefault(reg.CPU_DEVICES_ENV, str(devices))
     with xla_cache.campaign_cache():
         return _run(args)
 

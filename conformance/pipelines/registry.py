@@ -178,8 +178,8 @@ def _jax_rivals():
                             default=variant in DEFAULT_VARIANTS, repro_default=name == "jax:remat3",
                             residual_report=jit, share=share))
     # The program inside jax.shard_map (replicated over two CPU devices), jitted and differentiated outside it: the
-    # shard_map's partial evaluation and transpose carry every region, name and custom rule. Values and status
-    # against the same variant's jit run (or eager, where the jit twin did not run), JAX's residual report recorded.
+    # shard_map's partial evaluation and transpose carry every region, name and custom rule. Values against the
+    # same variant's jit run (or eager, where the jit twin did not run), JAX's residual report recorded.
     for variant in DEFAULT_VARIANTS:
         out.append(Spec(f"jax:{variant}:shard-map", "jax", "JaxRemat", variant=variant, jit=True, shard_map=True,
                         residual_report=True,

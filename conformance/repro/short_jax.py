@@ -187,11 +187,11 @@ def _side(flags: dict) -> str:
     return "{" + ", ".join(f"{json.dumps(k)}: {v}" for k, v in flags.items()) + "}"
 
 
-SECOND_ORDER = {   # H @ ones as each mode computes it (the harness's hvp); g: jax.grad of f
-    "reverse": "jax.grad(lambda *x: sum(jnp.sum(a) for a in jax.grad(f, argnums={argn})(*x)), argnums={argn})({d})",
-    "fwd_over_rev": "jax.jvp(jax.grad(f, argnums={argn}), ({d},), tuple(jnp.ones_like(a) for a in ({d},)))[1]",
-    "rev_over_fwd": "jax.grad(lambda *x: jax.jvp(f, x, tuple(jnp.ones_like(a) for a in x))[1], argnums={argn})({d})",
-    "linearize": "jax.linearize(jax.grad(f, argnums={argn}), {d})[1](*(jnp.ones_like(a) for a in ({d},)))",
+SECOND_ORDER = {   # H @ ones as each mode computes it (the harness's hvp) of the function {f}
+    "reverse": "jax.grad(lambda *x: sum(jnp.sum(a) for a in jax.grad({f}, argnums={argn})(*x)), argnums={argn})({d})",
+    "fwd_over_rev": "jax.jvp(jax.grad({f}, argnums={argn}), ({d},), tuple(jnp.ones_like(a) for a in ({d},)))[1]",
+    "rev_over_fwd": "jax.grad(lambda *x: jax.jvp({f}, x, tuple(jnp.ones_like(a) for a in x))[1], argnums={argn})({d})",
+    "linearize": "jax.linearize(jax.grad({f}, argnums={argn}), {d})[1](*(jnp.ones_like(a) for a in ({d},)))",
 }
 
 
@@ -327,7 +327,7 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
     if prog.diff.aux and prog.diff.order == 2:
         raise ReproError("second order with auxiliary outputs has no short form (use --full)")
     if prog.diff.order == 2:
-        h = SECOND_ORDER[prog.diff.mode].format(d=d, argn=argn).replace("(f,", f"({fname},")
+        h = SECOND_ORDER[prog.diff.mode].format(d=d, argn=argn, f=fname)
         order2.append(f"    out += jax.jit(lambda {d}: {h})({d})" if jit else f"    out += {h}")
     # what a rule sees and how often it runs is judged on the whole differentiation (second order too)
     ran = [f"    {call}"] if prog.diff.order == 1 else order2

@@ -143,12 +143,10 @@ _SIMPLE = ("reentrant", "checks_off", "backward_twice", "dynamic", "graph_break"
            "func_vmap", "allow_mutation")
 # Options the short form writes (the rival's, `option=True` in its run): the forward under a context (saved-tensor
 # hooks, early stop off), or the program exported and its module run.
+# (user hooks: the prelude's user_hooks, pasted as the helpers the script calls are)
 _CONTEXTS = {"save_on_cpu": "torch.autograd.graph.save_on_cpu()",
-             "user": "torch.autograd.graph.saved_tensors_hooks(pack, unpack)",
-             "user_bypassed": "torch.autograd.graph.saved_tensors_hooks(pack, unpack)"}
-_USER_HOOKS = ["def pack(t):   # the user's hooks: a float64 copy and the dtype",
-               "    return t.dtype, t.to(torch.float64, copy=True)", "", "",
-               "def unpack(packed):", "    return packed[1].to(packed[0])"]
+             "user": "torch.autograd.graph.saved_tensors_hooks(*user_hooks())",
+             "user_bypassed": "torch.autograd.graph.saved_tensors_hooks(*user_hooks())"}
 
 
 def _option(st: dict) -> tuple[str, str] | None:
@@ -250,8 +248,6 @@ def script(prog, inputs, finding) -> str:
             forward = (f"(torch.export.export(Module(), ({d},), strict={option[1] == 'strict'}).module() "
                        f"if option else f)({args})")
         else:
-            if option[0] == "hooks" and option[1] != "save_on_cpu":
-                pre += _USER_HOOKS
             ctx = (_CONTEXTS[option[1]] if option[0] == "hooks"
                    else "torch.utils.checkpoint.set_checkpoint_early_stop(False)")
             head += [f"    with ({ctx} if option else torch.enable_grad()):", f"        loss = {forward}"]

@@ -298,9 +298,9 @@ class TorchBase(Pipeline):
         stage = "lowering" if self.compile or sp.export else "forward"
         try:
             runs = []
-            for x in examples:
+            for k, x in enumerate(examples):
                 c, d = tensors(x, const_ids, False), tensors(x, diff_ids, True)
-                if sp.export and fn is loss_fn:   # exported once, on the first example's inputs
+                if sp.export and k == 0:   # exported once, on the first example's inputs
                     stage = "lowering"
                     with timed(t, "export"):
                         fn = prelude.exported(loss_fn, [*c, *d], strict=sp.export == "strict")
