@@ -189,3 +189,21 @@ def test_a_replay_runs_the_findings_own_reference():
     names = replay_pipelines(("trace_count", "jax:remat3+cvjp3:jit", "jax:remat2:jit", "primal_traces"))
     assert "jax:remat2:jit" in names and names[-1] == "jax:remat3+cvjp3:jit"
     assert "jax:remat2:jit" not in replay_pipelines(("gradient", "jax:remat3", "jax:remat2", ""))
+
+
+def test_a_shrink_that_ends_in_a_known_behaviour_closes_its_key(tmp_path):
+    """A finding event that folds into a finding already there (the same behaviour) sets its key's
+    shrink count to the cap, so no searcher shrinks that key again; a new behaviour does not."""
+    camp = Campaign(Options(pipelines=["jax:remat3"], max_shrinks_per_key=3), Store(tmp_path / "out"), None, None)
+    a = _finding("p:a").model_copy(update={"program_hash": "ab" * 8})
+    b = _finding("p:b").model_copy(update={"program_hash": "cd" * 8})
+
+    def send(f):
+        camp.handle({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": [f.program_hash, 0],
+                     "shrink_steps": 1, "size": 1, "original_size": 1})
+    send(a)
+    send(b)
+    assert camp.shrinks_per_key[a.key()] == 0 and camp.shrinks_per_key[b.key()] == 0   # both new
+    send(a.model_copy(update={"program_hash": "ef" * 8}))   # a again: nothing new
+    assert camp.shrinks_per_key[a.key()] == 3 and camp.shrinks_per_key[b.key()] == 0
+    assert len(camp.findings) == 2

@@ -86,6 +86,8 @@ def _searcher_main(conn, cfg: dict) -> None:
     def absorb(msg: dict) -> None:
         if msg["type"] == "findings":
             findings[:] = [Finding.model_validate(f) for f in msg["findings"]]
+            for k, n in msg.get("shrinks_per_key", []):
+                spk[tuple(k)] = max(spk[tuple(k)], n)
         elif msg["type"] == "stop":
             state["stop"] = True
         else:
@@ -171,7 +173,8 @@ def run_parallel(c) -> None:
 
     def broadcast(_f):
         for s in slots:
-            s.send({"type": "findings", "findings": findings_msg()})
+            s.send({"type": "findings", "findings": findings_msg(),
+                    "shrinks_per_key": [[list(k), n] for k, n in c.shrinks_per_key.items()]})
 
     c.on_finding = broadcast
     try:

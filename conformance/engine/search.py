@@ -134,6 +134,11 @@ def sibling_keys(j, key: tuple) -> list[list[str]]:
                    and ((v.error_type or "") == key[3] or family_key(*v.key()[:3]) == fam)])
 
 
+def closest(findings: list[Finding], feats: set) -> Finding:
+    """The finding whose shrunk program's core features a program with `feats` shares most."""
+    return max(findings, key=lambda f: (len(f.core_features() & feats), -len(f.core_features())))
+
+
 def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
                   root: str | None = None) -> Finding | None:
     """The finding a failing verdict `key` of a program (with features `feats`, failing the keys
@@ -364,15 +369,21 @@ class Searcher:
     def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
         """The finding this failure is an instance of (`known_finding`). Once a key has been
         shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
-        finding whose features they share most instead of being shrunk again."""
+        finding whose features they share most instead of being shrunk again; a shrink that ends in
+        a behaviour already found closes its key at once (`_finish`: a key is shrunk again only
+        while its shrinks find new behaviours). A folding twin's failure (registry.twin_key: a :jit twin) whose key its sibling has a finding
+        of is counted under that finding."""
         f = known_finding(self.findings, v.key(), feats, failing, evidence_root(v.check, v.pipeline, v.reference,
                                                                                    v.detail))
         if f is not None:
             return f
-        same = [f for f in self.findings if f.key() == v.key()]
+        same = [f for f in self.findings if f.key() == v.key()] or [   # or the findings it folded into
+            f for f in self.findings if list(v.key()) in f.reproduces]
         if same and self.shrinks_per_key.get(v.key(), 0) >= self.opts.max_shrinks_per_key:
-            return max(same, key=lambda f: (len(f.core_features() & feats), -len(f.core_features())))
-        return None
+            return closest(same, feats)
+        twin = registry.twin_key(v.key())   # a :jit twin's failure its eager sibling has shown
+        siblings = [f for f in self.findings if f.key() == twin] if twin else []
+        return closest(siblings, feats) if siblings else None
 
     def evaluate(self, prog: Program, seed: int, names: list[str]):
         inputs = input_values(prog, seed)
@@ -549,6 +560,8 @@ class Searcher:
         f.detail = {**f.detail, "observations": obs_digest({**t.observations, **obs}, t.key[1])}
         f.reproduces = sibling_keys(j, t.key)
         f.root = root_key(f)
+        if any(same_behaviour(g, f) for g in self.findings):   # nothing new: shrink this key no more
+            self.shrinks_per_key[t.key] = max(self.shrinks_per_key[t.key], self.opts.max_shrinks_per_key)
         if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
             pending = self.deferred[t.origin][0]
             pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]

@@ -88,11 +88,14 @@ class Share:
     programs while the sibling runs too (programs chosen by content hash: the same programs for
     every pipeline of one fraction, on any machine, on resume). `dtypes`: the share holds only on
     programs whose every value has one of these dtypes (elsewhere the pipeline runs on all).
-    `why`: what the fraction is sized by (tools/information.py measures it)."""
+    `why`: what the fraction is sized by (tools/information.py measures it). `folds`: the roots it
+    detects, its sibling detects (a twin): a campaign counts its failure under the sibling's finding
+    of the same check and label instead of shrinking it again (`twin_key`)."""
     fraction: float
     sibling: str
     why: str
     dtypes: frozenset | None = None
+    folds: bool = False
 
     def __post_init__(self):
         if not 0.0 < self.fraction <= 1.0:
@@ -173,7 +176,7 @@ def _jax_rivals():
                 continue
             refs = ("jax:remat2:jit", "jax:remat2") if jit and variant != "remat2" else ("jax:remat2",)
             share = Share(JIT_TWIN_SHARE, f"jax:{variant}",
-                          "every root it detects, an eager default pipeline detects too") if jit else None
+                          "every root it detects, an eager default pipeline detects too", folds=True) if jit else None
             out.append(Spec(name, "jax", "JaxRemat", variant=variant, jit=jit, compare=(Compare(refs, "same"),),
                             default=variant in DEFAULT_VARIANTS, repro_default=name == "jax:remat3",
                             residual_report=jit, share=share))
@@ -418,6 +421,17 @@ def shared_pipelines(names) -> dict[str, Share]:
     """The pipelines of `names` that run on a share of the programs (their sibling among `names`)."""
     return {n: s.share for n in names if (s := _lookup(n)) is not None and s.share is not None
             and s.share.sibling in names}
+
+
+def twin_key(key) -> tuple | None:
+    """The key a failing verdict (check, pipeline, reference, label) of a folding twin (`Share.folds`)
+    has on its sibling: the pipeline and the reference each replaced by its sibling. None: not a twin."""
+    s = _lookup(key[1])
+    if s is None or s.share is None or not s.share.folds:
+        return None
+    ref = _lookup(key[2])
+    sibling_ref = ref.share.sibling if ref is not None and ref.share is not None and ref.share.folds else key[2]
+    return (key[0], s.share.sibling, sibling_ref, *key[3:])
 
 
 def on_share(name: str, program_hash: str, dtypes, present, fraction: float | None = None) -> bool:
