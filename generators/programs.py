@@ -273,6 +273,8 @@ class _Gen(Structure):
                 block = "custom_jvp" if on_jvp else "custom_vjp"
         if k == _ITEM_OP:
             self._gen_op()
+            if self.sw["effects"] and draw(BOOL, label="effect"):
+                self._effect()
             return 1
         if k == _ITEM_CLOSE:
             # Closing nothing (at top level) or an empty region or block does nothing: when
@@ -297,6 +299,14 @@ class _Gen(Structure):
         f.items.append(g)
         self.frame = g
         return 1
+
+    def _effect(self):
+        """An effect on the newest value (opt-in dimension `effects`): per example (a vmap) and in
+        a loop (it may be spelled as a vmap) only an unordered debug callback (JAX batches no
+        ordered effect, and no io_callback inside a cond)."""
+        kinds = list(O.EFFECT_KINDS[:1] if self.sw["per_example"] or self.frame.in_scan else O.EFFECT_KINDS)
+        x = self.scope[-1]
+        self._op(O.EFFECT_OP, [x], x.mag, {"kind": kinds[draw_int(self.draw, 0, len(kinds) - 1, "effect_kind")]})
 
     def _open_region(self, g: Frame):
         draw = self.draw

@@ -73,10 +73,11 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
                ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
                ("rule_trees", _HALF), ("per_example", (1, 4)), ("function_options", _HALF),
-               ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _HALF))
+               ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _HALF),
+               ("effects", _HALF))
 # Dimensions a campaign generates only when it requires them (a construct whose programs would
-# otherwise change every seeded campaign's programs): a region's mutable state (jax.new_ref).
-OPT_IN = ("mutable_state",)
+# otherwise change every seeded campaign's programs): a region's mutable state (jax.new_ref), effects.
+OPT_IN = ("mutable_state", "effects")
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 

@@ -50,7 +50,7 @@ from conformance.ir.observation import ErrorInfo, Observation
 from conformance.ir.program import Program
 from conformance.ir.verdict import Verdict, symptom_check
 from conformance.pipelines import registry
-from oracles import cross_framework, gradients, memory_budget, residual_report, residuals, trace_counts
+from oracles import cross_framework, effects, gradients, memory_budget, residual_report, residuals, trace_counts
 from oracles.expectations import Entry, Expectations
 from oracles.missing import missing, skip_unless
 
@@ -169,6 +169,10 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         if ref is not None and ref is not base:   # (ref:f64 standing in for the baseline: tight only)
             add(_draws_differ(feats, obs, ref) or gradients.compare(program, obs, ref, "loose", values, values_missing))
 
+        none = observations.get(registry.baseline_of(name) or "")
+        if "effects" in feats and none is not None and registry.same_mode(name, none.pipeline):
+            add(effects.compare_baseline(obs, none, True))   # a checkpoint may add runs of an effect, never drop one
+
         # -- residuals and custom rules ---------------------------------------------------
         add(residuals.check_policy(program, obs, ref))
         if registry.records_report(name):
@@ -193,7 +197,9 @@ class _Pair:
 def _same(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
     return [residuals.compare(obs, ref, inputs=frozenset(i.id for i in c.program.inputs)),
             compare_custom_rules(obs, ref, c.jvp_blocks),
-            trace_counts.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline))]
+            trace_counts.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline)),
+            *([effects.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline))] if "effects" in c.feats
+              else [])]
 
 
 def _values(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:

@@ -8,6 +8,8 @@ with `detail.reason` saying which pipeline lacks what (a coverage table counts t
 - residuals: the saved-residual set (first order; same rule).
 - custom_rules: the custom-rule logs, complete only when the whole run completed.
 - node_values: every node's value (the value reference records them when it completes).
+- effects: how often each effect kind ran (JAX pipelines, on programs with effects, when the
+  differentiation completed).
 """
 from __future__ import annotations
 
@@ -17,13 +19,14 @@ from conformance.ir.verdict import Verdict, symptom_check
 
 def missing(obs: Observation, what: str) -> str | None:
     """Why `obs` lacks what a check reads ('values', 'residuals', 'custom_rules',
-    'node_values'); None when it has it."""
+    'node_values', 'effects'); None when it has it."""
     if obs.unsupported is not None:
         return f"{obs.pipeline} does not support the program"
     have = {"values": obs.grads is not None and obs.outputs is not None,
             "residuals": obs.residuals is not None,
             "custom_rules": obs.error is None,
-            "node_values": obs.values is not None}[what]
+            "node_values": obs.values is not None,
+            "effects": obs.effects is not None}[what]
     if have:
         return None
     if obs.error is not None:

@@ -122,6 +122,7 @@ SHOWS = {
     "checkpoint_in_rules": lambda p: "checkpoint_in_custom_vjp" in p.features(),
     "sequential_regions": lambda p: "sequential_regions" in p.features(),
     "mutable_state": lambda p: "region_state" in p.features(),
+    "effects": lambda p: "effects" in p.features(),
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},

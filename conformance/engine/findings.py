@@ -188,7 +188,8 @@ _MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile 
 def what_differed(detail):
     """A verdict's detail as its behaviour, not its numbers: context keys dropped (DETAIL_CONTEXT),
     every float blanked (tolerances and worst errors move with inputs and machines; which value
-    differs, in which mode, stays), messages cut before tracebacks, addresses and spacing blanked."""
+    differs, in which mode, stays), messages cut before tracebacks, addresses, object ids and
+    spacing blanked."""
     if isinstance(detail, dict):
         return {str(k): what_differed(v) for k, v in sorted(detail.items()) if k not in DETAIL_CONTEXT}
     if isinstance(detail, (list, tuple)):
@@ -198,6 +199,7 @@ def what_differed(detail):
     if isinstance(detail, str):
         for tail in _MESSAGE_TAILS:
             detail = detail.split(tail)[0]
+        detail = re.sub(r"\bid=\d+", "id=?", detail)   # a Python object's id (JAX prints Var(id=...))
         return " ".join(re.sub(r"0x(?:[0-9a-fA-F]+|\u2026)", "0x?", detail).split())
     return detail
 

@@ -371,8 +371,8 @@ class Searcher:
         shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
         finding whose features they share most instead of being shrunk again; a shrink that ends in
         a behaviour already found closes its key at once (`_finish`: a key is shrunk again only
-        while its shrinks find new behaviours). A folding twin's failure (registry.twin_key: a :jit twin) whose key its sibling has a finding
-        of is counted under that finding."""
+        while its shrinks find new behaviours). A folding twin's failure (registry.twin_key: a :jit
+        twin) whose key its sibling has a finding of is counted under that finding."""
         f = known_finding(self.findings, v.key(), feats, failing, evidence_root(v.check, v.pipeline, v.reference,
                                                                                    v.detail))
         if f is not None:

@@ -51,6 +51,12 @@ FEATURES: dict[str, Feature] = {
                             focus=("mutable_state",)),
     "state_write": Feature("a region writes the mutable state it closes over", focus=("mutable_state",)),
     "state_accumulate": Feature("a region adds to the mutable state it closes over (+=)", focus=("mutable_state",)),
+    "effect:<kind>": Feature("an effect of this kind (callback, ordered, io, io_ordered)"),
+    "effect_in_checkpoint": Feature("an effect inside a checkpoint region (a recompute runs it again)",
+                                    focus=("effects",)),
+    "io_callback_in_checkpoint": Feature("an io_callback inside a checkpoint region (JAX's remat refuses effects "
+                                         "other than debug callbacks: entry jax-checkpoint-refuses-io-effects)",
+                                         focus=("effects",)),
     "prevent_cse_tuple": Feature("a region with prevent_cse given per argument (a tuple of bools)",
                                  focus=("prevent_cse",)),
     "offload_in_both": Feature("a both(p, q) policy one of whose parts offloads"),
@@ -154,7 +160,7 @@ FEATURE_FOCUS: dict[str, tuple[str, ...]] = {k: f.focus for k, f in FEATURES.ite
 def known_features() -> set[str]:
     """Every feature name a program can have: the vocabulary with its patterns expanded."""
     return ({k for k in FEATURE_DOC if "<" not in k} | {f"policy:{k}" for k in POLICY_KINDS}
-            | {f"op:{o}" for o in O.OPS})
+            | {f"op:{o}" for o in O.OPS} | {f"effect:{k}" for k in O.EFFECT_KINDS})
 
 
 def compute_features(prog: Program) -> set[str]:
@@ -275,6 +281,12 @@ def compute_features(prog: Program) -> set[str]:
                     f.add("names_in_fwd")
                 n = s.params["name"]
                 name_counts[n] = name_counts.get(n, 0) + 1
+            if s.op == O.EFFECT_OP:
+                f.add(f"effect:{s.params['kind']}")
+                if depth >= 1:
+                    f.add("effect_in_checkpoint")
+                    if s.params["kind"] in O.IO_EFFECTS:
+                        f.add("io_callback_in_checkpoint")
             d = O.OPS[s.op]
             if d.features:
                 shapes = [types[a][0] for a in s.args]

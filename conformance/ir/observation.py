@@ -81,6 +81,9 @@ class Observation(BaseModel):
     residuals: list[Residual] | None = None
     values: dict[str, Any] | None = None      # every node's value (the reference records them)
     custom_rules: dict[str, CustomRuleLog] = Field(default_factory=dict)
+    # effect kind -> how often the program's effects of that kind ran during the differentiation
+    # (forward and backward, not the second order); None: no effect in the program
+    effects: dict[str, int] | None = None
     residual_report: list[ReportedResidual] | None = None   # JAX's report of the same function
     # (element count, dtype) of each saved array as saved (a scan's stacked residual is one array
     # here, one residual per iteration in `residuals`); recorded where the report is

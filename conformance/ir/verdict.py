@@ -61,6 +61,13 @@ CHECK_SPECS = (
               "{pipeline}: custom rules traced or called a different number of times ({label})",
               "Expected ({who}): the custom rules run as often under `{pipeline}` as under `{reference}`.",
               "counters in each rule (primal, fwd, bwd) on each side"),
+    CheckSpec("effect_count", True,
+              "The program's effects (jax.debug.callback, io_callback) run a different number of times under "
+              "{P} than under {R}.",
+              "{pipeline}: effects run a different number of times than under {reference} ({label})",
+              "Expected ({who}): each effect runs as often under `{pipeline}` as under `{reference}`, and never "
+              "less often than without checkpoint.",
+              "how often the callbacks of each effect kind ran on each side (forward and backward)"),
     CheckSpec("error", False,
               "{P} raises an error where nothing should raise.",
               "{pipeline}: raises {label}",

@@ -39,9 +39,12 @@ def array_text(a: np.ndarray, dtype: str) -> str:
 
 
 def used_helpers(prelude: str, code: str) -> str:
-    """The prelude's top-level functions the code uses (transitively), in prelude order."""
+    """The prelude's top-level functions the code uses (transitively), and the top-level values
+    (`NAME = ...`) they read, in prelude order."""
     tree = ast.parse(prelude)
     defs = {n.name: ast.get_source_segment(prelude, n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+    values = {n.targets[0].id: ast.get_source_segment(prelude, n) for n in tree.body
+              if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
     want, text = set(), code
     while True:
         new = {k for k in defs if k not in want and re.search(rf"\b{k}\(", text)}
@@ -49,7 +52,8 @@ def used_helpers(prelude: str, code: str) -> str:
             break
         want |= new
         text = "\n".join(defs[k] for k in want)
-    return "\n\n\n".join(_strip_doc(defs[k]) for k in defs if k in want)
+    used = [k for k in values if re.search(rf"\b{k}\b", text)]
+    return "\n\n\n".join([values[k] for k in used] + [_strip_doc(defs[k]) for k in defs if k in want])
 
 
 def _strip_doc(src: str) -> str:

@@ -201,7 +201,7 @@ def _sides(finding, pset) -> list[tuple]:
     if check == "error":
         others = [p for p in finding.detail.get("status_differs_from") or [] if registry.framework_of(p) == "jax"]
         ref = others[0] if others else ("jax:remat2" if pset["remat"] and pipe != "jax:remat2" else None)
-    elif check not in ("residuals", "custom_rule", "trace_count", "gradient"):
+    elif check not in ("residuals", "custom_rule", "trace_count", "gradient", "effect_count"):
         raise ReproError(f"the {check} check has no short form (use --full)")
     elif registry.framework_of(ref) != "jax":
         raise ReproError(f"reference {ref} is not a JAX pipeline (use --full)")
@@ -284,6 +284,8 @@ _SENTENCE = {
                  "(compare the lists printed by print_saved_residuals).",
     "custom_rule": "The custom rules see different things under {P} than under {R}: whether fwd ran, its "
                    "perturbed flags, the symbolic-zero cotangents bwd gets.",
+    "effect_count": "The effects (jax.debug.callback, io_callback) run a different number of times under {P} "
+                    "than under {R} (counted per kind in EFFECT_RUNS over one jax.grad).",
     "trace_count": "The custom rules are traced or called more often under {P} than under {R} (total traces "
                    "of each rule, and bwd calls).",
     "error": "{P}: see the error printed below.",
@@ -345,6 +347,16 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
                                     f"grew = [r for r in {rules!r} if 0 < traces(reference, r) < traces(rival, r) "
                                     "or 0 < reference[r + ' bwd'] < rival[r + ' bwd']]"]
         return "\n".join(body), _verdict("grew", "rules run more often: {grew}", "no rule runs more often")
+    if check == "effect_count":   # how often each effect kind's callbacks ran (forward and backward)
+        body = _run_head("runs", no_remat) + ["    jax.clear_caches()", "    EFFECT_RUNS.clear()", f"    {call}",
+                                              "    jax.effects_barrier()", "    print(flags, EFFECT_RUNS)",
+                                              "    return dict(EFFECT_RUNS)", "", "", _calls("runs", sides, no_remat)]
+        if registry.role_of(finding.reference) == registry.BASELINE:   # without checkpoint: fewer runs only
+            body.append("fewer = [k for k, n in reference.items() if rival.get(k, 0) < n]")
+            return "\n".join(body), _verdict("fewer", "effects run fewer times than without checkpoint: {fewer}",
+                                              "no effect runs fewer times")
+        return "\n".join(body), _verdict("rival != reference", "effects run a different number of times",
+                                          "each effect runs as often")
     if check == "residuals":
         aux = ", has_aux=True" if prog.diff.aux else ""   # auxiliary outputs are not differentiated
         vjp = f"jax.jit(lambda {d}: jax.vjp(f, {d}{aux})[1])({d})" if jit else f"jax.vjp(f, {d}{aux})[1]"

@@ -611,3 +611,25 @@ define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dr
                                                                  "(values compared within a framework only)",
                                                          "family:random"),))
 
+
+
+# An effect: a callback that runs each time the op is executed, its value the input's. JAX:
+# jax.debug.callback (ordered or not) on the value, io_callback (ordered or not) on its
+# stop_gradient (an io_callback has no derivative). Not drawn by op family (`gen` None): the
+# generator's opt-in `effects` dimension places one after an op (generators.programs).
+EFFECT_OP = "effect"
+EFFECT_KINDS = ("callback", "ordered", "io", "io_ordered")
+IO_EFFECTS = ("io", "io_ordered")
+ORDERED_EFFECTS = ("ordered", "io_ordered")
+
+
+def _infer_effect(shapes, p, nd):
+    if p["kind"] not in EFFECT_KINDS:
+        raise ParamError("params.kind", f"must be one of {list(EFFECT_KINDS)}, got {p['kind']!r}")
+    return shapes[0]
+
+
+define(EFFECT_OP, 1, "effect", _infer_effect, params=("kind",), vjp=vjp_unary(lambda d, s, g, a: g),
+       pseudo="effect({x}, {kind})", tangent="identity",
+       features=(feature("effects", "a callback effect on a value (jax.debug.callback, io_callback; ordered or "
+                                    "not): how often it runs is recorded", "effects"),))

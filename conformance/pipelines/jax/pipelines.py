@@ -464,6 +464,7 @@ class JaxBase(Pipeline):
 
         d = [arrays[i] for i in diff_ids]
         stage = "lowering"
+        prelude.EFFECT_RUNS.clear()
         try:
             if self.traced():
                 # One compile: forward and backward in one jitted function (as jax.jit(jax.grad(f))
@@ -495,6 +496,10 @@ class JaxBase(Pipeline):
             obs.loss = float(loss)
             obs.outputs = [_tolist(o) for o in outs]
             obs.grads = {i: _tolist(g) for i, g in zip(diff_ids, grads)}
+            kinds = sorted(f.split(":", 1)[1] for f in program.features() if f.startswith("effect:"))
+            if kinds:   # the runs of forward and backward only (0: none ran)
+                jax.effects_barrier()
+                obs.effects = {k: prelude.EFFECT_RUNS.get(k, 0) for k in kinds}
             if not self.spec.f64:
                 with timed(t, "residuals"):
                     leaves = [x for x in jax.tree.leaves(_ref_values(vjp_fn)) if hasattr(x, "shape")]

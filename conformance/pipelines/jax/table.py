@@ -49,6 +49,7 @@ OPS: dict[str, Lowering] = {
     "add_": L("{x} + {y}", ("add",)),
     "mul_": L("{x} * {y}", ("mul",)),
     "relu_": L("jax.nn.relu({x})", ("custom_jvp_call", "max")),
+    "effect": L("effect({x}, {kind})", ("debug_callback", "io_callback")),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,
