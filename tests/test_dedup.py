@@ -75,23 +75,7 @@ def test_a_twin_key_is_known_only_with_a_pipeline_of_the_finding_failing_too():
     assert s.known(_verdict(other), feats, {KEY, other}) is f      # a twin, with the finding's own failing
     assert s.known(_verdict(other), feats, {other}) is None         # only the twin fails: shrunk once
     plain = _finding()
-    # a :jit twin (registry.Share.folds) failing alone: its eager sibling's finding of the same check and
-    # label stands for it (every root a :jit twin detects, its eager sibling detects too)
-    assert _searcher([plain]).known(_verdict(SIB), feats, {SIB}) is plain
-    assert _searcher([plain]).known(_verdict(SIB), set(), {SIB}) is plain   # whatever its features
-    assert _searcher([_finding(SIB)]).known(_verdict(KEY), set(), {KEY}) is None   # not the other way round
-
-
-def test_twin_keys_fold_only_for_twins_that_declare_it():
-    from conformance.pipelines import registry
-    assert registry.twin_key(SIB) == KEY
-    assert registry.twin_key(("gradient", "jax:remat3+cvjp3:jit", "ref:f64", "")) == (
-        "gradient", "jax:remat3+cvjp3", "ref:f64", "")
-    assert registry.twin_key(KEY) is None                       # an eager pipeline has no twin to fold into
-    # an export runs on a share of eager SAC's programs, but its roots are its own
-    assert registry.spec("torch:export-strict").share is not None
-    assert registry.twin_key(("gradient", "torch:export-strict", "torch:none", "")) is None
-    assert registry.twin_key(("gradient", "jax:none", "ref:f64", "")) is None   # a share, no fold
+    assert _searcher([plain]).known(_verdict(SIB), feats, {SIB}) is None
 
 
 def test_a_key_folded_into_another_finding_is_capped_by_that_finding():

@@ -29,8 +29,8 @@ def test_report_against_baseline(tmp_path):
     assert [x["id"] for x in rep["findings"]] == ["F1", "F2"] and rep["findings"][0]["status"] == "new"
     cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
     assert cell[("jax:remat3", "error")]["status"] == "fail" and cell[("jax:remat3", "gradient")]["status"] == "pass"
-    assert set(rep["checks"]) == {"gradient", "residuals", "custom_rule", "residual_report", "trace_count", "error",
-                                  "crash", "timeout"}
+    assert set(rep["checks"]) == {"gradient", "residuals", "custom_rule", "residual_report", "trace_count",
+                                  "effect_count", "error", "crash", "timeout"}
     assert len(rep["trend"]) == 2 and rep["trend"][-1]["label"] == "this run"
     paths = render.write(rep, tmp_path / "out")
     assert sorted(p.name for p in paths) == ["junit.xml", "report.html", "report.json", "report.md"]

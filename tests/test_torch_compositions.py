@@ -248,3 +248,23 @@ def test_allow_mutation_runs_where_eager_sac_refuses_a_mutated_cache():
     assert allowed.ok(), allowed.error
     assert allowed.flags["allow_mutation"] is True
     np.testing.assert_allclose(allowed.grads["x"], obs["torch:none"].grads["x"], rtol=1e-12)
+
+
+def test_checkpoint_under_disabled_saved_tensor_hooks():
+    """Under disable_saved_tensors_hooks, non-reentrant checkpoint (selective here) raises the message the
+    context was given (documented: entry torch-checkpoint-needs-saved-tensor-hooks), reentrant checkpoint
+    runs and gives the no-checkpoint gradient; neither records residuals (no hooks may run)."""
+    p, x = saving_program(), {"x": np.array([0.3, -0.2, 0.5])}
+    names = ["ref:f64", "torch:none", "torch:eager-sac:hooks-disabled", "torch:eager-reentrant:hooks-disabled"]
+    obs = {n: P.get(n).run(p, x) for n in names}
+    sac, reentrant = obs["torch:eager-sac:hooks-disabled"], obs["torch:eager-reentrant:hooks-disabled"]
+    assert sac.error is not None and sac.error.type == "RuntimeError" and prelude.HOOKS_OFF in sac.error.message
+    assert reentrant.error is None and reentrant.residuals is None and "residuals_unobserved" in reentrant.flags
+    np.testing.assert_allclose(reentrant.grads["x"], obs["torch:none"].grads["x"])
+    j = judge(p, obs, PACKAGED)
+    errs = {v.pipeline: v.status for v in j.verdicts if v.check == "error" and v.reference == "expectations"}
+    assert errs["torch:eager-sac:hooks-disabled"] == "expected" and j.expectation_hits[
+        "torch-checkpoint-needs-saved-tensor-hooks"] == "fired"
+    assert not [v for v in j.verdicts if v.pipeline == "torch:eager-reentrant:hooks-disabled" and v.status == "fail"]
+    # the hooks really are off: the same pipeline without them installs and records
+    assert P.get("torch:eager-sac").run(p, x).residuals

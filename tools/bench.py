@@ -107,7 +107,8 @@ def torch_floor(name: str, prog, inputs) -> None:
             fn = prelude.exported(fn, d, strict=s.export == "strict")
         if s.functional_call:
             fn = prelude.functional(fn, 0)
-        hooks = (torch.autograd.graph.saved_tensors_hooks(*prelude.saved_tensor_hooks(s.hooks)) if s.hooks
+        hooks = (torch.autograd.graph.disable_saved_tensors_hooks(prelude.HOOKS_OFF) if s.hooks == "disabled"
+                 else torch.autograd.graph.saved_tensors_hooks(*prelude.saved_tensor_hooks(s.hooks)) if s.hooks
                  else nullcontext())
         with hooks, torch.utils.checkpoint.set_checkpoint_early_stop(not s.early_stop_off):
             out = fn(*d)

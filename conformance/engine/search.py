@@ -371,8 +371,7 @@ class Searcher:
         shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
         finding whose features they share most instead of being shrunk again; a shrink that ends in
         a behaviour already found closes its key at once (`_finish`: a key is shrunk again only
-        while its shrinks find new behaviours). A folding twin's failure (registry.twin_key: a :jit
-        twin) whose key its sibling has a finding of is counted under that finding."""
+        while its shrinks find new behaviours)."""
         f = known_finding(self.findings, v.key(), feats, failing, evidence_root(v.check, v.pipeline, v.reference,
                                                                                    v.detail))
         if f is not None:
@@ -381,9 +380,7 @@ class Searcher:
             f for f in self.findings if list(v.key()) in f.reproduces]
         if same and self.shrinks_per_key.get(v.key(), 0) >= self.opts.max_shrinks_per_key:
             return closest(same, feats)
-        twin = registry.twin_key(v.key())   # a :jit twin's failure its eager sibling has shown
-        siblings = [f for f in self.findings if f.key() == twin] if twin else []
-        return closest(siblings, feats) if siblings else None
+        return None
 
     def evaluate(self, prog: Program, seed: int, names: list[str]):
         inputs = input_values(prog, seed)

@@ -53,7 +53,7 @@ TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", 
 # user's own saved_tensors_hooks (pack: a float64 copy and the dtype, unpack: back), with
 # respect_saved_tensors_hooks=True; the same hooks with respect_saved_tensors_hooks=False (SAC's cache
 # bypasses them).
-HOOK_KINDS = ("save_on_cpu", "user", "user_bypassed")
+HOOK_KINDS = ("save_on_cpu", "user", "user_bypassed", "disabled")   # disabled: disable_saved_tensors_hooks
 EXPORT_KINDS = ("strict", "nonstrict")
 EXPORT_SHARES = (0.2, 0.3)   # the fraction of the programs each export pipeline of the default set runs on
 # CPU devices a run needs (JAX's jax_num_cpu_devices, set before JAX starts: the campaign sets this variable for its
@@ -88,14 +88,11 @@ class Share:
     programs while the sibling runs too (programs chosen by content hash: the same programs for
     every pipeline of one fraction, on any machine, on resume). `dtypes`: the share holds only on
     programs whose every value has one of these dtypes (elsewhere the pipeline runs on all).
-    `why`: what the fraction is sized by (tools/information.py measures it). `folds`: the roots it
-    detects, its sibling detects (a twin): a campaign counts its failure under the sibling's finding
-    of the same check and label instead of shrinking it again (`twin_key`)."""
+    `why`: what the fraction is sized by (tools/information.py measures it)."""
     fraction: float
     sibling: str
     why: str
     dtypes: frozenset | None = None
-    folds: bool = False
 
     def __post_init__(self):
         if not 0.0 < self.fraction <= 1.0:
@@ -176,7 +173,7 @@ def _jax_rivals():
                 continue
             refs = ("jax:remat2:jit", "jax:remat2") if jit and variant != "remat2" else ("jax:remat2",)
             share = Share(JIT_TWIN_SHARE, f"jax:{variant}",
-                          "every root it detects, an eager default pipeline detects too", folds=True) if jit else None
+                          "every root it detects, an eager default pipeline detects too") if jit else None
             out.append(Spec(name, "jax", "JaxRemat", variant=variant, jit=jit, compare=(Compare(refs, "same"),),
                             default=variant in DEFAULT_VARIANTS, repro_default=name == "jax:remat3",
                             residual_report=jit, share=share))
@@ -251,6 +248,12 @@ def _torch_rivals():
     same = Compare(("torch:eager-sac",), "same")
     values = Compare(("torch:eager-sac",), "values")
     out.append(Spec("torch:eager-sac:save-on-cpu", "torch", "TorchSAC", hooks="save_on_cpu", compare=(same,)))
+    # The forward under disable_saved_tensors_hooks: non-reentrant checkpoint packs through saved-tensor hooks and must
+    # raise the message it was given (entry torch-checkpoint-needs-saved-tensor-hooks); reentrant checkpoint uses none
+    # and must run (values; nothing records residuals there).
+    out.append(Spec("torch:eager-sac:hooks-disabled", "torch", "TorchSAC", hooks="disabled", compare=(values,)))
+    out.append(Spec("torch:eager-reentrant:hooks-disabled", "torch", "TorchSAC", reentrant=True, hooks="disabled",
+                    compare=(values,)))
     # In the default set: the user's hooks (as cheap as eager SAC), and both exports on a share of the programs (strict
     # export costs about 150 ms a program, non-strict about 30; their roots recur on many programs).
     out.append(Spec("torch:eager-sac:user-hooks", "torch", "TorchSAC", hooks="user", compare=(same,), default=True))
@@ -265,6 +268,9 @@ def _torch_rivals():
         out.append(Spec(f"torch:export-{kind}", "torch", "TorchSAC", export=kind, compare=(values,), default=True,
                         share=Share(fraction, "torch:eager-sac", "an export costs more than eager SAC; its roots "
                                     "(tests/regressions/torch-export-*) recur on many programs")))
+    for kind in EXPORT_KINDS:   # reentrant checkpoint (an autograd.Function) exported, then differentiated
+        out.append(Spec(f"torch:export-{kind}:reentrant", "torch", "TorchSAC", export=kind, reentrant=True,
+                        compare=(Compare(("torch:eager-reentrant",), "values"),)))
     out.append(Spec("torch:eager-sac:functional-call", "torch", "TorchSAC", functional_call=True, compare=(same,)))
     out.append(Spec("torch:eager-sac:func-vmap", "torch", "TorchSAC", func_vmap=True, compare=(values,)))
     # SAC's allow_cache_entry_mutation=True: where eager SAC raises on a mutated cached tensor it runs (values against
@@ -421,17 +427,6 @@ def shared_pipelines(names) -> dict[str, Share]:
     """The pipelines of `names` that run on a share of the programs (their sibling among `names`)."""
     return {n: s.share for n in names if (s := _lookup(n)) is not None and s.share is not None
             and s.share.sibling in names}
-
-
-def twin_key(key) -> tuple | None:
-    """The key a failing verdict (check, pipeline, reference, label) of a folding twin (`Share.folds`)
-    has on its sibling: the pipeline and the reference each replaced by its sibling. None: not a twin."""
-    s = _lookup(key[1])
-    if s is None or s.share is None or not s.share.folds:
-        return None
-    ref = _lookup(key[2])
-    sibling_ref = ref.share.sibling if ref is not None and ref.share is not None and ref.share.folds else key[2]
-    return (key[0], s.share.sibling, sibling_ref, *key[3:])
 
 
 def on_share(name: str, program_hash: str, dtypes, present, fraction: float | None = None) -> bool:

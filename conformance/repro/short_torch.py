@@ -68,8 +68,10 @@ def policy_fn(policy, names: list[str], fn: str, prefer: bool) -> str:
 class ShortTorchEmitter(ShortDialect, TorchEmitter):
     MODULE, ZEROS_DTYPE = "torch", "dtype={}"
 
-    def __init__(self, prog, probe="", remat_helper=False, prefer=False, hooks=False, compile_inside=None, f64=False):
+    def __init__(self, prog, probe="", remat_helper=False, prefer=False, hooks=False, compile_inside=None, f64=False,
+                 reentrant=False):
         super().__init__(prog)
+        self.reentrant = reentrant   # use_reentrant=True (no policy: reentrant checkpoint has no selective form)
         # hooks: respect_saved_tensors_hooks=True on selective regions (or "False": SAC's cache bypasses them)
         self.probe, self.remat_helper, self.prefer, self.hooks = probe, remat_helper, prefer, hooks
         self.compile_inside, self.f64 = compile_inside, f64
@@ -83,8 +85,8 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
         src = [f"def {fn}({', '.join(args)}):   # checkpoint region {path}"]
         src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {self.seq(res)}"]
         self.defs.append(fold_returns("\n".join(src)))
-        kw = ", use_reentrant=False"
-        if not isinstance(s.policy, NoPolicy):
+        kw = f", use_reentrant={self.reentrant}"
+        if not isinstance(s.policy, NoPolicy) and not self.reentrant:
             self.defs.append(policy_fn(s.policy, self.names, f"policy_{k}", self.prefer))
             kw += f", context_fn=partial(create_selective_checkpoint_contexts, policy_{k})"
             if self.hooks:
@@ -139,14 +141,15 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
         return "\n\n\n".join(d.rstrip() for d in self.defs), fold_returns(src)
 
 
-_SIMPLE = ("reentrant", "checks_off", "backward_twice", "dynamic", "graph_break", "sequential", "functional_call",
+_SIMPLE = ("checks_off", "backward_twice", "dynamic", "graph_break", "sequential", "functional_call",
            "func_vmap", "allow_mutation")
 # Options the short form writes (the rival's, `option=True` in its run): the forward under a context (saved-tensor
 # hooks, early stop off), or the program exported and its module run.
 # (user hooks: the prelude's user_hooks, pasted as the helpers the script calls are)
 _CONTEXTS = {"save_on_cpu": "torch.autograd.graph.save_on_cpu()",
              "user": "torch.autograd.graph.saved_tensors_hooks(*user_hooks())",
-             "user_bypassed": "torch.autograd.graph.saved_tensors_hooks(*user_hooks())"}
+             "user_bypassed": "torch.autograd.graph.saved_tensors_hooks(*user_hooks())",
+             "disabled": 'torch.autograd.graph.disable_saved_tensors_hooks("saved-tensor hooks are disabled")'}
 
 
 def _option(st: dict) -> tuple[str, str] | None:
@@ -184,6 +187,11 @@ def script(prog, inputs, finding) -> str:
         if any(st.get(k) for k in _SIMPLE) or st.get("policy_state") or st["partitioner"] != "min_cut":
             raise ReproError(f"{p}: its checkpoint options have no short form (use --full)")
     rival = sides[-1][1]
+    reentrant = rival["reentrant"]
+    if reentrant and (check not in ("gradient", "error") or any(
+            st["remat"] and not st["reentrant"] for _, st in sides)):
+        raise ReproError(f"{pipe}: reentrant checkpoint beside a non-reentrant one, or its {check} check, has no "
+                         "short form (use --full)")
     if len(sides) > 1 and _option(sides[0][1]):
         raise ReproError(f"{sides[0][0]}: a reference with checkpoint options has no short form (use --full)")
     option = _option(rival)
@@ -206,6 +214,7 @@ def script(prog, inputs, finding) -> str:
         hooks=("respect" if check == "residuals" or (option and option[1] in ("save_on_cpu", "user"))
                else "bypass" if option and option[1] == "user_bypassed" else ""),
         compile_inside=rival["backend"] if rival["compile_inside"] else None,
+        reentrant=reentrant,
     )
     defs, fsrc = e.function()
     names = torch_table.program_names(prog)
@@ -256,6 +265,11 @@ def script(prog, inputs, finding) -> str:
     else:
         def call(p, st):
             return f"run({_side_args(st, vary)})   # {p}"
+    if reentrant:   # reentrant checkpoint rejects torch.autograd.grad: .backward(), then each input's .grad
+        grad_line = grad_line.replace("torch.autograd.grad(", "grads(")
+        pre += ["", "", "def grads(loss, xs):   # reentrant checkpoint rejects torch.autograd.grad",
+                "    for x in xs:", "        x.grad = None", "    if loss.requires_grad:", "        loss.backward()",
+                "    return [torch.zeros_like(x) if x.grad is None else x.grad for x in xs]"]
     if check == "residuals":
         pre.append("SAVED = []   # what the forward saves for backward (saved_tensors_hooks)")
         body = head + [
@@ -298,8 +312,9 @@ def script(prog, inputs, finding) -> str:
         loss = forward
         body = head + ([f"    loss = {loss}   # (no grad_fn: every output non-differentiable, the gradients are 0)"]
                        if loss != "loss" else []) + [
-                       f"    g = torch.autograd.grad(loss, {xs_name}) if loss.requires_grad else "
-                       f"[torch.zeros_like(x) for x in {xs_name}]",
+                       (f"    g = grads(loss, {xs_name})" if reentrant else
+                        f"    g = torch.autograd.grad(loss, {xs_name}) if loss.requires_grad else "
+                        f"[torch.zeros_like(x) for x in {xs_name}]"),
                        "    print([a.tolist() for a in g])", "    return [a.double() for a in g]", "", "",
                        f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}",
                        f"RTOL, ATOL = {rtol:.3g}, {atol:.3g}   # the harness's tolerance",

@@ -14,18 +14,15 @@ EFFECT_RUNS = {}   # effect kind -> how often its callbacks ran (the run resets 
 def effect(x, kind):
     """x, with a callback effect that counts its runs in EFFECT_RUNS[kind]: jax.debug.callback
     (ordered or not) on x, or io_callback (ordered or not) on stop_gradient(x), its result unused."""
-    def ran(*_):
-        EFFECT_RUNS[kind] = EFFECT_RUNS.get(kind, 0) + 1
-    if kind in ("callback", "ordered"):
-        jax.debug.callback(ran, x, ordered=kind == "ordered")
-    else:
+    ran = lambda *_: EFFECT_RUNS.update({kind: EFFECT_RUNS.get(kind, 0) + 1})  # noqa: E731
+    if kind in ("io", "io_ordered"):
         from jax.experimental import io_callback
-
-        def io(v):
-            ran()
-            return v
-        io_callback(io, jax.ShapeDtypeStruct(x.shape, x.dtype), jax.lax.stop_gradient(x), ordered=kind == "io_ordered")
+        io_callback(lambda v: ran() or v, jax.ShapeDtypeStruct(x.shape, x.dtype), jax.lax.stop_gradient(x),
+                    ordered=kind == "io_ordered")
+    else:
+        jax.debug.callback(ran, x, ordered=kind == "ordered")
     return x
+
 
 def save_prims(prims):
     """A custom policy: save the outputs of these JAX primitives."""

@@ -293,7 +293,7 @@ class TorchBase(Pipeline):
         fn = self._compiled(loss_fn)
         if sp.functional_call:
             fn = prelude.functional(fn, len(const_ids))
-        hooks = prelude.saved_tensor_hooks(sp.hooks) if sp.hooks else None
+        hooks = prelude.saved_tensor_hooks(sp.hooks) if sp.hooks and sp.hooks != "disabled" else None
         rec = SavedRecorder()
         stage = "lowering" if self.compile or sp.export else "forward"
         try:
@@ -305,7 +305,9 @@ class TorchBase(Pipeline):
                     with timed(t, "export"):
                         fn = prelude.exported(loss_fn, [*c, *d], strict=sp.export == "strict")
                 stage = "lowering" if self.compile else "forward"
-                with (timed(t, "forward"), rec.recording(hooks),
+                # (hooks disabled: no saved-tensor hooks may be installed, the capture's neither)
+                with (timed(t, "forward"), torch.autograd.graph.disable_saved_tensors_hooks(prelude.HOOKS_OFF)
+                      if sp.hooks == "disabled" else rec.recording(hooks),
                       torch.utils.checkpoint.set_checkpoint_early_stop(not sp.early_stop_off)):
                     loss, outs = fn(*c, *d)
                 stage = "backward"
@@ -322,6 +324,9 @@ class TorchBase(Pipeline):
                 obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
                                              memory=[memory_kind(s, device) for s in saved])
                 selective = self.remat and any(f.startswith("policy:") for f in program.features())
+                if sp.hooks == "disabled":
+                    obs.residuals = None
+                    obs.flags["residuals_unobserved"] = "disable_saved_tensors_hooks: the capture's hooks cannot run"
                 if sp.hooks == "user_bypassed" and selective:
                     obs.residuals = None   # SAC's cache bypasses the hooks the capture is part of: not observed
                     obs.flags["residuals_unobserved"] = "respect_saved_tensors_hooks=False: SAC's cache bypasses hooks"

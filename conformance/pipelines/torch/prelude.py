@@ -79,6 +79,9 @@ def user_hooks():
     return pack, unpack
 
 
+HOOKS_OFF = "saved-tensor hooks are disabled around this forward"   # disable_saved_tensors_hooks's message
+
+
 def saved_tensor_hooks(kind):
     """The (pack, unpack) pair of a hooks kind: torch.autograd.graph.save_on_cpu's, or user_hooks()."""
     if kind == "save_on_cpu":
