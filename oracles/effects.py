@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from conformance.ir.observation import Observation
 from conformance.ir.verdict import Verdict
-from oracles.missing import skip_unless
+from oracles.missing import skip_unless_same_mode
 
 
 def _differs(obs: Observation, ref: Observation, fewer_only: bool) -> dict:
@@ -30,11 +30,7 @@ def _differs(obs: Observation, ref: Observation, fewer_only: bool) -> dict:
 
 def _verdict(obs: Observation, ref: Observation, same_mode: bool, fewer_only: bool) -> Verdict:
     v = Verdict(check="effect_count", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
-    if skip_unless(v, "effects", obs, ref):
-        return v
-    if not same_mode:
-        v.status, v.detail = "skipped", {"reason": f"{obs.pipeline} and {ref.pipeline} run in different "
-                                                   "execution modes (eager, jit)"}
+    if skip_unless_same_mode(v, "effects", obs, ref, same_mode):
         return v
     diffs = _differs(obs, ref, fewer_only)
     if diffs:

@@ -36,6 +36,17 @@ def missing(obs: Observation, what: str) -> str | None:
     return f"{obs.pipeline} records no {what.replace('_', '-')}"
 
 
+def skip_unless_same_mode(v: Verdict, what: str, obs: Observation, ref: Observation, same_mode: bool) -> bool:
+    """`skip_unless`, and skipped too where the two ran in different execution modes (counts of runs
+    and traces differ between eager and jit by design); True if skipped."""
+    if skip_unless(v, what, obs, ref):
+        return True
+    if not same_mode:
+        v.status, v.detail = "skipped", {"reason": f"{obs.pipeline} and {ref.pipeline} run in different "
+                                                   "execution modes (eager, jit)"}
+    return not same_mode
+
+
 def skip_unless(v: Verdict, what: str, *observations: Observation) -> bool:
     """Mark `v` skipped (with the reason) when one of the observations lacks `what`; True if so."""
     for o in observations:

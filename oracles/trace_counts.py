@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from conformance.ir.observation import Observation
 from conformance.ir.verdict import Verdict
-from oracles.missing import skip_unless
+from oracles.missing import skip_unless_same_mode
 
 COUNTERS = ("primal_traces", "fwd_traces", "bwd_calls", "rem_traces")
 RERUNS = ("primal_traces", "fwd_traces", "rem_traces")   # counters of runs of a block's primal code
@@ -55,11 +55,7 @@ def _block(a, b) -> tuple[dict, set, bool]:
 
 def compare(obs: Observation, ref: Observation, same_mode: bool) -> Verdict:
     v = Verdict(check="trace_count", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
-    if skip_unless(v, "custom_rules", obs, ref):
-        return v
-    if not same_mode:
-        v.status, v.detail = "skipped", {"reason": f"{obs.pipeline} and {ref.pipeline} run in different "
-                                                   "execution modes (eager, jit)"}
+    if skip_unless_same_mode(v, "custom_rules", obs, ref, same_mode):
         return v
     failing: dict = {}
     labels: dict = {}
