@@ -178,9 +178,9 @@ class Campaign:
             f = Finding.model_validate(ev["finding"])
             f.first_seen = round(self.elapsed(), 3)
             stamp(f)
-            known = len(self.findings)
+            before = len(self.findings)
             kept, changed = merge_finding(self.findings, f)
-            if len(self.findings) == known:   # a behaviour already found: its key is shrunk no more
+            if len(self.findings) == before:   # a behaviour already found: its key is shrunk no more
                 self.shrinks_per_key[f.key()] = max(self.shrinks_per_key[f.key()], self.opts.max_shrinks_per_key)
             if changed:
                 self._write_corpus(kept)

@@ -612,7 +612,6 @@ define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dr
                                                          "family:random"),))
 
 
-
 # An effect: a callback that runs each time the op is executed, its value the input's. JAX:
 # jax.debug.callback (ordered or not) on the value, io_callback (ordered or not) on its
 # stop_gradient (an io_callback has no derivative). Not drawn by op family (`gen` None): the
@@ -620,7 +619,6 @@ define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dr
 EFFECT_OP = "effect"
 EFFECT_KINDS = ("callback", "ordered", "io", "io_ordered")
 IO_EFFECTS = ("io", "io_ordered")
-ORDERED_EFFECTS = ("ordered", "io_ordered")
 
 
 def _infer_effect(shapes, p, nd):
