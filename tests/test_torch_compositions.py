@@ -268,3 +268,20 @@ def test_checkpoint_under_disabled_saved_tensor_hooks():
     assert not [v for v in j.verdicts if v.pipeline == "torch:eager-reentrant:hooks-disabled" and v.status == "fail"]
     # the hooks really are off: the same pipeline without them installs and records
     assert P.get("torch:eager-sac").run(p, x).residuals
+
+
+def test_a_checkpoint_inside_a_custom_rule_forward_does_not_raise_under_disabled_hooks():
+    """An autograd.Function's forward runs without grad: a checkpoint there saves nothing through hooks
+    and raises nothing (entry torch-checkpoint-in-function-forward-under-disabled-hooks), while the same
+    region outside the rule raises the disabled-hooks message."""
+    rule = {"kind": "custom_vjp", "args": ["x"],
+            "fwd": [region(["x"], [op("sin", ["x"], "a"), op("cos", ["a"], "s")], ["s"], {"kind": "nothing"}),
+                    op("cos", ["x"], "c")],
+            "results": ["s"], "residuals": ["c"], "cts": ["g"], "bwd": [op("mul", ["g", "c"], "dt")],
+            "bwd_results": ["dt"]}
+    p, x = prog([rule]), {"x": np.array([0.3, -0.2, 0.5])}
+    assert "checkpoint_in_custom_vjp" in p.features()
+    obs = P.get("torch:eager-sac:hooks-disabled").run(p, x)
+    assert obs.error is None, obs.error
+    outside = P.get("torch:eager-sac:hooks-disabled").run(saving_program(), x)
+    assert outside.error is not None and prelude.HOOKS_OFF in outside.error.message
