@@ -18,7 +18,7 @@ class Frame:
     __slots__ = ("kind", "parent", "depth", "items", "policy_choice", "prevent_cse", "nondiff",
                  "symbolic_zeros", "optimize_remat", "nonstandard", "extra_result", "in_cvjp", "spelling",
                  "residual_tree", "perturbed_branch", "in_scan", "in_cond", "scan", "static_flag", "tree", "fn_opts",
-                 "static_by", "static_value", "cse_mask", "state")
+                 "static_by", "static_value", "cse_mask", "state", "extras")
 
     def __init__(self, kind, parent, depth):
         self.kind, self.parent, self.depth = kind, parent, depth

@@ -14,8 +14,9 @@ ELEMENT_THRESHOLDS = (2, 4, 8, 16)   # min_elements policies: the first is the s
 
 
 def policy_ops() -> list[str]:
-    """Op kinds an `ops` policy may name: every op the generator emits outside custom rules."""
-    return [o for f in O.generated_families(False) for o in O.family_ops(f, False)]
+    """Op kinds an `ops` policy may name: every op the generator emits outside custom rules (the
+    opt-in families' last, so that the others keep their indices)."""
+    return [o for f in O.generated_families(False, opt_in=O.OPT_IN_FAMILIES) for o in O.family_ops(f, False)]
 
 
 def _draw_names(draw, names, label, min_one=True) -> list[str]:

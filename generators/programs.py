@@ -97,8 +97,9 @@ class _Gen(Structure):
         first = list(KINDS)[0]
         self.kinds = [k for k in KINDS if k == first or on[f"policy:{k}"]]
         base = op_families()[0]
+        opt_in = [f for f in O.OPT_IN_FAMILIES if on[f]]   # (their dimension on: the family drawn like any other)
         self.families = {ctx: [f for f in fams if f == base or on.on.get(f"family:{f}", True)] or fams[:1]
-                         for ctx, fams in (((False, False), O.generated_families(False)),
+                         for ctx, fams in (((False, False), O.generated_families(False, opt_in=opt_in)),
                                            ((True, False), O.generated_families(True, False)),
                                            ((True, True), O.generated_families(True, True)))}
 
@@ -328,6 +329,9 @@ class _Gen(Structure):
             if g.static_flag:
                 g.static_by = STATIC_SPELLINGS[draw_int(draw, 0, len(STATIC_SPELLINGS) - 1, "static_by")]
                 g.static_value = ("bool", "unhashable")[draw_int(draw, 0, 1, "static_value")]
+        # (opt-in: non-tensor values returned after the results, by a flat or tuple region without state)
+        g.extras = (self.sw["non_tensor_outputs"] and g.state == "none" and g.tree != "dict"
+                    and draw(BOOL, label="region_extras"))
 
     def _open_cvjp(self, g: Frame):
         sw, draw = self.sw, self.draw
@@ -474,7 +478,7 @@ class _Gen(Structure):
                                        policy=self._policy(it, inner), prevent_cse=it.prevent_cse,
                                        static_flag=it.static_flag, tree=it.tree, static_by=it.static_by,
                                        static_value=it.static_value, prevent_cse_args=cse,
-                                       state=it.state if it.tree == "flat" else "none"))
+                                       state=it.state if it.tree == "flat" else "none", extras=it.extras))
             elif it.kind == "custom_jvp":
                 body.append(self._cjvp(it, inner, defined, results))
                 self.cjvp_frames[id(body[-1])] = (it, defined)

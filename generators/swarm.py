@@ -74,10 +74,12 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
                ("rule_trees", _HALF), ("per_example", (1, 4)), ("function_options", _HALF),
                ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _HALF),
-               ("effects", _HALF))
+               ("effects", _HALF), (O.MULTI_OUTPUT, _HALF), (O.DATA_DEPENDENT, _HALF),
+               ("non_tensor_outputs", _HALF))
 # Dimensions a campaign generates only when it requires them (a construct whose programs would
-# otherwise change every seeded campaign's programs): a region's mutable state (jax.new_ref), effects.
-OPT_IN = ("mutable_state", "effects")
+# otherwise change every seeded campaign's programs): a region's mutable state (jax.new_ref), effects,
+# the op families of multi-output and data-dependent ops, a region's non-tensor outputs.
+OPT_IN = ("mutable_state", "effects", O.MULTI_OUTPUT, O.DATA_DEPENDENT, "non_tensor_outputs")
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 

@@ -63,8 +63,9 @@ KINK_BAND_EPS_LOW = {"bfloat16": 2.0, "float16": 8.0}
 
 
 def near_kink(program: Program, values: dict | None) -> list[str]:
-    """Ids of values that flow into a nonsmooth op and lie within its instability band of 0,
-    judged on the value reference's recorded values."""
+    """Ids of values that flow into a nonsmooth op and lie within its instability band of its kink
+    (0, or the op's own `kink` distance: ties along an axis), judged on the value reference's
+    recorded values."""
     if not values:
         return []
     dt = _dtype(program)
@@ -73,7 +74,8 @@ def near_kink(program: Program, values: dict | None) -> list[str]:
     out = []
     for s, _, _, ctx in walk(program.body):
         if isinstance(s, Op) and ctx not in DERIVATIVE_CTX and OPS[s.op].nonsmooth:
-            if any(np.any(np.abs(np.asarray(x, np.float64)) < band)
+            kink = OPS[s.op].kink or (lambda a, p: np.abs(a))
+            if any(np.any(kink(np.asarray(x, np.float64), s.params) < band)
                    for x in iteration_values(values, s.args[0], lengths)):
                 out.append(s.args[0])
     return sorted(set(out))

@@ -310,3 +310,25 @@ def test_torch_repro_passes_a_static_flag_by_keyword_through_checkpoint(tmp_path
     assert "flag=True" in src
     rc, out = run_script(src, tmp_path)
     assert rc == 0 and "error during" not in out and "unexpected keyword" not in out, out
+
+
+@pytest.mark.parametrize("fw", ["jax", "torch"])
+def test_repro_of_a_region_with_non_tensor_outputs_returns_and_drops_them(fw, tmp_path):
+    """A region whose function returns non-tensor values after its results (extras: None and an int; PyTorch also
+    a string, which jax.checkpoint refuses): the script returns them from the region and runs clean."""
+    from conformance.engine.findings import make_finding
+    from conformance.ir.verdict import Verdict
+    from generators.programs import input_values
+    from tests.programs import op, prog, region
+    r = region(["x"], [op("sin", ["x"], "a"), op("cos", ["a"], "y")], ["y"], {"kind": "nothing"})
+    r["extras"] = True
+    p = prog([r])
+    assert "region_non_tensor_outputs" in p.features()
+    inputs = input_values(p, 0)
+    rival = "jax:remat3" if fw == "jax" else "torch:eager-sac"
+    v = Verdict(check="gradient", pipeline=rival, reference="jax:remat2" if fw == "jax" else "torch:none",
+                status="fail")
+    src = repro.generate(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"), fw)
+    assert ("return (y, None, 3, 'tag')" if fw == "torch" else "return (y, None, 3)") in src.replace("v_", ""), src
+    rc, out = run_script(src, tmp_path)
+    assert rc == 0 and "error during" not in out, out

@@ -285,3 +285,68 @@ def test_a_checkpoint_inside_a_custom_rule_forward_does_not_raise_under_disabled
     assert obs.error is None, obs.error
     outside = P.get("torch:eager-sac:hooks-disabled").run(saving_program(), x)
     assert outside.error is not None and prelude.HOOKS_OFF in outside.error.message
+
+
+def test_func_grad_refuses_checkpoint_and_agrees_without_it(monkeypatch):
+    """torch.func.grad around the program: a region raises the torch.func message (documented: entry
+    torch-func-grad-refuses-checkpoint), a program without one gives the baselines' gradient through
+    torch.func.grad_and_value itself (counted), and custom rules are declared unsupported."""
+    calls = []
+    real = torch.func.grad_and_value
+    monkeypatch.setattr(torch.func, "grad_and_value", lambda *a, **k: calls.append(1) or real(*a, **k))
+    names = ["ref:f64", "torch:none", "torch:eager-sac:func-grad"]
+    obs, _ = _run(names, saving_program())
+    fg = obs["torch:eager-sac:func-grad"]
+    assert fg.error is not None and "don't yet support saved tensor hooks" in fg.error.message and calls
+    j = judge(saving_program(), obs, PACKAGED)
+    assert j.expectation_hits["torch-func-grad-refuses-checkpoint"] == "fired"
+    plain = prog([op("sin", ["x"], "a"), op("exp", ["a"], "y")])
+    calls.clear()
+    obs, _ = _run(names, plain)
+    fg = obs["torch:eager-sac:func-grad"]
+    assert fg.ok() and calls and fg.residuals is None and "residuals_unobserved" in fg.flags
+    np.testing.assert_allclose(fg.grads["x"], obs["torch:none"].grads["x"], rtol=1e-12)
+    assert not [v for v in judge(plain, obs, PACKAGED).verdicts if v.status == "fail"]
+    assert P.get("torch:eager-sac:func-grad").run(prog([sin_cvjp("x", "y")]), {"x": np.array([0.3])}).unsupported
+
+
+# ---- JAX: jax.jit over inputs placed with NamedSharding ---------------------------------------------------
+def test_sharded_pipelines_split_inputs_over_two_cpu_devices_and_agree_with_one_device():
+    """The sharded pipelines place a differentiated input whose leading axis divides by the device count with a
+    NamedSharding that splits it (the gradient comes back split the same way), replicate the rest, and give the
+    one-device jit run's values under a names policy and an offload policy."""
+    pipe = P.get("jax:remat3:sharded")   # (importing the JAX pipelines gives JAX conftest's two CPU devices)
+    import jax
+    assert len(jax.devices("cpu")) >= P.SHARD_MAP_DEVICES
+    placed = pipe._placed(jax.numpy.ones((4, 3)))
+    assert len(placed.sharding.device_set) == P.SHARD_MAP_DEVICES and placed.addressable_shards[0].data.shape == (2, 3)
+    assert pipe._placed(jax.numpy.ones((3,))).sharding.is_fully_replicated
+    for policy in ({"kind": "save_only_names", "names": ["a"]}, {"kind": "offload_dots_no_batch"}):
+        body = [region(["x", "w"], [op("matmul", ["x", "w"], "m"), op("name", ["m"], "n", name="a"),
+                                    op("sin", ["n"], "y")], ["y"], policy)]
+        p = prog(body, inputs=[{"id": "x", "shape": [4, 3], "dtype": "float32", "diff": True},
+                               {"id": "w", "shape": [3, 2], "dtype": "float32", "diff": True}], outputs=["y"])
+        obs, _ = _run(["ref:f64", "jax:remat2", "jax:remat3:jit", "jax:remat3:sharded"], p)
+        sh = obs["jax:remat3:sharded"]
+        assert sh.ok(), sh.error
+        for k in ("x", "w"):
+            np.testing.assert_allclose(sh.grads[k], obs["jax:remat3:jit"].grads[k], rtol=1e-5)
+        assert not [v for v in judge(p, obs, PACKAGED).verdicts if v.status == "fail"], policy
+
+
+def test_export_of_a_data_dependent_op_on_a_scalar_is_a_documented_guard_error():
+    """masked_sum of a 0-d tensor (x[x > 0]: 0 or 1 elements) under either export raises export's data-dependent
+    guard error, with or without checkpoint (documented: entry torch-export-data-dependent-guard); on a vector it
+    exports, and eager SAC agrees with the baselines."""
+    scalar = {"id": "x", "shape": [], "dtype": "float64", "diff": True}
+    p = prog([op("sin", ["x"], "a"), op("masked_sum", ["a"], "y")], inputs=[scalar])
+    obs, _ = _run(["ref:f64", "torch:none", "torch:eager-sac", "torch:export-strict", "torch:export-nonstrict"], p)
+    for name in ("torch:export-strict", "torch:export-nonstrict"):
+        assert obs[name].error is not None and "Could not guard on data-dependent" in obs[name].error.message, name
+    j = judge(p, obs, PACKAGED)
+    assert j.expectation_hits["torch-export-data-dependent-guard"] == "fired"
+    assert not [v for v in j.verdicts if v.status == "fail"]
+    vec = prog([op("sin", ["x"], "a"), op("masked_sum", ["a"], "y")])
+    obs, _ = _run(["ref:f64", "torch:none", "torch:eager-sac", "torch:export-nonstrict"], vec)
+    assert obs["torch:export-nonstrict"].ok() and not [v for v in judge(vec, obs, PACKAGED).verdicts
+                                                       if v.status == "fail"]

@@ -46,6 +46,8 @@ FEATURES: dict[str, Feature] = {
                                        focus=("region_options",)),
     "static_argnum_missing": Feature("a region declares a static argument index that no argument has",
                                      focus=("region_options",)),
+    "region_non_tensor_outputs": Feature("a region's function returns non-tensor values after its results (None, an "
+                                         "int; PyTorch: a string too)", focus=("non_tensor_outputs",)),
     "static_unhashable": Feature("a region's static argument is unhashable (a list)", focus=("region_options",)),
     "region_state": Feature("a region closes over mutable state (a jax.new_ref) and reads it",
                             focus=("mutable_state",)),
@@ -198,6 +200,8 @@ def compute_features(prog: Program) -> set[str]:
                     f.add(f"state_{s.state}")
             if s.tree != "flat":
                 f.add("region_pytree")
+            if s.extras:
+                f.add("region_non_tensor_outputs")
         elif isinstance(s, CustomVJP):
             f.add("custom_vjp")
             if depth >= 1:

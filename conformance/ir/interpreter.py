@@ -87,12 +87,22 @@ class Interpreter:
                     table.update((sp, list(b.nondiff)) for _, _, sp, _ in walk(b.fwd, path=bp + ".fwd"))
         return table.get(path)
 
-    @staticmethod
-    def spelled_region(s: Checkpoint, fn):
+    # The non-tensor values a region with `extras` returns after its results (a framework's own: PyTorch adds a string)
+    NON_TENSOR_OUTPUTS: tuple = (None, 3)
+
+    def extras_intact(self, extras) -> bool:
+        """Whether a region's non-tensor outputs came back as returned (JAX returns the int as an integer array:
+        the None and the count are what it must keep)."""
+        return len(extras) == len(self.NON_TENSOR_OUTPUTS) and extras[0] is None
+
+    def spelled_region(self, s: Checkpoint, fn):
         """(the region's function as the program spells it, how to call it on the args, how to read
         its results): with a static flag argument it branches on (passed last, or by keyword as
-        `flag`; True, or [True] where the region says unhashable), and taking and returning one
-        pytree (a tuple or a dict keyed by value id) where the region says so."""
+        `flag`; True, or [True] where the region says unhashable), taking and returning one
+        pytree (a tuple or a dict keyed by value id) where the region says so, and returning
+        NON_TENSOR_OUTPUTS after its results where it has `extras` (read checks and drops them)."""
+        extras = tuple(self.NON_TENSOR_OUTPUTS) if s.extras else ()
+        intact = self.extras_intact
         flag_value = [True] if s.static_value == "unhashable" else True
         by_keyword = s.static_by == "argnames"
 
@@ -111,7 +121,7 @@ class Interpreter:
             elif s.tree == "dict":
                 a = [a[0][k] for k in s.args]
             out = fn(*a)
-            return {r: v for r, v in zip(s.results, out)} if s.tree == "dict" else out
+            return {r: v for r, v in zip(s.results, out)} if s.tree == "dict" else (*out, *extras)
 
         def call(f, args):
             packed = (
@@ -122,7 +132,12 @@ class Interpreter:
             return f(*packed, flag=flag_value) if by_keyword else f(*packed, flag_value)
 
         def read(out):
-            return tuple(out[r] for r in s.results) if s.tree == "dict" else tuple(out)
+            if s.tree == "dict":
+                return tuple(out[r] for r in s.results)
+            if extras and not intact(tuple(out[len(s.results):])):
+                raise ValueError(f"a region's non-tensor outputs came back as {tuple(out[len(s.results):])!r}, "
+                                 f"returned as {extras!r}")
+            return tuple(out[:len(s.results)])
         return spelled, call, read
 
     def jvp_block(self, s: "CustomJVP", path: str, args: list) -> list:

@@ -83,6 +83,9 @@ class Checkpoint(_M):
     # True, or [True] (an unhashable value: jax.checkpoint hashes static arguments by identity).
     static_by: Literal["argnums", "negative_argnums", "argnames", "missing_argnum"] = "argnums"
     static_value: Literal["bool", "unhashable"] = "bool"
+    # `extras`: the region's function also returns non-tensor values after its results (NON_TENSOR_OUTPUTS: None,
+    # an int and, in PyTorch, a string: jax.checkpoint accepts no string output), which the caller checks and drops.
+    extras: bool = False
     # prevent_cse per positional argument (jax.checkpoint's tuple of bools, one per arg); empty:
     # the bool `prevent_cse` for all
     prevent_cse_args: list[bool] = Field(default_factory=list)
@@ -276,7 +279,7 @@ class Diff(_M):
 _LATER_DEFAULTS = {"spelling": "defvjp", "residual_tree": "tuple", "perturbed_branch": False, "tree": "flat",
                    "non_differentiable": [], "once_differentiable": False, "bwd_branch": False}
 _LATER_REGION_DEFAULTS = {"static_flag": False, "tree": "flat", "static_by": "argnums", "static_value": "bool",
-                          "prevent_cse_args": [], "state": "none"}
+                          "prevent_cse_args": [], "state": "none", "extras": False}
 _LATER_RULE_DEFAULTS = {"tree": "flat"}   # custom_jvp
 _LATER_DIFF_DEFAULTS = {"cotangents": "ones", "aux": 0, "batch": 0}   # the same for the diff part
 _LATER_INPUT_DEFAULTS = {"batched": False}

@@ -104,6 +104,8 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
         if s.state != "none" and (s.tree != "flat" or s.static_flag or prog.diff.batch):
             raise ProgramError(f"{p}.state", "mutable state needs a flat region without a static flag, in a program "
                                              "that is not per example")
+        if s.extras and (s.tree == "dict" or s.state != "none"):
+            raise ProgramError(f"{p}.extras", "non-tensor outputs need a flat or tuple region without mutable state")
         if s.prevent_cse_args and (s.tree != "flat" or len(s.prevent_cse_args) != len(s.args)):
             raise ProgramError(f"{p}.prevent_cse_args", f"one bool per arg of a flat region ({len(s.args)} args, "
                                                         f"tree {s.tree!r})")

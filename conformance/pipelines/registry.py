@@ -48,7 +48,7 @@ MEMORY_BUDGETS = (0.5, 0.0)
 # carried by repro scripts.
 TORCH_OPTIONS = ("reentrant", "checks_off", "compile_inside", "backward_twice", "dynamic", "graph_break",
                  "policy_state", "sequential", "hooks", "early_stop_off", "export", "functional_call", "func_vmap",
-                 "allow_mutation")
+                 "allow_mutation", "func_grad")
 # Saved-tensor hooks a pipeline runs its forward under (Spec.hooks): torch.autograd.graph.save_on_cpu; a
 # user's own saved_tensors_hooks (pack: a float64 copy and the dtype, unpack: back), with
 # respect_saved_tensors_hooks=True; the same hooks with respect_saved_tensors_hooks=False (SAC's cache
@@ -134,8 +134,11 @@ class Spec:
                                      # torch.func.functional_call
     func_vmap: bool = False          # torch: vmap-spelled loops as torch.func.vmap (else Python loops)
     allow_mutation: bool = False     # torch: SAC's allow_cache_entry_mutation=True (its mutated-cache check off)
+    func_grad: bool = False          # torch: gradients by torch.func.grad_and_value (else torch.autograd.grad)
     shard_map: bool = False          # JAX: the program inside jax.shard_map over SHARD_MAP_DEVICES CPU devices,
                                      # inputs and outputs replicated (each device runs it whole), differentiated outside
+    sharded: bool = False            # JAX: jax.jit over inputs placed with NamedSharding on SHARD_MAP_DEVICES CPU
+                                     # devices (a leading axis that divides evenly is split, the rest replicated)
     compare: tuple[Compare, ...] = ()
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
@@ -183,6 +186,12 @@ def _jax_rivals():
     for variant in DEFAULT_VARIANTS:
         out.append(Spec(f"jax:{variant}:shard-map", "jax", "JaxRemat", variant=variant, jit=True, shard_map=True,
                         residual_report=True,
+                        compare=(Compare((f"jax:{variant}:jit", f"jax:{variant}"), "values"),)))
+    # jax.jit over inputs sharded with NamedSharding (a mesh of two CPU devices, leading axes split where they divide):
+    # the partitioner carries every region, policy (names, dots, offload) and rule across the devices. Values against
+    # the same variant's one-device jit run (or eager, where the jit twin did not run).
+    for variant in DEFAULT_VARIANTS:
+        out.append(Spec(f"jax:{variant}:sharded", "jax", "JaxRemat", variant=variant, jit=True, sharded=True,
                         compare=(Compare((f"jax:{variant}:jit", f"jax:{variant}"), "values"),)))
     return out
 
@@ -273,6 +282,9 @@ def _torch_rivals():
                         compare=(Compare(("torch:eager-reentrant",), "values"),)))
     out.append(Spec("torch:eager-sac:functional-call", "torch", "TorchSAC", functional_call=True, compare=(same,)))
     out.append(Spec("torch:eager-sac:func-vmap", "torch", "TorchSAC", func_vmap=True, compare=(values,)))
+    # torch.func.grad around the program: it refuses the saved-tensor hooks non-reentrant checkpoint packs through
+    # (entry torch-func-grad-refuses-checkpoint); without a region it must agree with the baselines.
+    out.append(Spec("torch:eager-sac:func-grad", "torch", "TorchSAC", func_grad=True, compare=(values,)))
     # SAC's allow_cache_entry_mutation=True: where eager SAC raises on a mutated cached tensor it runs (values against
     # the baselines; a wrong value where the check would have fired is documented: entry torch-sac-allow-mutation).
     out.append(Spec("torch:eager-sac:allow-mutation", "torch", "TorchSAC", allow_mutation=True, compare=(values,)))
@@ -420,7 +432,8 @@ def run_set(rivals: list[str]) -> list[str]:
 
 def cpu_devices_needed(names) -> int:
     """The CPU devices a run of these pipelines needs (1 unless one runs under shard_map)."""
-    return max([SHARD_MAP_DEVICES if (s := _lookup(n)) is not None and s.shard_map else 1 for n in names] + [1])
+    return max([SHARD_MAP_DEVICES if (s := _lookup(n)) is not None and (s.shard_map or s.sharded) else 1
+                for n in names] + [1])
 
 
 def shared_pipelines(names) -> dict[str, Share]:

@@ -19,6 +19,7 @@ class Lowering:
     expr: str                      # the template
     policy_ops: tuple[str, ...] = ()   # what a policy sees of it (JAX primitive names, aten packets)
     batched_ops: tuple[str, ...] = ()  # ...when it is the batched form (aten.bmm for matmul)
+    no_primitive: str = ""             # why policy_ops is empty: a composite of other ops' primitives
 
 
 def op_source(table: dict[str, Lowering], op: str, args: list[str], params: dict, nondiff: str | None) -> str:

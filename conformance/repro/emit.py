@@ -189,6 +189,8 @@ class Emitter:
         """Calling the branch the index picks (default: Python indexing, on a concrete index)."""
         return f"[{', '.join(fns)}][{index}]({', '.join(ops)})"
 
+    NON_TENSOR_OUTPUTS: tuple = (None, 3)   # what a region with extras returns after its results (the interpreter's)
+
     def region_spelling(self, s: Checkpoint, k: int):
         """How a region's function is spelled (its static flag, its pytree): (parameters, prologue
         lines unpacking them, the return expression, the call's arguments, and the lines reading
@@ -217,6 +219,9 @@ class Emitter:
             ("{" + ", ".join(f"{r!r}: {self.n[r]}" for r in s.results) + "}") if s.tree == "dict" else self.tuple_(res)
         )
         read = self.tuple_([f"out_{k}[{r!r}]" for r in s.results]) if s.tree == "dict" else f"out_{k}"
+        if s.extras:   # non-tensor values returned after the results, dropped by the caller
+            ret = f"({', '.join(res)}, {', '.join(map(repr, self.NON_TENSOR_OUTPUTS))})"
+            read = f"out_{k}[:{len(res)}]"
         return params, pro, ret, call, read
 
     def jit(self, s: Jit, path: str, ind: str, nd) -> list[str]:

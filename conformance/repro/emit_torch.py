@@ -14,6 +14,7 @@ class TorchEmitter(Emitter):
         self.names = torch_table.program_names(prog)
 
     stack_fn = "torch.stack"   # scans: the default Python loop
+    NON_TENSOR_OUTPUTS = (None, 3, "tag")
 
     def scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res):
         """A vmap-spelled loop: torch.func.vmap of its step where the pipeline says so (func_vmap),

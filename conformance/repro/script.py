@@ -82,5 +82,6 @@ def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework
         input_dtypes=repr({i.id: i.dtype for i in prog.inputs}),
         match_tol=repr({k: d.match_tol for k, d in DTYPES.items()}), has_names=bool(names),
         blocks=[p for s, _, p, _ in walk(prog.body) if isinstance(s, CustomVJP)],
-        sharded=any(s.get("shard_map") for s in run_settings.values()), devices=registry.SHARD_MAP_DEVICES,
+        sharded=any(s.get("shard_map") or s.get("sharded") for s in run_settings.values()),
+        devices=registry.SHARD_MAP_DEVICES,
         **_dialect(framework, prog))

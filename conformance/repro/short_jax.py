@@ -209,6 +209,8 @@ def _sides(finding, pset) -> list[tuple]:
     out += [("RIVAL", pipe, *_flags(pipe, finding))]
     if out[0][3].get("shard_map") and len(out) > 1:
         raise ReproError(f"{ref}: a shard_map reference has no short form (use --full)")
+    if any(side[3].get("sharded") for side in out):
+        raise ReproError("a sharded (NamedSharding) pipeline has no short form yet (use --full)")
     if out[-1][3].get("shard_map") and check not in ("error", "gradient"):
         raise ReproError(f"the {check} check of a shard_map pipeline has no short form (use --full)")
     return out

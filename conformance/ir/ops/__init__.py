@@ -36,11 +36,21 @@ from conformance.ir.ops.core import (
     is_int,
     vjp_unary,
 )
-from conformance.ir.ops.table import family_ops, fill, generated_families, infer, pseudo, result_dtype
+from conformance.ir.ops.selection import DATA_DEPENDENT, MULTI_OUTPUT
+from conformance.ir.ops.table import (
+    OPT_IN_FAMILIES,
+    family_ops,
+    fill,
+    generated_families,
+    infer,
+    pseudo,
+    result_dtype,
+)
 
 __all__ = [
     "ACC_OP",
     "CAST_OP",
+    "DATA_DEPENDENT",
     "DROPOUT_PS",
     "DROPOUT_SEEDS",
     "EFFECT_KINDS",
@@ -53,11 +63,13 @@ __all__ = [
     "GEN_MAX_DIM",
     "IO_EFFECTS",
     "MAX_MAG",
+    "MULTI_OUTPUT",
     "NAME_FWD_OP",
     "NAME_OP",
     "NAME_OPS",
     "ND_INDEX",
     "OPS",
+    "OPT_IN_FAMILIES",
     "OpDecl",
     "POLICY_ALIKE",
     "ParamError",

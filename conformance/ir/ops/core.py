@@ -35,8 +35,8 @@ SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement der
 # Op kinds a framework's policy cannot tell apart: they lower to the same primitive (JAX `mul` for
 # x * y, x * c and x * nondiff; `reduce_sum` inside a mean), so an `ops` policy naming one saves
 # the others' outputs too (tests/test_tables.py derives the groups from the lowering tables).
-POLICY_ALIKE = (("mul", "scale", "nondiff_scale", "dropout", "mul_"), ("sum", "mean"), ("step", "cast"),
-                ("add", "add_"), ("relu", "relu_"), ("transpose", "matrix_t"), ("slice", "select"))
+POLICY_ALIKE = (("mul", "scale", "nondiff_scale", "dropout", "mul_", "scale_by_max"), ("sum", "mean"),
+                ("step", "cast"), ("add", "add_"), ("relu", "relu_"), ("transpose", "matrix_t"), ("slice", "select"))
 
 
 class ParamError(ValueError):
@@ -64,7 +64,8 @@ class OpDecl:
     dot_no_batch: bool = False       # saved by the dots-without-batch-dims policies when not batched
     in_rules_only: bool = False      # only inside custom_vjp fwd/bwd rules
     in_fwd_only: bool = False        # generated only inside custom_vjp fwd rules
-    nonsmooth: bool = False          # derivative jumps where its input crosses 0
+    nonsmooth: bool = False          # derivative jumps where its input crosses 0 (or where `kink` is 0)
+    kink: Callable | None = None     # (input, params) -> distances to where the derivative jumps; None: |input|
     # Forward mode (custom_jvp rules), from the declarations: "linear" (the op applied to the
     # tangents), "identity" (the tangent itself: a name tags primal values only), "diagonal"
     # (elementwise: the vjp rule with the tangent as cotangent),

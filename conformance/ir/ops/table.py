@@ -6,6 +6,10 @@ from typing import Any
 
 from conformance.ir.ops import views  # noqa: F401  (registers the views and in-place ops)
 from conformance.ir.ops.core import OPS, OpDecl, ParamError
+from conformance.ir.ops.selection import DATA_DEPENDENT, MULTI_OUTPUT
+
+# Families a program draws from only where its campaign opts in (the swarm dimension of the same name)
+OPT_IN_FAMILIES = (MULTI_OUTPUT, DATA_DEPENDENT)
 
 
 def result_dtype(op: str, params: dict, arg_dtype: str) -> str:
@@ -19,11 +23,14 @@ def _generated(d: OpDecl, in_rule: bool, nondiff: bool) -> bool:
             and (not in_rule or d.vjp is not None))
 
 
-def generated_families(in_rule: bool, nondiff: bool = False) -> list[str]:
+def generated_families(in_rule: bool, nondiff: bool = False, opt_in=()) -> list[str]:
     """Generator families in declaration order (the first is the simplest). In a custom rule
-    (`in_rule`) only ops with a derivative; in-rule-only ops where the block has nondiff args."""
+    (`in_rule`) only ops with a derivative; in-rule-only ops where the block has nondiff args;
+    OPT_IN_FAMILIES only those named in `opt_in`."""
     out = []
     for d in OPS.values():
+        if d.family in OPT_IN_FAMILIES and d.family not in opt_in:
+            continue
         if _generated(d, in_rule, nondiff) and d.family not in out:
             out.append(d.family)
     return out

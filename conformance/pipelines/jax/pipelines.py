@@ -425,9 +425,10 @@ class JaxBase(Pipeline):
         if not ok or missing:
             obs.unsupported = why or f"no JAX lowering for ops {missing}"
             return obs
-        if self.spec.shard_map and len(jax.devices("cpu")) < registry.SHARD_MAP_DEVICES:
+        if (self.spec.shard_map or self.spec.sharded) and len(jax.devices("cpu")) < registry.SHARD_MAP_DEVICES:
             n = registry.SHARD_MAP_DEVICES
-            obs.unsupported = (f"shard_map needs {n} CPU devices, this process has {len(jax.devices('cpu'))}: set "
+            what = "shard_map" if self.spec.shard_map else "sharding"
+            obs.unsupported = (f"{what} needs {n} CPU devices, this process has {len(jax.devices('cpu'))}: set "
                                f"{registry.CPU_DEVICES_ENV}={n} before JAX starts (a campaign naming it does)")
             return obs
         if not hasattr(jax, "new_ref") and "region_state" in program.features():
@@ -462,7 +463,7 @@ class JaxBase(Pipeline):
         def bwd(vjp_fn):
             return vjp_fn(jnp.ones((), jnp.float64))
 
-        d = [arrays[i] for i in diff_ids]
+        d = [self._placed(arrays[i]) for i in diff_ids]
         stage = "lowering"
         prelude.EFFECT_RUNS.clear()
         try:
@@ -532,6 +533,18 @@ class JaxBase(Pipeline):
         mesh = jax.make_mesh((registry.SHARD_MAP_DEVICES,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
                              devices=jax.devices("cpu")[:registry.SHARD_MAP_DEVICES])
         return lambda f: jax.shard_map(f, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec())
+
+    def _placed(self, x):
+        """An input as the pipeline places it: with a NamedSharding over the CPU devices (sharded pipelines: its
+        leading axis split where it divides evenly, else replicated), or as it is."""
+        if not self.spec.sharded:
+            return x
+        from jax.sharding import NamedSharding, PartitionSpec
+        n = registry.SHARD_MAP_DEVICES
+        mesh = jax.make_mesh((n,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
+                             devices=jax.devices("cpu")[:n])
+        split = x.ndim >= 1 and x.shape[0] % n == 0
+        return jax.device_put(x, NamedSharding(mesh, PartitionSpec("devices") if split else PartitionSpec()))
 
     def traced(self) -> bool:
         """Whether the run is one jax.jit of forward and backward (else eager)."""

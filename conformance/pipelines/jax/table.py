@@ -50,6 +50,17 @@ OPS: dict[str, Lowering] = {
     "mul_": L("{x} * {y}", ("mul",)),
     "relu_": L("jax.nn.relu({x})", ("custom_jvp_call", "max")),
     "effect": L("effect({x}, {kind})", ("debug_callback", "io_callback")),
+    # multi-output and data-dependent ops (conformance.ir.ops.selection): the same values in jax.numpy
+    "var_mean": L("jnp.var({x}, axis={axis}) + jnp.mean({x}, axis={axis})",
+                  no_primitive="reduce_sum, sub, square, div and add (sum's, sub's, square's ops): an `ops` policy "
+                               "naming var_mean saves nothing of its own here"),
+    "topk": L("jnp.moveaxis(lax.top_k(jnp.moveaxis({x}, {axis}, -1), {k})[0], -1, {axis})", ("top_k",)),
+    "max_dim": L("jnp.max({x}, axis={axis})", ("reduce_max",)),
+    "sort": L("jnp.sort({x}, axis={axis})", ("sort",)),
+    "masked_sum": L("jnp.sum(jnp.where({x} > 0, {x}, jnp.zeros_like({x})))",
+                    no_primitive="gt, select_n and reduce_sum (step's and sum's): an `ops` policy naming masked_sum "
+                                 "saves nothing of its own here"),
+    "scale_by_max": L("{x} * lax.stop_gradient(jnp.max({x}))", ("mul",)),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

@@ -132,6 +132,10 @@ class Lowering(Interpreter):
     prefer: PREFER_* instead of MUST_* in policy_fns.
     record: when a dict, every op's value is stored there.
     """
+    NON_TENSOR_OUTPUTS = (None, 3, "tag")   # (a region with extras: PyTorch returns any Python value)
+
+    def extras_intact(self, extras) -> bool:
+        return tuple(extras) == self.NON_TENSOR_OUTPUTS
 
     def __init__(self, prog: Program, remat: bool, custom: bool = True, prefer: bool = False,
                  record: dict | None = None, policy_calls: list | None = None, diff_residuals: bool = False,

@@ -32,6 +32,7 @@ from conformance.ir.batching import example_inputs  # noqa: E402
 from conformance.ir.interpreter import loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir.nodes import Checkpoint, CustomVJP, Op, Scan, walk  # noqa: E402
 from conformance.ir.observation import ErrorInfo, Observation  # noqa: E402
+from conformance.ir.ops import DATA_DEPENDENT  # noqa: E402
 from conformance.ir.ops import OPS as OP_DECLS  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
@@ -85,15 +86,19 @@ EXPORT_NO_PYTHON_BRANCHES = ("torch.export does not trace data-dependent Python 
 # (no expectation entry: the program's features do not say what a vmap body holds)
 VMAP_BODY_UNSUPPORTED = ("torch.func.vmap of a body with an autograd.Function (it needs setup_context and a vmap "
                          "rule: \"Extending torch.func with autograd.Function\"), a random op (vmap's "
-                         "randomness=\"error\") or a checkpoint region (its backward raises \"your tensor may have "
+                         "randomness=\"error\"), a data-dependent op (vmap rejects .item() and boolean-mask "
+                         "indexing) or a checkpoint region (its backward raises \"your tensor may have "
                          "escaped\": pytorch/pytorch#165880, open)")
+# (no expectation entry: the harness's autograd.Functions are written the classic way, forward(ctx, ...))
+FUNC_GRAD_NO_FUNCTION = ("torch.func.grad of an autograd.Function needs setup_context (\"Extending torch.func with "
+                         "autograd.Function\"); the harness writes custom rules as forward(ctx, ...)")
 # (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
 NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
                  "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
 
 
 # Options that change how the first-order forward is called (not run again for second order).
-OWN_FORWARD = ("hooks", "early_stop_off", "export", "functional_call", "func_vmap")
+OWN_FORWARD = ("hooks", "early_stop_off", "export", "functional_call", "func_vmap", "func_grad")
 RECOMPILE_LIMIT = 64   # dynamo's, per code object (default 8)
 
 
@@ -175,8 +180,11 @@ class TorchBase(Pipeline):
             obs.unsupported = EXPORT_NO_PYTHON_BRANCHES
             return obs
         if self.spec.func_vmap and _vmap_body_has(program, lambda s: isinstance(s, (CustomVJP, Checkpoint)) or (
-                isinstance(s, Op) and OP_DECLS[s.op].family == "random")):
+                isinstance(s, Op) and OP_DECLS[s.op].family in ("random", DATA_DEPENDENT))):
             obs.unsupported = VMAP_BODY_UNSUPPORTED
+            return obs
+        if self.spec.func_grad and "custom_vjp" in feats:
+            obs.unsupported = FUNC_GRAD_NO_FUNCTION
             return obs
         if self.spec.reentrant and program.diff.order == 2:
             obs.unsupported = NO_REENTRANT_GRAD
@@ -305,6 +313,11 @@ class TorchBase(Pipeline):
                     with timed(t, "export"):
                         fn = prelude.exported(loss_fn, [*c, *d], strict=sp.export == "strict")
                 stage = "lowering" if self.compile else "forward"
+                if sp.func_grad:   # forward and backward in one call; torch.func refuses saved-tensor hooks
+                    with timed(t, "forward"):
+                        grads, (loss, outs) = prelude.func_grad(fn, c, d)
+                    runs.append((loss, outs, grads))
+                    continue
                 # (hooks disabled: no saved-tensor hooks may be installed, the capture's neither)
                 with (timed(t, "forward"), torch.autograd.graph.disable_saved_tensors_hooks(prelude.HOOKS_OFF)
                       if sp.hooks == "disabled" else rec.recording(hooks),
@@ -324,6 +337,9 @@ class TorchBase(Pipeline):
                 obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
                                              memory=[memory_kind(s, device) for s in saved])
                 selective = self.remat and any(f.startswith("policy:") for f in program.features())
+                if sp.func_grad:
+                    obs.residuals = None
+                    obs.flags["residuals_unobserved"] = "torch.func.grad: the capture's saved-tensor hooks cannot run"
                 if sp.hooks == "disabled":
                     obs.residuals = None
                     obs.flags["residuals_unobserved"] = "disable_saved_tensors_hooks: the capture's hooks cannot run"

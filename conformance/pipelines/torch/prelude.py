@@ -16,6 +16,12 @@ def branch_index(pred, n):
     return int(sum(bool(total > -0.5 + (j + 1) / n) for j in range(n - 1)))
 
 
+def var_plus_mean(x, dim):
+    """torch.var_mean (one call, two outputs; population variance), both outputs used."""
+    v, m = torch.var_mean(x, dim=dim, correction=0)
+    return v + m
+
+
 def second_order(mode, loss_fn, d, grad):
     """H @ ones for loss_fn(*d)[0] (second-order programs), computed as `mode` says."""
     import torch.autograd.forward_ad as fwAD
@@ -88,6 +94,13 @@ def saved_tensor_hooks(kind):
         h = torch.autograd.graph.save_on_cpu(pin_memory=False)
         return h.pack_hook, h.unpack_hook
     return user_hooks()
+
+
+def func_grad(fn, const, diff):
+    """(gradients, (loss, outputs)) of fn(*const, *diff) by torch.func.grad_and_value over the diff inputs."""
+    def loss_of(*d):
+        return fn(*const, *d)
+    return torch.func.grad_and_value(loss_of, argnums=tuple(range(len(diff))), has_aux=True)(*diff)
 
 
 class AsModule(torch.nn.Module):

@@ -51,6 +51,14 @@ OPS: dict[str, Lowering] = {
     "add_": L("{x}.add_({y})", ("A.add_",)),
     "mul_": L("{x}.mul_({y})", ("A.mul_",)),
     "relu_": L("torch.relu_({x})", ("A.relu_",)),
+    # multi-output ops (a policy sees one call, values and indices) and data-dependent ops
+    "var_mean": L("var_plus_mean({x}, {axis})", ("A.var_mean",)),
+    "topk": L("torch.topk({x}, {k}, dim={axis}).values", ("A.topk",)),
+    "max_dim": L("torch.max({x}, dim={axis}).values", ("A.max",)),
+    "sort": L("torch.sort({x}, dim={axis}).values", ("A.sort",)),
+    # (the gt, sum and max inside them follow step's, sum's and max_dim's policy, as in JAX)
+    "masked_sum": L("{x}[{x} > 0].sum()", ("A.index",)),
+    "scale_by_max": L("{x} * {x}.max().item()", ("A.mul",)),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.ir.policy.decide),
