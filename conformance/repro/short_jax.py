@@ -49,14 +49,14 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         fn = f"region_{k}"
         params, pro, ret, call, read = self.region_spelling(s, k)
         res = [self.n[r] for r in s.results]
-        if s.tree == "flat":   # (with state: a tuple, as with_state reads it)
+        if s.tree == "flat" and not s.extras:   # (with state: a tuple, as with_state reads it)
             ret = self.tuple_(res) if s.state != "none" else self.seq(res)
         src = [f"def {fn}({', '.join(params)}):   # checkpoint region {path}"] + pro
         src += self.body(s.body, "    ", path + ".body", nd) + [f"    return {ret}"]
         folded = fold_returns("\n".join(src)).split("\n")
         kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
         ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
-        if len(folded) == 2 and s.tree == "flat" and not s.static_flag and s.state == "none":  # a lambda
+        if len(folded) == 2 and s.tree == "flat" and not s.static_flag and s.state == "none" and not s.extras:
             expr = folded[1].strip()[len("return "):]
             line = f"{ind}{self.seq(res)} = {ck}(lambda {', '.join(params)}: {expr}, {kw})({', '.join(call)})"
             if len(line) <= 100:
@@ -64,14 +64,14 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         self.defs.append("\n".join(folded))
         kw = f"policy={jax_table.policy_source(s.policy)}" + jax_table.checkpoint_options_source(s, plain=True)
         ck = "checkpoint" if self.remat_helper else "jax.checkpoint"
-        target = self.seq(res) if s.tree == "flat" else f"out_{k}"
+        target = self.seq(res) if s.tree == "flat" and not s.extras else f"out_{k}"
         if s.state != "none":   # a scalar mutable state the region closes over (with_state)
             dtype = "float64" if self.f64 else self.types[s.results[0]][1]
             return [f"{ind}state_{k} = jax.new_ref(jnp.zeros((), jnp.{dtype}))",
                     f"{ind}{self.tuple_(res)} = read_state({ck}(with_state({s.state!r}, state_{k})({fn}), {kw})"
                     f"({', '.join(call)}), state_{k})"]
         lines = [f"{ind}{target} = {ck}({fn}, {kw})({', '.join(call)})"]
-        if s.tree != "flat":
+        if s.tree != "flat" or s.extras:   # (extras: the non-tensor values after the results, dropped)
             lines.append(f"{ind}{self.tuple_(res)} = {read}")
         return lines
 
@@ -164,14 +164,17 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         self.defs.append("\n".join(src))
         return [f"{ind}{self.seq(results)} = {b}({', '.join(args)})"]
 
-    def function(self) -> tuple[str, str]:
+    def function(self, with_outputs: bool = False) -> tuple[str, str]:
         """(definitions, `def f(<differentiated inputs>)` returning the loss: the sum of its
-        outputs, auxiliary outputs beside it): the other inputs are globals."""
+        outputs, auxiliary outputs beside it (`with_outputs`: every output, for a finding on an
+        output's value)): the other inputs are globals."""
         lines = self.body(self.prog.body, "    ", "body", None)
         outs = [self.n[o] for o in self.prog.outputs]
         n = len(outs) - self.prog.diff.aux
         loss = " + ".join(f"jnp.sum({o})" for o in outs[:n])
-        if self.prog.diff.aux:
+        if with_outputs:
+            loss += f", {self.tuple_(outs)}   # the loss, and the outputs"
+        elif self.prog.diff.aux:
             loss += f", {self.tuple_(outs[n:])}   # the loss, and auxiliary outputs"
         diff = [self.n[i.id] for i in self.prog.diff_inputs()]
         src = f"def f({', '.join(diff)}):\n" + "\n".join(lines) + f"\n    return {loss}"
@@ -209,8 +212,10 @@ def _sides(finding, pset) -> list[tuple]:
     out += [("RIVAL", pipe, *_flags(pipe, finding))]
     if out[0][3].get("shard_map") and len(out) > 1:
         raise ReproError(f"{ref}: a shard_map reference has no short form (use --full)")
-    if any(side[3].get("sharded") for side in out):
-        raise ReproError("a sharded (NamedSharding) pipeline has no short form yet (use --full)")
+    if out[0][3].get("sharded") and len(out) > 1:
+        raise ReproError(f"{ref}: a sharded reference has no short form (use --full)")
+    if out[-1][3].get("sharded") and check not in ("error", "gradient"):
+        raise ReproError(f"the {check} check of a sharded pipeline has no short form (use --full)")
     if out[-1][3].get("shard_map") and check not in ("error", "gradient"):
         raise ReproError(f"the {check} check of a shard_map pipeline has no short form (use --full)")
     return out
@@ -221,8 +226,13 @@ def script(prog, inputs, finding) -> str:
     check, pipe = finding.check, finding.pipeline
     if registry.framework_of(pipe) != "jax":
         raise ReproError(f"{pipe} is not a JAX pipeline")
-    if prog.diff.batch or prog.diff.cotangents != "ones" or any(i.batched for i in prog.inputs):
-        raise ReproError("per-example or seeded-cotangent programs have no short form (use --full)")
+    if prog.diff.cotangents != "ones":
+        raise ReproError("seeded-cotangent programs have no short form (use --full)")
+    if (prog.diff.batch or any(i.batched for i in prog.inputs)) and (
+            check not in ("gradient", "error") or prog.diff.order != 1 or prog.diff.aux
+            or any(i.batched and not i.diff for i in prog.inputs)):
+        raise ReproError("a per-example program has a short form only for the gradient or error check of first "
+                         "order, without auxiliary outputs, every batched input differentiated (use --full)")
     pflags, pset = _flags(pipe, finding)
     sides = _sides(finding, pset)
     prog = dead_code_removed(prog)
@@ -233,14 +243,17 @@ def script(prog, inputs, finding) -> str:
         raise ReproError("a float64 side beside a same-dtype side has no short form (use --full)")
     probe = {"custom_rule": "events", "trace_count": "counts"}.get(check, "")
     e = ShortJaxEmitter(prog, probe=probe, remat_helper=no_remat, f64=f64)
-    defs, fsrc = e.function()
+    with_outputs = check == "gradient" and str(finding.detail.get("value", "")).startswith("output")
+    if with_outputs and prog.diff.aux:
+        raise ReproError("an output's value with auxiliary outputs has no short form (use --full)")
+    defs, fsrc = e.function(with_outputs)
     if check == "error" and any(isinstance(x, CustomVJP) and x.symbolic_zeros and x.optimize_remat
                                 for x, _, _, _ in walk(prog.body)):   # defvjp itself may raise: inside f
         moved = re.findall(r"^block_\d+\.defvjp\(.*\)$", defs, re.M)
         defs = re.sub(r"\n*^block_\d+\.defvjp\(.*\)$", "", defs, flags=re.M)
         fsrc = re.sub(r"^(def f\(.*\):\n)", lambda m: m.group(1) + "".join(f"    {x}\n" for x in moved), fsrc)
     diff = [e.n[i.id] for i in prog.diff_inputs()]
-    body, verdict = _check(finding, prog, sides, ", ".join(diff), len(diff), defs, no_remat)
+    body, verdict = _check(finding, prog, sides, ", ".join(diff), len(diff), defs, no_remat, with_outputs)
     code_all = defs + fsrc + body + verdict
     imports = []
     for cond, line in ((probe == "counts", "from collections import Counter"),
@@ -257,11 +270,17 @@ def script(prog, inputs, finding) -> str:
         imports.append(f"from jax.ad_checkpoint import {', '.join(names)}")
     pre = ['jax.config.update("jax_enable_x64", True)   # float64 values'] if (
         f64 or any(i.dtype == "float64" for i in prog.inputs) or "float64" in defs + fsrc) else []
-    if "MESH" in body:   # a shard_map side: two CPU devices, before JAX starts
-        imports.append("from jax.sharding import PartitionSpec as P")
+    if "MESH" in body or "place(" in body:   # a shard_map or sharded side: two CPU devices, before JAX starts
+        imports.append("from jax.sharding import PartitionSpec as P" if "place(" not in body
+                       else "from jax.sharding import NamedSharding, PartitionSpec as P")
         pre += [f'jax.config.update("jax_num_cpu_devices", {registry.SHARD_MAP_DEVICES})',
                 f'MESH = jax.make_mesh(({registry.SHARD_MAP_DEVICES},), ("devices",), '
                 'axis_types=(jax.sharding.AxisType.Auto,))']
+    if "place(" in body:
+        pre += ["", "", "def place(a):   # the leading axis split over the devices where it divides evenly, else "
+                "replicated",
+                "    split = a.ndim and a.shape[0] % MESH.devices.size == 0",
+                '    return jax.device_put(a, NamedSharding(MESH, P("devices") if split else P()))']
     if code_all.count("cp.") > 1:
         pre.append("cp = jax.checkpoint_policies")
     else:
@@ -295,13 +314,18 @@ _SENTENCE = {
 }
 
 
-def _run_head(name, remat=False, sharded=False):
-    out = [f"def {name}(flags{', remat' if remat else ''}{', sharded=False' if sharded else ''}):"]
+def _run_head(name, remat=False, sharded=False, placed=""):
+    """The run function's head; `placed`: the differentiated inputs, placed with a NamedSharding where the call says
+    so (a sharded side) as `args`."""
+    out = [f"def {name}(flags{', remat' if remat else ''}{', sharded=False' if sharded else ''}"
+           f"{', placed=False' if placed else ''}):"]
     if remat:
         out += ["    global REMAT", "    REMAT = remat"]
     out += ["    for k, v in flags.items():", "        jax.config.update(k, v)"]
     if sharded:   # the program inside shard_map over the CPU devices, everything replicated
         out.append("    fn = jax.shard_map(f, mesh=MESH, in_specs=P(), out_specs=P()) if sharded else f")
+    if placed:
+        out.append(f"    args = [place(a) if placed else a for a in ({placed},)]")
     return out
 
 
@@ -310,24 +334,32 @@ def _calls(fn, sides, no_remat, first="rival"):
     lines = {}
     for lab, p, fl, st in sides:
         name = "rival" if lab == "RIVAL" else "reference"
-        sm = ", sharded=True" if st.get("shard_map") else ""
+        sm = ", sharded=True" if st.get("shard_map") else ", placed=True" if st.get("sharded") else ""
         lines[name] = f"{name} = {fn}({_side(fl)}{', remat=' + str(st['remat']) if no_remat else ''}{sm})   # {p}"
     order = ["rival", "reference"] if first == "rival" else ["reference", "rival"]
     return "\n".join(lines[n] for n in order if n in lines)
 
 
-def _check(finding, prog, sides, d, n, defs, no_remat):
+def _check(finding, prog, sides, d, n, defs, no_remat, with_outputs=False):
     """(the run function and its calls, the verdict)."""
     check = finding.check
     jit = sides[-1][3]["jit"]
     sharded = bool(sides[-1][3].get("shard_map"))
+    placed = d if sides[-1][3].get("sharded") else ""   # (a sharded rival: its inputs placed, as `args`)
     fname = "fn" if sharded else "f"
     argn = tuple(range(n))
     grad = (f"jax.grad({fname}" + (f", argnums={argn!r}" if n > 1 else "")
-            + (", has_aux=True)" if prog.diff.aux else ")"))
-    call = f"jax.jit({grad})({d})" if jit else f"{grad}({d})"
-    gcall = f"{'jax.jit(g)' if jit else 'g'}({d})" + ("[0]" if prog.diff.aux else "")
+            + (", has_aux=True)" if prog.diff.aux or with_outputs else ")"))
+    if prog.diff.batch:   # per example: the gradient of each example's loss (shared inputs broadcast)
+        diff_inputs = [i for i in prog.inputs if i.diff]
+        grad = f"jax.vmap({grad}, in_axes={tuple(0 if i.batched else None for i in diff_inputs)!r})"
+    d_call = "*args" if placed else d
+    call = f"jax.jit({grad})({d_call})" if jit else f"{grad}({d_call})"
+    gcall = f"{'jax.jit(g)' if jit else 'g'}({d_call})" + ("[0]" if prog.diff.aux else "")
     order2 = [f"    g = {grad}", f"    out = [*{gcall}]" if n > 1 else f"    out = [{gcall}]"]
+    if with_outputs:   # the gradients, then the outputs (the value the finding is about)
+        gs = "*gs" if n > 1 else "gs"
+        order2 = [f"    g = {grad}", f"    gs, outs = {gcall}", f"    out = [{gs}, *outs]"]
     if prog.diff.aux and prog.diff.order == 2:
         raise ReproError("second order with auxiliary outputs has no short form (use --full)")
     if prog.diff.order == 2:
@@ -372,7 +404,7 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
     if check == "error":
         exp = finding.detail.get("expected") if isinstance(finding.detail.get("expected"), dict) else None
         tried = [f"    {call}"] if prog.diff.order == 1 else order2
-        body = _run_head("attempt", no_remat, sharded) + ["    try:"] + ["    " + x for x in tried] + [
+        body = _run_head("attempt", no_remat, sharded, placed) + ["    try:"] + ["    " + x for x in tried] + [
             "    except Exception as e:", "        print(flags, 'raised', f'{type(e).__name__}: {e}'[:500])",
             "        return e", "    print(flags, 'raised nothing')", "", "",
             _calls("attempt", sides, no_remat, "reference")]
@@ -389,7 +421,7 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
         mode = "tight" if registry.role_of(finding.reference) == registry.BASELINE else "loose"
         rtol, atol = tolerance(prog, mode)
         body = (
-            _run_head("grads", no_remat, sharded)
+            _run_head("grads", no_remat, sharded, placed)
             + order2
             + [
                 "    print(flags, [np.asarray(a) for a in out])",
@@ -403,8 +435,8 @@ def _check(finding, prog, sides, d, n, defs, no_remat):
                 "       if not np.allclose(a, b, rtol=RTOL, atol=ATOL * max(1.0, np.abs(b).max()))]",
             ]
         )
-        return "\n".join(body), _verdict("bad", "gradients {bad} differ beyond the tolerance",
-                                         "the gradients agree")
+        what = "values {bad} (the gradients, then the outputs)" if with_outputs else "gradients {bad}"
+        return "\n".join(body), _verdict("bad", what + " differ beyond the tolerance", "the values agree")
     raise ReproError(f"the {check} check has no short form (use --full)")
 
 

@@ -77,8 +77,9 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
         self.compile_inside, self.f64 = compile_inside, f64
 
     def region(self, s, path, ind, nd):
-        if s.tree != "flat" or s.static_flag:
-            raise ReproError(f"{path}: a region taking a pytree or a static flag has no short form (use --full)")
+        if s.tree != "flat" or s.static_flag or s.extras:
+            raise ReproError(f"{path}: a region taking a pytree or a static flag, or returning non-tensor values, "
+                             "has no short form (use --full)")
         k = self.next_id()
         fn = f"region_{k}"
         args, res = [self.n[a] for a in s.args], [self.n[r] for r in s.results]

@@ -91,7 +91,8 @@ VMAP_BODY_UNSUPPORTED = ("torch.func.vmap of a body with an autograd.Function (i
                          "escaped\": pytorch/pytorch#165880, open)")
 # (no expectation entry: the harness's autograd.Functions are written the classic way, forward(ctx, ...))
 FUNC_GRAD_NO_FUNCTION = ("torch.func.grad of an autograd.Function needs setup_context (\"Extending torch.func with "
-                         "autograd.Function\"); the harness writes custom rules as forward(ctx, ...)")
+                         "autograd.Function\"); the harness writes custom rules, and the autograd of its "
+                         "checkpoint_name analogue, as forward(ctx, ...)")
 # (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
 NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
                  "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
@@ -183,7 +184,7 @@ class TorchBase(Pipeline):
                 isinstance(s, Op) and OP_DECLS[s.op].family in ("random", DATA_DEPENDENT))):
             obs.unsupported = VMAP_BODY_UNSUPPORTED
             return obs
-        if self.spec.func_grad and "custom_vjp" in feats:
+        if self.spec.func_grad and feats & {"custom_vjp", "names"}:
             obs.unsupported = FUNC_GRAD_NO_FUNCTION
             return obs
         if self.spec.reentrant and program.diff.order == 2:
