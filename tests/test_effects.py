@@ -109,3 +109,19 @@ def test_effects_are_generated_only_when_required_and_never_ordered_per_example(
     assert kinds == {"effect:callback", "effect:ordered", "effect:io", "effect:io_ordered"}, kinds
     assert any("io_callback_in_checkpoint" in fs for fs in seen)
     assert not any({"effect:ordered", "effect:io", "effect:io_ordered"} & fs for fs in seen if "per_example" in fs)
+
+
+def test_ordered_effects_are_refused_on_more_than_one_device():
+    """A sharded (NamedSharding over two CPU devices) or shard_map run of a program with an ordered effect raises
+    JAX's explicit refusal (documented: entry jax-ordered-effects-single-device); an unordered callback runs and
+    counts as on one device."""
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat2:jit", "jax:remat2:sharded", "jax:remat2:shard-map"]
+    obs = _run(_effect_in_region("ordered"), names)
+    for n in ("jax:remat2:sharded", "jax:remat2:shard-map"):
+        assert obs[n].error is not None and "not supported for more than 1 device" in obs[n].error.message, n
+    j = judge(_effect_in_region("ordered"), obs, Expectations.load())
+    assert j.expectation_hits.get("jax-ordered-effects-single-device") == "fired"
+    assert not [v for v in j.verdicts if v.status == "fail"]
+    plain = _run(_effect_in_region("callback"), ["jax:remat2:jit", "jax:remat2:sharded"])
+    assert plain["jax:remat2:sharded"].error is None
+    assert plain["jax:remat2:sharded"].effects == plain["jax:remat2:jit"].effects == {"callback": 2}

@@ -9,6 +9,7 @@ import textwrap
 import numpy as np
 
 from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, walk
+from conformance.ir.ops import EFFECT_OP
 from conformance.repro.plan import ReproError
 from conformance.repro.script import doc_text
 
@@ -110,7 +111,7 @@ def _prune(stmts: list, refs: set[str]) -> bool:
     changed = False
     keep = []
     for s in stmts:
-        if isinstance(s, Op) and s.out not in refs:
+        if isinstance(s, Op) and s.out not in refs and s.op != EFFECT_OP:   # (an effect runs, read or not)
             changed = True
             continue
         for fld in ("body", "fwd", "bwd", "jvp"):

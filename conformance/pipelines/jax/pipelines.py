@@ -216,10 +216,24 @@ class Lowering(Interpreter):
 
     def jvp_block(self, s: CustomJVP, path: str, args: list) -> list:
         if not self.custom:
-            return super().jvp_block(s, path, args)
+            outs = super().jvp_block(s, path, args)
+            if self.record is not None:
+                self._record_rule_factors(s, path, args)
+            return outs
         if s.tree != "flat":
             return list(from_tree(s, s.results, self.custom_jvp(s, path)(as_tree(s, s.args, args))))
         return self.custom_jvp(s, path)(*args)
+
+    def _record_rule_factors(self, s: CustomJVP, path: str, args: list) -> None:
+        """Record the values of a custom_jvp rule's statements that need no tangent (step(x) in relu's rule): what
+        linearizing the rule may save, which can equal a region value (the residual oracles then see both)."""
+        env = self.body(s.body, dict(zip(s.args, args)), None, path + ".body")
+        known, free = set(env), []
+        for st in s.jvp:
+            if isinstance(st, Op) and all(a in known for a in st.args):
+                free.append(st)
+                known.add(st.out)
+        self.body(free, env, None, path + ".jvp")
 
     def custom_jvp(self, s: CustomJVP, path: str):
         """jax.custom_jvp: the primal body, and a rule that runs it again and then the tangent
