@@ -125,3 +125,19 @@ def test_ordered_effects_are_refused_on_more_than_one_device():
     plain = _run(_effect_in_region("callback"), ["jax:remat2:jit", "jax:remat2:sharded"])
     assert plain["jax:remat2:sharded"].error is None
     assert plain["jax:remat2:sharded"].effects == plain["jax:remat2:jit"].effects == {"callback": 2}
+
+
+def test_short_repros_keep_an_effect_nothing_reads():
+    """An effect whose value nothing reads still runs: the short repro's dead-code pass keeps it (and what it reads),
+    and pastes the debug-callback form of the effect helper where no io_callback is used."""
+    from conformance.repro.short_common import dead_code_removed
+    from conformance.repro.short_jax import CALLBACK_EFFECT, _effect_helper
+    p = prog([region(["x"], [op("sin", ["x"], "a"), op("effect", ["a"], "b", kind="callback"), op("cos", ["x"], "c")],
+                     ["c"], {"kind": "nothing"})])
+    kept = [s.op for s in dead_code_removed(p).body[0].body]
+    assert kept == ["sin", "effect", "cos"], kept
+    from conformance.pipelines.jax import table as jax_table
+    from conformance.repro.short_common import used_helpers
+    helpers = used_helpers(jax_table.PRELUDE, "effect(a, 'callback')")
+    assert CALLBACK_EFFECT.rstrip("\n") in _effect_helper(helpers, p) and "io_callback" not in _effect_helper(helpers, p)
+    assert "io_callback" in _effect_helper(helpers, _effect_in_region("io"))

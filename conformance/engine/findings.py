@@ -182,7 +182,8 @@ def error_root(detail: dict) -> str | None:
 DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also_differs_from"})
 # Where a framework's message turns from what went wrong into where (tracebacks echo the harness's
 # own source lines, which move with every edit) or advice.
-_MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing")
+_MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing",
+                  "Suspected Python Code Location:")   # (XLA: the harness's own files and lines)
 
 
 def what_differed(detail):
@@ -200,6 +201,9 @@ def what_differed(detail):
         for tail in _MESSAGE_TAILS:
             detail = detail.split(tail)[0]
         detail = re.sub(r"\bid=\d+", "id=?", detail)   # a Python object's id (JAX prints Var(id=...))
+        # a set's elements in the order it prints them (JAX: {WriteEffect(...), ReadEffect(...)}, either way round)
+        detail = re.sub(r"\{((?:\w+\(Var\(id=\?\)[^{}]*?\), )+\w+\(Var\(id=\?\)[^{}]*?\))\}",
+                        lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", detail)
         return " ".join(re.sub(r"0x(?:[0-9a-fA-F]+|\u2026)", "0x?", detail).split())
     return detail
 

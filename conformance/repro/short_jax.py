@@ -6,6 +6,7 @@ import json
 import re
 
 from conformance.ir.nodes import Checkpoint, CustomVJP, Op, is_name, walk
+from conformance.ir.ops import IO_EFFECTS
 from conformance.pipelines import registry
 from conformance.pipelines.jax import table as jax_table
 from conformance.repro.emit_jax import JaxEmitter
@@ -296,8 +297,24 @@ def script(prog, inputs, finding) -> str:
     sentence = error_sentence(finding, sides[0][1] if len(sides) > 1 else None) if check == "error" else \
         _SENTENCE[check].format(P=pipe, R=sides[0][1])
     parts = [header(finding, sentence), "\n".join(imports), "\n".join(pre),
-             used_helpers(jax_table.PRELUDE, code_all), "\n".join(ins), defs, fsrc, body, verdict]
+             _effect_helper(used_helpers(jax_table.PRELUDE, code_all), prog), "\n".join(ins), defs, fsrc, body,
+             verdict]
     return "\n\n\n".join(x.strip("\n") for x in parts if x.strip()) + "\n"
+
+
+# The prelude's effect helper where the program has debug callbacks only (no io_callback): the same counting
+CALLBACK_EFFECT = ('def effect(x, kind):   # x, with a jax.debug.callback that counts its runs in EFFECT_RUNS[kind]\n'
+                   '    jax.debug.callback(lambda *_: EFFECT_RUNS.update({kind: EFFECT_RUNS.get(kind, 0) + 1}), x,\n'
+                   '                       ordered=kind == "ordered")\n'
+                   '    return x\n')
+
+
+def _effect_helper(helpers: str, prog) -> str:
+    """The helpers with the effect helper cut to its debug-callback form where no io_callback is used."""
+    if any(isinstance(s, Op) and s.op == "effect" and s.params["kind"] in IO_EFFECTS for s, _, _, _ in walk(prog.body)):
+        return helpers
+    short = CALLBACK_EFFECT.rstrip("\n")
+    return re.sub(r"def effect\(x, kind\):\n(?:(?:    .*)?\n)*?    return x$", lambda _: short, helpers, flags=re.M)
 
 
 _SENTENCE = {
