@@ -75,11 +75,11 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("rule_trees", _HALF), ("per_example", (1, 4)), ("function_options", _HALF),
                ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _HALF),
                ("effects", _HALF), (O.MULTI_OUTPUT, _HALF), (O.DATA_DEPENDENT, _HALF),
-               ("non_tensor_outputs", _HALF))
+               ("non_tensor_outputs", _HALF), (O.FUNC_TRANSFORMS, _HALF))
 # Dimensions a campaign generates only when it requires them (a construct whose programs would
 # otherwise change every seeded campaign's programs): a region's mutable state (jax.new_ref), effects,
-# the op families of multi-output and data-dependent ops, a region's non-tensor outputs.
-OPT_IN = ("mutable_state", "effects", O.MULTI_OUTPUT, O.DATA_DEPENDENT, "non_tensor_outputs")
+# the op families of multi-output, data-dependent and functional-transform ops, a region's non-tensor outputs.
+OPT_IN = ("mutable_state", "effects", O.MULTI_OUTPUT, O.DATA_DEPENDENT, "non_tensor_outputs", O.FUNC_TRANSFORMS)
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 

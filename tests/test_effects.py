@@ -139,5 +139,6 @@ def test_short_repros_keep_an_effect_nothing_reads():
     from conformance.pipelines.jax import table as jax_table
     from conformance.repro.short_common import used_helpers
     helpers = used_helpers(jax_table.PRELUDE, "effect(a, 'callback')")
-    assert CALLBACK_EFFECT.rstrip("\n") in _effect_helper(helpers, p) and "io_callback" not in _effect_helper(helpers, p)
+    short = _effect_helper(helpers, p)
+    assert CALLBACK_EFFECT.rstrip("\n") in short and "io_callback" not in short
     assert "io_callback" in _effect_helper(helpers, _effect_in_region("io"))

@@ -126,6 +126,7 @@ SHOWS = {
     "multi_output": lambda p: "multi_output_op" in p.features(),
     "data_dependent": lambda p: "data_dependent_op" in p.features(),
     "non_tensor_outputs": lambda p: "region_non_tensor_outputs" in p.features(),
+    "func_transforms": lambda p: "func_transform_op" in p.features(),
     **{f"policy:{k}": (lambda k: lambda p: any(r.policy.kind == k for r in regions(p)))(k) for k in KINDS},
     **{f"family:{f}": (lambda f: lambda p: f in families(p))(f)
        for f in op_families() + O.generated_families(True, True)},

@@ -48,3 +48,37 @@ def test_ties_along_the_axis_are_a_kink_that_value_checks_skip():
     assert near_kink(p, tied) == ["a"] and near_kink(p, apart) == []
     assert O.OPS["sort"].kink(np.array([3.0]), {"axis": 0}).size == 0   # one value: no tie
 
+
+
+def test_torch_func_grad_inside_a_region_runs_only_under_eager_reentrant_checkpoint():
+    """grad_of_sin (jax.grad / torch.func.grad inside the program) in a region: JAX and eager reentrant checkpoint
+    agree with the baselines (the torch forward runs without the residual capture's hooks); non-reentrant checkpoint
+    raises torch.func's refusal (documented: entry torch-func-transform-inside-checkpoint); torch.compile fails the
+    same way and leaves saved-tensor hooks disabled (root torch-compile-failure-leaves-saved-tensor-hooks-disabled):
+    the pipeline reports it and re-enables them, so the next program is judged on its own."""
+    import torch
+    body = [region(["x"], [op("sin", ["x"], "a"), op("grad_of_sin", ["a"], "b"), op("tanh", ["b"], "y")], ["y"],
+                   {"kind": "nothing"})]
+    p = prog(body)
+    assert {"func_transform_op", "func_transform_in_checkpoint"} <= p.features()
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3", "torch:none", "torch:eager-sac",
+             "torch:eager-reentrant", "torch:compile-aot_eager"]
+    obs = {n: P.get(n).run(p, input_values(p, 0)) for n in names}
+    for n in ("jax:remat2", "jax:remat3", "torch:none", "torch:eager-reentrant"):
+        assert obs[n].ok(), (n, obs[n].error)
+        np.testing.assert_allclose(obs[n].grads["x"], obs["ref:f64"].grads["x"], rtol=1e-9, err_msg=n)
+    assert "don't yet support saved tensor hooks" in obs["torch:eager-sac"].error.message
+    assert obs["torch:compile-aot_eager"].error.type == "SavedTensorHooksLeftDisabled"
+    assert torch._C._autograd._saved_tensors_hooks_is_enabled()
+    j = judge(p, obs, PACKAGED)
+    assert j.expectation_hits.get("torch-func-transform-inside-checkpoint") == "fired"
+    fails = [(v.pipeline, v.error_type) for v in j.verdicts if v.status == "fail"]
+    assert fails == [("torch:compile-aot_eager", "SavedTensorHooksLeftDisabled")], fails
+    # (entry torch-func-transform-under-saved-tensor-hooks) outside any region, the user's or save_on_cpu's hooks
+    plain = prog([op("grad_of_sin", ["x"], "b"), op("tanh", ["b"], "y")])
+    obs = {n: P.get(n).run(plain, input_values(plain, 0)) for n in ["ref:f64", "torch:none", "torch:eager-sac",
+                                                                     "torch:eager-sac:save-on-cpu"]}
+    assert obs["torch:eager-sac"].ok() and "don't yet support" in obs["torch:eager-sac:save-on-cpu"].error.message
+    j = judge(plain, obs, PACKAGED)
+    assert j.expectation_hits.get("torch-func-transform-under-saved-tensor-hooks") == "fired"
+    assert not [v for v in j.verdicts if v.status == "fail"]

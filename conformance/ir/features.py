@@ -53,6 +53,8 @@ FEATURES: dict[str, Feature] = {
                             focus=("mutable_state",)),
     "state_write": Feature("a region writes the mutable state it closes over", focus=("mutable_state",)),
     "state_accumulate": Feature("a region adds to the mutable state it closes over (+=)", focus=("mutable_state",)),
+    "func_transform_in_checkpoint": Feature("jax.grad / torch.func.grad inside a checkpoint region",
+                                            focus=(O.FUNC_TRANSFORMS,)),
     "effect:<kind>": Feature("an effect of this kind (callback, ordered, io, io_ordered)"),
     "effect_in_checkpoint": Feature("an effect inside a checkpoint region (a recompute runs it again)",
                                     focus=("effects",)),
@@ -285,6 +287,8 @@ def compute_features(prog: Program) -> set[str]:
                     f.add("names_in_fwd")
                 n = s.params["name"]
                 name_counts[n] = name_counts.get(n, 0) + 1
+            if s.op == "grad_of_sin" and depth >= 1:
+                f.add("func_transform_in_checkpoint")
             if s.op == O.EFFECT_OP:
                 f.add(f"effect:{s.params['kind']}")
                 if depth >= 1:

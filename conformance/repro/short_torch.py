@@ -350,6 +350,11 @@ def script(prog, inputs, finding) -> str:
             typ = "" if exp.get("type", ".*") == ".*" else f"re.search({exp['type']!r}, type(rival).__name__) and "
             cond = f"not (rival and {typ}re.search({exp.get('regex', '')!r}, str(rival)))"
             verdict = f'raise SystemExit("REPRODUCES: expected an error, none (or another) raised" if {cond} else 0)'
+        elif finding.error_type == torch_table.HOOKS_LEFT_DISABLED:   # the run leaves saved-tensor hooks disabled
+            body.append("left = not torch._C._autograd._saved_tensors_hooks_is_enabled()   # after the run")
+            body.append("print('  saved-tensor hooks afterwards:', 'disabled' if left else 'enabled')")
+            verdict = ('raise SystemExit("REPRODUCES: saved-tensor hooks stay disabled after the run" if left else 0)'
+                       "   # 0: fixed")
         else:
             et = finding.error_type
             verdict = (f'raise SystemExit("REPRODUCES: it raises {et}" if type(rival).__name__ == {et!r} else 0)'

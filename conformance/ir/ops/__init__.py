@@ -36,7 +36,7 @@ from conformance.ir.ops.core import (
     is_int,
     vjp_unary,
 )
-from conformance.ir.ops.selection import DATA_DEPENDENT, MULTI_OUTPUT
+from conformance.ir.ops.selection import DATA_DEPENDENT, FUNC_TRANSFORMS, MULTI_OUTPUT
 from conformance.ir.ops.table import (
     OPT_IN_FAMILIES,
     family_ops,
@@ -60,6 +60,7 @@ __all__ = [
     "FEATURES",
     "Feature",
     "FLOAT_DTYPES",
+    "FUNC_TRANSFORMS",
     "GEN_MAX_DIM",
     "IO_EFFECTS",
     "MAX_MAG",

@@ -122,3 +122,20 @@ define("masked_sum", 1, DATA_DEPENDENT, _infer_scalar, gen=_gen_masked_sum, feat
        pseudo="sum({x}[{x} > 0])", nonsmooth=True)
 define("scale_by_max", 1, DATA_DEPENDENT, infer_same, gen=_gen_scale_by_max, features=(_DATA,),
        pseudo="{x} * {x}.max().item()")
+
+
+# ---- the framework's own grad transform inside the program ----------------------------------------------------
+# grad_of_sin: the gradient of sum(sin(x)), cos(x), computed by jax.grad / torch.func.grad where the program runs it
+# (inside a region: a functional transform inside checkpointed code). Its own derivative is -sin(x) (second order
+# differentiates through the transform). Opt-in dimension `func_transforms`.
+FUNC_TRANSFORMS = "func_transforms"
+_FT = feature("func_transform_op", "grad_of_sin: jax.grad / torch.func.grad of sum(sin(x)) inside the program",
+              FUNC_TRANSFORMS)
+
+
+def _gen_grad_of_sin(c, x):
+    return None, [x], {}, 1.0
+
+
+define("grad_of_sin", 1, FUNC_TRANSFORMS, infer_same, gen=_gen_grad_of_sin, features=(_FT,),
+       pseudo="grad(lambda y: sum(sin(y)))({x})")

@@ -6,10 +6,10 @@ from typing import Any
 
 from conformance.ir.ops import views  # noqa: F401  (registers the views and in-place ops)
 from conformance.ir.ops.core import OPS, OpDecl, ParamError
-from conformance.ir.ops.selection import DATA_DEPENDENT, MULTI_OUTPUT
+from conformance.ir.ops.selection import DATA_DEPENDENT, FUNC_TRANSFORMS, MULTI_OUTPUT
 
 # Families a program draws from only where its campaign opts in (the swarm dimension of the same name)
-OPT_IN_FAMILIES = (MULTI_OUTPUT, DATA_DEPENDENT)
+OPT_IN_FAMILIES = (MULTI_OUTPUT, DATA_DEPENDENT, FUNC_TRANSFORMS)
 
 
 def result_dtype(op: str, params: dict, arg_dtype: str) -> str:

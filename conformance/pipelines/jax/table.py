@@ -61,6 +61,7 @@ OPS: dict[str, Lowering] = {
                     no_primitive="gt, select_n and reduce_sum (step's and sum's): an `ops` policy naming masked_sum "
                                  "saves nothing of its own here"),
     "scale_by_max": L("{x} * lax.stop_gradient(jnp.max({x}))", ("mul",)),
+    "grad_of_sin": L("jax.grad(lambda y: jnp.sum(jnp.sin(y)))({x})", ("cos",)),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

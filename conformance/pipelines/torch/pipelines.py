@@ -17,6 +17,7 @@ note that eager SAC recomputes such ops instead (only compile honours them).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config as functorch_config  # noqa: E402
+from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
 
 from conformance.ir.batching import example_inputs  # noqa: E402
 from conformance.ir.interpreter import loss_outputs, output_cotangents  # noqa: E402
@@ -93,6 +95,11 @@ VMAP_BODY_UNSUPPORTED = ("torch.func.vmap of a body with an autograd.Function (i
 FUNC_GRAD_NO_FUNCTION = ("torch.func.grad of an autograd.Function needs setup_context (\"Extending torch.func with "
                          "autograd.Function\"); the harness writes custom rules, and the autograd of its "
                          "checkpoint_name analogue, as forward(ctx, ...)")
+HOOKS_LEFT_DISABLED = torch_table.HOOKS_LEFT_DISABLED
+HOOKS_LEFT_DISABLED_WHY = "after this run saved-tensor hooks stay disabled in the process: every later checkpoint "\
+                          "raises"
+# What a forward that returns a FakeTensor for real inputs raises (a tracing mode left behind)
+FAKE_OUTPUT = "the forward returned a FakeTensor for real inputs (a tracing mode was left active)"
 # (entries torch-no-forward-ad-names, torch-no-forward-ad-custom-vjp)
 NO_FORWARD_AD = ("forward-mode AD needs a jvp rule: the harness's checkpoint_name analogue (a torch.library custom "
                  "op) and its custom_vjp blocks (autograd.Function with a backward only) have none")
@@ -216,6 +223,13 @@ class TorchBase(Pipeline):
             finally:
                 if self.compile:
                     torch._dynamo.reset()
+        if not torch._C._autograd._saved_tensors_hooks_is_enabled():
+            # A run that leaves saved-tensor hooks disabled breaks every later checkpoint in the process: reported as
+            # this run's error, and undone so that the next program is judged on its own.
+            torch._C._autograd._saved_tensors_hooks_enable()
+            obs.error = ErrorInfo(type=HOOKS_LEFT_DISABLED, message=HOOKS_LEFT_DISABLED_WHY + (
+                f" (it raised {obs.error.type} first)" if obs.error else ""),
+                stage=obs.error.stage if obs.error else "forward")
         return obs
 
     def _backend(self):
@@ -302,6 +316,8 @@ class TorchBase(Pipeline):
         fn = self._compiled(loss_fn)
         if sp.functional_call:
             fn = prelude.functional(fn, len(const_ids))
+        # (a torch.func transform inside the program, without the user's hooks: the forward runs without the capture)
+        no_capture = "func_transform_op" in program.features() and not (sp.hooks and sp.hooks != "disabled")
         hooks = prelude.saved_tensor_hooks(sp.hooks) if sp.hooks and sp.hooks != "disabled" else None
         rec = SavedRecorder()
         stage = "lowering" if self.compile or sp.export else "forward"
@@ -319,11 +335,14 @@ class TorchBase(Pipeline):
                         grads, (loss, outs) = prelude.func_grad(fn, c, d)
                     runs.append((loss, outs, grads))
                     continue
-                # (hooks disabled: no saved-tensor hooks may be installed, the capture's neither)
+                # (hooks disabled: no saved-tensor hooks may be installed, the capture's neither; a torch.func
+                # transform in the program refuses any hooks around it: the capture stays out of its way)
                 with (timed(t, "forward"), torch.autograd.graph.disable_saved_tensors_hooks(prelude.HOOKS_OFF)
-                      if sp.hooks == "disabled" else rec.recording(hooks),
+                      if sp.hooks == "disabled" else contextlib.nullcontext() if no_capture else rec.recording(hooks),
                       torch.utils.checkpoint.set_checkpoint_early_stop(not sp.early_stop_off)):
                     loss, outs = fn(*c, *d)
+                if any(isinstance(v, FakeTensor) for v in (loss, *outs)):
+                    raise RuntimeError(FAKE_OUTPUT)
                 stage = "backward"
                 with timed(t, "backward"):
                     grads = grad(loss, d)
@@ -338,7 +357,7 @@ class TorchBase(Pipeline):
                 obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
                                              memory=[memory_kind(s, device) for s in saved])
                 selective = self.remat and any(f.startswith("policy:") for f in program.features())
-                if sp.func_grad:
+                if sp.func_grad or no_capture:
                     obs.residuals = None
                     obs.flags["residuals_unobserved"] = "torch.func.grad: the capture's saved-tensor hooks cannot run"
                 if sp.hooks == "disabled":

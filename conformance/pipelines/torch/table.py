@@ -59,6 +59,7 @@ OPS: dict[str, Lowering] = {
     # (the gt, sum and max inside them follow step's, sum's and max_dim's policy, as in JAX)
     "masked_sum": L("{x}[{x} > 0].sum()", ("A.index",)),
     "scale_by_max": L("{x} * {x}.max().item()", ("A.mul",)),
+    "grad_of_sin": L("torch.func.grad(lambda y: torch.sin(y).sum())({x})", ("A.cos",)),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.ir.policy.decide),
@@ -71,6 +72,8 @@ OPS: dict[str, Lowering] = {
 SECOND_ORDER_MODES = ("reverse", "fwd_over_rev", "rev_over_fwd")
 
 PRELUDE = helpers_source(Path(__file__).with_name("prelude.py"))
+# The error type of a run after which saved-tensor hooks stay disabled (every later checkpoint in the process raises)
+HOOKS_LEFT_DISABLED = "SavedTensorHooksLeftDisabled"
 
 
 def kinds_of() -> dict[str, list[tuple[str, bool]]]:
