@@ -183,7 +183,8 @@ DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also
 # Where a framework's message turns from what went wrong into where (tracebacks echo the harness's
 # own source lines, which move with every edit) or advice.
 _MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing",
-                  "Suspected Python Code Location:")   # (XLA: the harness's own files and lines)
+                  "Suspected Python Code Location:", "Dimension numbers:")   # (XLA: the harness's files and lines;
+# a debug dump whose link XLA spells either way)
 
 
 def what_differed(detail):

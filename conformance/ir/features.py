@@ -287,7 +287,7 @@ def compute_features(prog: Program) -> set[str]:
                     f.add("names_in_fwd")
                 n = s.params["name"]
                 name_counts[n] = name_counts.get(n, 0) + 1
-            if s.op == "grad_of_sin" and depth >= 1:
+            if O.OPS[s.op].family == O.FUNC_TRANSFORMS and depth >= 1:
                 f.add("func_transform_in_checkpoint")
             if s.op == O.EFFECT_OP:
                 f.add(f"effect:{s.params['kind']}")

@@ -297,8 +297,8 @@ def script(prog, inputs, finding) -> str:
     sentence = error_sentence(finding, sides[0][1] if len(sides) > 1 else None) if check == "error" else \
         _SENTENCE[check].format(P=pipe, R=sides[0][1])
     parts = [header(finding, sentence), "\n".join(imports), "\n".join(pre),
-             _effect_helper(used_helpers(jax_table.PRELUDE, code_all), prog), "\n".join(ins), defs, fsrc, body,
-             verdict]
+             _state_helper(_effect_helper(used_helpers(jax_table.PRELUDE, code_all), prog), prog), "\n".join(ins), defs,
+             fsrc, body, verdict]
     return "\n\n\n".join(x.strip("\n") for x in parts if x.strip()) + "\n"
 
 
@@ -315,6 +315,27 @@ def _effect_helper(helpers: str, prog) -> str:
         return helpers
     short = CALLBACK_EFFECT.rstrip("\n")
     return re.sub(r"def effect\(x, kind\):\n(?:(?:    .*)?\n)*?    return x$", lambda _: short, helpers, flags=re.M)
+
+
+# The prelude's with_state where every stateful region of the program does the same (read, write or +=)
+_STATE_STEP = {"read": ["first = first + ref[...].astype(first.dtype)"],
+               "write": ["ref[...] = jnp.sum(first).astype(ref.dtype)", "first = first * ref[...].astype(first.dtype)"],
+               "accumulate": ["ref[...] += jnp.sum(first).astype(ref.dtype)",
+                              "first = first * ref[...].astype(first.dtype)"]}
+
+
+def _state_helper(helpers: str, prog) -> str:
+    """The helpers with with_state cut to the one state kind the program's regions use."""
+    kinds = {s.state for s, _, _, _ in walk(prog.body) if isinstance(s, Checkpoint) and s.state != "none"}
+    if len(kinds) != 1:
+        return helpers
+    kind = kinds.pop()
+    short = "\n".join([f"def with_state(kind, ref):   # the region's function, then its mutable state ({kind})",
+                       "    def wrap(fn):", "        def stateful(*args):", "            first, *rest = fn(*args)",
+                       *[f"            {line}" for line in _STATE_STEP[kind]],
+                       "            return (first, *rest)", "        return stateful", "    return wrap"])
+    return re.sub(r"def with_state\(kind, ref\):\n(?:(?:    .*)?\n)*?    return wrap$", lambda _: short, helpers,
+                  flags=re.M)
 
 
 _SENTENCE = {
