@@ -82,3 +82,32 @@ def test_torch_func_grad_inside_a_region_runs_only_under_eager_reentrant_checkpo
     j = judge(plain, obs, PACKAGED)
     assert j.expectation_hits.get("torch-func-transform-under-saved-tensor-hooks") == "fired"
     assert not [v for v in j.verdicts if v.status == "fail"]
+
+
+def test_functional_call_inside_a_region_agrees_and_its_short_repro_runs(tmp_path):
+    """functional_scale (PyTorch: torch.func.functional_call of a module, its buffer swapped in; JAX: the product) in
+    a region whose policy names it: every pipeline, the exports included, gives the baselines' gradient, SAC's policy
+    saves the aten.mul the call makes, and the short torch repro pastes the module and runs standalone."""
+    import subprocess
+    import sys
+
+    from conformance.engine.findings import make_finding
+    from conformance.ir.verdict import Verdict
+    from conformance.repro.short import short_repro
+    body = [region(["x"], [op("sin", ["x"], "a"), op("functional_scale", ["a"], "b", c=-1.5), op("tanh", ["b"], "y")],
+                   ["y"], {"kind": "ops", "ops": ["functional_scale"]})]
+    p = prog(body)
+    inputs = input_values(p, 0)
+    names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac", "torch:eager-reentrant",
+             "torch:compile-aot_eager", "torch:export-strict", "torch:export-nonstrict"]
+    obs = {n: P.get(n).run(p, inputs) for n in names}
+    for n, o in obs.items():
+        assert o.ok(), (n, o.error)
+        np.testing.assert_allclose(o.grads["x"], obs["ref:f64"].grads["x"], rtol=1e-9, err_msg=n)
+    assert "aten.mul.Tensor=save" in obs["torch:eager-sac"].flags["policy_ops"]
+    v = Verdict(check="gradient", pipeline="torch:eager-sac", reference="torch:none", status="fail")
+    src = short_repro(p, inputs, make_finding(v, p, inputs, {}, {}, "cpu"))
+    assert "class Scale(torch.nn.Module)" in src and "torch.func.functional_call" in src
+    (tmp_path / "repro.py").write_text(src)
+    r = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]   # conforming: exits 0

@@ -40,10 +40,11 @@ def array_text(a: np.ndarray, dtype: str) -> str:
 
 
 def used_helpers(prelude: str, code: str) -> str:
-    """The prelude's top-level functions the code uses (transitively), and the top-level values
-    (`NAME = ...`) they read, in prelude order."""
+    """The prelude's top-level functions and classes the code uses (transitively), and the top-level
+    values (`NAME = ...`) they read, in prelude order."""
     tree = ast.parse(prelude)
-    defs = {n.name: ast.get_source_segment(prelude, n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+    defs = {n.name: ast.get_source_segment(prelude, n) for n in tree.body
+            if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     values = {n.targets[0].id: ast.get_source_segment(prelude, n) for n in tree.body
               if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)}
     want, text = set(), code
@@ -59,7 +60,7 @@ def used_helpers(prelude: str, code: str) -> str:
 
 def _strip_doc(src: str) -> str:
     """A helper without its docstring (the short repro explains in comments)."""
-    return re.sub(r'^(def [^\n]*\n)    """.*?"""\n', r"\1", src, count=1, flags=re.S)
+    return re.sub(r'^((?:def|class) [^\n]*\n)    """.*?"""\n', r"\1", src, count=1, flags=re.S)
 
 
 def header(finding, sentence: str) -> str:

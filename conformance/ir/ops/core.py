@@ -35,9 +35,9 @@ SIMPLEST_OP = "neg"   # unary, same type, linear: no residual, one-statement der
 # Op kinds a framework's policy cannot tell apart: they lower to the same primitive (JAX `mul` for
 # x * y, x * c and x * nondiff; `reduce_sum` inside a mean), so an `ops` policy naming one saves
 # the others' outputs too (tests/test_tables.py derives the groups from the lowering tables).
-POLICY_ALIKE = (("mul", "scale", "nondiff_scale", "dropout", "mul_", "scale_by_max"), ("sum", "mean"),
-                ("step", "cast"), ("add", "add_"), ("relu", "relu_"), ("transpose", "matrix_t"), ("slice", "select"),
-                ("cos", "grad_of_sin"))
+POLICY_ALIKE = (("mul", "scale", "nondiff_scale", "dropout", "mul_", "scale_by_max", "functional_scale"),
+                ("sum", "mean"), ("step", "cast"), ("add", "add_"), ("relu", "relu_"), ("transpose", "matrix_t"),
+                ("slice", "select"), ("cos", "grad_of_sin"))
 
 
 class ParamError(ValueError):

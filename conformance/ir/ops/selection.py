@@ -129,8 +129,9 @@ define("scale_by_max", 1, DATA_DEPENDENT, infer_same, gen=_gen_scale_by_max, fea
 # (inside a region: a functional transform inside checkpointed code). Its own derivative is -sin(x) (second order
 # differentiates through the transform). Opt-in dimension `func_transforms`.
 FUNC_TRANSFORMS = "func_transforms"
-_FT = feature("func_transform_op", "grad_of_sin: jax.grad / torch.func.grad of sum(sin(x)) inside the program",
-              FUNC_TRANSFORMS)
+_FT = feature("func_transform_op", "grad_of_sin (jax.grad / torch.func.grad of sum(sin(x))) or functional_scale "
+                                   "(torch.func.functional_call of a module whose parameter is swapped in) inside the "
+                                   "program", FUNC_TRANSFORMS)
 
 
 def _gen_grad_of_sin(c, x):
@@ -139,3 +140,20 @@ def _gen_grad_of_sin(c, x):
 
 define("grad_of_sin", 1, FUNC_TRANSFORMS, infer_same, gen=_gen_grad_of_sin, features=(_FT,),
        pseudo="grad(lambda y: sum(sin(y)))({x})")
+
+
+# functional_scale: x * c, PyTorch: torch.func.functional_call of a module holding a parameter, c swapped in for it
+# (JAX: the product itself). Inside a region: a functional call inside checkpointed code.
+def _infer_functional_scale(shapes, p, nd):
+    if not isinstance(p["c"], (int, float)) or isinstance(p["c"], bool):
+        raise ParamError("params.c", f"must be a number, got {p['c']!r}")
+    return shapes[0]
+
+
+def _gen_functional_scale(c, x):
+    k = c.choice([0.5, -1.5, 2.0], "c")
+    return None, [x], {"c": k}, x.mag * abs(k)
+
+
+define("functional_scale", 1, FUNC_TRANSFORMS, _infer_functional_scale, params=("c",), gen=_gen_functional_scale,
+       features=(_FT,), pseudo="functional_call(Scale(), {{'c': {c}}}, {x})")

@@ -62,6 +62,7 @@ OPS: dict[str, Lowering] = {
                                  "saves nothing of its own here"),
     "scale_by_max": L("{x} * lax.stop_gradient(jnp.max({x}))", ("mul",)),
     "grad_of_sin": L("jax.grad(lambda y: jnp.sum(jnp.sin(y)))({x})", ("cos",)),
+    "functional_scale": L("{x} * jnp.asarray({c}, {x}.dtype)", ("mul",)),
 }
 
 # Policy kind -> source; {names}-like fields are the policy's lists, {a}/{b} sub-policies,

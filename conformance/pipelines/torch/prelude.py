@@ -96,6 +96,22 @@ def saved_tensor_hooks(kind):
     return user_hooks()
 
 
+class Scale(torch.nn.Module):
+    """x * c, c a buffer (torch.func.functional_call swaps in the caller's value; a buffer, not a parameter: strict
+    export refuses making an nn.Parameter inside a checkpoint region)."""
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("c", torch.ones(()))
+
+    def forward(self, x):
+        return x * self.c
+
+
+def scaled_by(x, c):
+    """x * c by torch.func.functional_call of a Scale module with c swapped in for its buffer."""
+    return torch.func.functional_call(Scale(), {"c": torch.tensor(c, dtype=x.dtype, device=x.device)}, (x,))
+
+
 def func_grad(fn, const, diff):
     """(gradients, (loss, outputs)) of fn(*const, *diff) by torch.func.grad_and_value over the diff inputs."""
     def loss_of(*d):

@@ -60,6 +60,7 @@ OPS: dict[str, Lowering] = {
     "masked_sum": L("{x}[{x} > 0].sum()", ("A.index",)),
     "scale_by_max": L("{x} * {x}.max().item()", ("A.mul",)),
     "grad_of_sin": L("torch.func.grad(lambda y: torch.sin(y).sum())({x})", ("A.cos",)),
+    "functional_scale": L("scaled_by({x}, {c})", ("A.mul",)),
 }
 
 # The SAC policy_fn: a thin adapter over the one policy meaning (conformance.ir.policy.decide),
