@@ -202,6 +202,8 @@ def what_differed(detail):
         for tail in _MESSAGE_TAILS:
             detail = detail.split(tail)[0]
         detail = re.sub(r"\bid=\d+", "id=?", detail)   # a Python object's id (JAX prints Var(id=...))
+        # a source location (JAX names the harness's own files: their checkout path and lines vary)
+        detail = re.sub(r"(?:/[^\s:'\"()]+/)?([\w.]+\.py):\d+(?::\d+)?", r"\1:?", detail)
         # a set's elements in the order it prints them (JAX: {WriteEffect(...), ReadEffect(...)}, either way round)
         detail = re.sub(r"\{((?:\w+\(Var\(id=\?\)[^{}]*?\), )+\w+\(Var\(id=\?\)[^{}]*?\))\}",
                         lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", detail)
