@@ -544,8 +544,7 @@ class JaxBase(Pipeline):
         if not self.spec.shard_map:
             return None
         from jax.sharding import PartitionSpec
-        mesh = jax.make_mesh((registry.SHARD_MAP_DEVICES,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
-                             devices=jax.devices("cpu")[:registry.SHARD_MAP_DEVICES])
+        mesh = _cpu_mesh()
         return lambda f: jax.shard_map(f, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec())
 
     def _placed(self, x):
@@ -554,11 +553,8 @@ class JaxBase(Pipeline):
         if not self.spec.sharded:
             return x
         from jax.sharding import NamedSharding, PartitionSpec
-        n = registry.SHARD_MAP_DEVICES
-        mesh = jax.make_mesh((n,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
-                             devices=jax.devices("cpu")[:n])
-        split = x.ndim >= 1 and x.shape[0] % n == 0
-        return jax.device_put(x, NamedSharding(mesh, PartitionSpec("devices") if split else PartitionSpec()))
+        split = x.ndim >= 1 and x.shape[0] % registry.SHARD_MAP_DEVICES == 0
+        return jax.device_put(x, NamedSharding(_cpu_mesh(), PartitionSpec("devices") if split else PartitionSpec()))
 
     def traced(self) -> bool:
         """Whether the run is one jax.jit of forward and backward (else eager)."""
@@ -594,6 +590,13 @@ def _loss_fn(low: Lowering, diff_ids: list[str], program: Program):
             return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
         return sum(jnp.sum(o).astype(jnp.float64) for o in outs[:n]), outs
     return loss_fn
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_mesh():
+    """The mesh of the shard_map and sharded pipelines: SHARD_MAP_DEVICES CPU devices on one Auto axis, made once."""
+    return jax.make_mesh((registry.SHARD_MAP_DEVICES,), ("devices",), axis_types=(jax.sharding.AxisType.Auto,),
+                         devices=jax.devices("cpu")[:registry.SHARD_MAP_DEVICES])
 
 
 def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Program, wrap=None):
