@@ -219,3 +219,37 @@ def test_the_information_table_counts_roots_each_pipeline_detects_alone_and_beyo
     out = io.StringIO()
     information.print_table(list(rows.values()), info, file=out)
     assert "only the pipelines on a share" in out.getvalue() and ": b\n" in out.getvalue()   # b is the twins' alone
+
+
+_STAGE_SCRIPT = r"""
+import json
+import numpy as np
+import jax._src.interpreters.pxla as pxla
+from conformance.pipelines import registry as reg
+from conformance.pipelines.jax.pipelines import _array
+from tests.programs import op, prog
+names, from_hlo = [], pxla.UnloadedMeshExecutable.from_hlo
+pxla.UnloadedMeshExecutable.from_hlo = staticmethod(lambda name, *a, **k: names.append(name) or from_hlo(name, *a, **k))
+p = prog([op("sin", ["x"], "y")], inputs=[{"id": "x", "shape": [5, 3], "dtype": "bfloat16", "diff": True}])
+x = np.linspace(-1, 1, 15).reshape(5, 3)
+for n in ["jax:none", "ref:f64"]:
+    reg.get(n).run(p, {"x": x})
+ran = list(names)
+import jax.numpy as jnp
+same = all(np.asarray(_array(x, dt)).tobytes() == np.asarray(jnp.asarray(np.asarray(x, dtype=dt))).tobytes()
+           for dt in ("bfloat16", "float16", "float32", "float64"))
+print(json.dumps({"names": ran, "same": same, "asarray": names[len(ran):]}))
+"""
+
+
+def test_inputs_reach_jax_without_a_compile_and_with_the_same_bits():
+    # jnp.asarray of a NumPy array compiles an identity (jit(stage)) per shape and dtype: an XLA compile that
+    # tests nothing, in every JAX pipeline's first run of a program
+    import json
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REMAT_CONFORMANCE_COMPILE_CACHE": "off"}
+    r = subprocess.run([sys.executable, "-c", _STAGE_SCRIPT], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["names"] and "jit(stage)" not in out["names"], out["names"]
+    assert out["same"] and "jit(stage)" in out["asarray"]   # (as jnp.asarray of the same arrays does)

@@ -457,7 +457,7 @@ class JaxBase(Pipeline):
         out = {}
         for i in program.inputs:
             dt = "float64" if self.spec.f64 else i.dtype
-            out[i.id] = jnp.asarray(np.asarray(inputs[i.id], dtype=dt))
+            out[i.id] = _array(inputs[i.id], dt)
         return out
 
     def _run(self, program: Program, inputs, obs: Observation):
@@ -578,6 +578,12 @@ class JaxBase(Pipeline):
                             memory=[_memory_kind(x) for x in leaves])
 
 
+def _array(x, dtype):
+    """An input as a JAX array of `dtype`, converted by NumPy and placed without a compile (jnp.asarray of an
+    array compiles an identity per shape and dtype: an XLA compile that tests nothing)."""
+    return jax.device_put(np.asarray(x, dtype=dtype))
+
+
 def _loss_fn(low: Lowering, diff_ids: list[str], program: Program):
     """The scalar loss a run differentiates, of the constant inputs `c` and the differentiated
     ones (float64 sum of every output but the auxiliary ones, each times its seeded cotangent
@@ -587,7 +593,7 @@ def _loss_fn(low: Lowering, diff_ids: list[str], program: Program):
     def loss_fn(c, *d):
         outs = low.outputs(c, diff_ids, d)
         if cts is not None:
-            return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
+            return sum(jnp.sum(o * np.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
         return sum(jnp.sum(o).astype(jnp.float64) for o in outs[:n]), outs
     return loss_fn
 
@@ -691,8 +697,7 @@ def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool
         return rec
 
     def record(inputs):   # one example's values
-        env = {i.id: jnp.asarray(np.asarray(inputs[i.id], dtype="float64" if cast_f64 else i.dtype))
-               for i in program.inputs}
+        env = {i.id: _array(inputs[i.id], "float64" if cast_f64 else i.dtype) for i in program.inputs}
         rec = None
         if traced:
             try:
