@@ -394,6 +394,18 @@ def test_a_static_argnum_no_argument_has_raises():
     assert obs["jax:remat2"].error.type == "ValueError" and obs["jax:none"].error is None
 
 
+def test_a_traced_static_flag_raises_one_message_whatever_its_value():
+    # remat2 traces a static_argnames argument (root remat2-ignores-static-argnames): the region's check
+    # raises, with one message for a flag of True and of [True] (one behaviour, one error root)
+    messages = set()
+    for value in ("bool", "unhashable"):
+        p = _static_flag_program("argnames")
+        p = p.model_copy(update={"body": [p.body[0], p.body[1].model_copy(update={"static_value": value}), p.body[2]]})
+        obs = EXECUTOR.run(p, input_values(p, 0), ["jax:remat2"])
+        messages.add((obs["jax:remat2"].error.type, obs["jax:remat2"].error.message))
+    assert messages == {("ValueError", "the region's static flag must be True")}
+
+
 def test_the_reentrant_checkpoint_rejects_a_keyword_argument():
     obs = verify("torch-reentrant-no-keyword-arguments", _static_flag_program("argnames"),
                  ["torch:none", "torch:eager-sac", "torch:eager-reentrant"], "torch:eager-reentrant", "error")

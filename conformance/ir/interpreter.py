@@ -114,8 +114,9 @@ class Interpreter:
                     a, flag = a[:-1], a[-1]
                 ok = flag is True if s.static_value == "bool" else (
                     isinstance(flag, list) and len(flag) == 1 and flag[0] is True)
-                if not ok:   # a traced flag: the static argument was not made static
-                    raise ValueError("the region's static flag must be " + repr(flag_value))
+                if not ok:   # a traced flag: the static argument was not made static (one message whatever the
+                    # flag's spelling, True or [True]: one behaviour, one error root)
+                    raise ValueError("the region's static flag must be True")
             if s.tree == "tuple":
                 a = a[0]
             elif s.tree == "dict":
