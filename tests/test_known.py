@@ -12,7 +12,7 @@ from conformance.engine.loading import load_known
 from conformance.engine.search import merge_finding
 from conformance.errors import UsageError
 from tests.corpus_files import root_files, variant_path, variants
-from tests.test_dedup import KEY, _finding
+from tests.test_dedup import KEY, _finding, _verdict
 
 REG = Path(__file__).parent / "regressions"
 
@@ -113,3 +113,58 @@ def test_a_trace_count_of_several_counters_is_known_when_each_counter_is():
     three = (*tc, "bwd_calls+fwd_traces+primal_traces")
     assert known_finding([primal, calls], three, feats, {three}) is calls
     assert known_finding([calls], three, feats, {three}) is None
+
+
+def test_a_known_root_is_recognised_before_shrinking_through_spellings_references_and_expectations():
+    """Three ways a program showed a tracked root and was shrunk anyway in default campaigns (each shrink
+    tens of runs, ending folded into the root): a switch where the root has a cond, a wrong gradient seen
+    against another pipeline (cross_value) where the root was seen against the baselines, an expected error
+    that did not come (its root is the expectation's, whatever the program)."""
+    from conformance.engine.roots import root_key
+    from conformance.engine.search import known_finding
+    from tests.test_dedup import _searcher
+    tc = ("trace_count", "jax:remat3+cvjp3", "jax:remat2", "bwd_calls+fwd_traces")
+    cond = _finding(tc, features=("cond", "custom_vjp", "nondiff_input"))
+    cond.root = root_key(cond)
+    switch_program = {"switch", "custom_vjp", "nondiff_input", "bwd_none", "float32"}
+    assert known_finding([cond], tc, switch_program, {tc}) is cond
+    assert known_finding([cond], tc, switch_program - {"switch"}, {tc}) is None   # no cond, no switch: not it
+    g = ("gradient", "torch:export-nonstrict", "torch:none", "")
+    lost = _finding(g, features=("checkpoint", "nested_checkpoint"))
+    cross = ("gradient", "torch:export-nonstrict", "torch:eager-sac", "cross_value")
+    feats = {"checkpoint", "nested_checkpoint", "names", "float16"}
+    assert known_finding([lost], cross, feats, {cross}) is lost
+    residual = ("residuals", "torch:export-nonstrict", "torch:eager-sac", "other")   # another check: not it
+    assert known_finding([lost], residual, feats, {residual}) is None
+    err = ("error", "jax:remat3", "expectations", "none")
+    asked = _finding(err, features=("custom_vjp", "symbolic_zeros", "scan"))
+    asked.expectation, asked.detail = "remat3-symbolic-zeros-fwd-remat", {"got": None}
+    asked.root = root_key(asked)
+    v = _verdict(("error", "jax:remat3:jit", "expectations", "none"))
+    v.expectation, v.detail = asked.expectation, {"got": None}
+    s = _searcher([asked])
+    assert s.known(v, {"custom_vjp", "random", "names"}, {v.key()}) is asked
+    v.expectation = "another-expectation"
+    assert s.known(v, {"custom_vjp", "random", "names"}, {v.key()}) is None
+
+
+def test_a_root_seen_through_two_of_its_variants_is_one_tracked_behaviour(tmp_path):
+    """A corpus root's variants are tracked one by one; a run that sees two of them reports the root once: the
+    campaign's count of known behaviours and the report's entry (its count the sum, the unseen variant left out)."""
+    from conformance.engine.campaign import Campaign
+    from conformance.engine.options import Options
+    from conformance.engine.store import Store
+    from conformance.reporting.build import build
+    from conformance.reporting.inputs import RunData
+    g = ("gradient", "torch:export-nonstrict", "torch:none", "")
+    slug = "torch-export-nonstrict-nested-checkpoint-loses-gradient.json"
+    variants = [_finding(g, features=f).model_copy(update={"tracked": slug})
+                for f in (("checkpoint", "nested_checkpoint"), ("checkpoint", "names", "nested_checkpoint"),
+                          ("checkpoint", "nested_checkpoint", "scan"))]
+    c = Campaign(Options(pipelines=["torch:export-nonstrict"]), Store(tmp_path / "o"), None, None)
+    c.track(variants)
+    c.findings[0].count, c.findings[1].count = 2, 1   # the third variant not seen
+    assert list(c.tracked_roots()) == [slug] and len(c.tracked_roots()[slug]) == 2
+    rep = build([RunData(dir=tmp_path / "o", info=None, findings=c.findings)], with_repro=False)
+    tracked = [x for x in rep["findings"] if x["tracked"]]
+    assert [(x["tracked"], x["count"]) for x in tracked] == [(slug, 3)]

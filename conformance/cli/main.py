@@ -204,7 +204,7 @@ def _run(args) -> int:
         store.close()
     new = camp.new_findings()
     print(f"checked {camp.checked} programs in {camp.elapsed():.0f}s; {len(new)} distinct findings"
-          + (f", {len(camp.tracked_seen())} known behaviours seen" if known else "")
+          + (f", {len(camp.tracked_roots())} known behaviours seen" if known else "")
           + (" (interrupted; resume with --resume)" if camp.interrupted else ""))
     for cls, fs in by_class(sorted(new, key=lambda f: f.signature)):   # bugs first, then questions...
         print(f" {cls}:")
@@ -212,9 +212,10 @@ def _run(args) -> int:
             print(f"  {behaviour_title(f)} [{class_label(triage_of(f))}]: [{f.check}] {f.pipeline} vs {f.reference} "
                   f"{f.error_type or ''} x{f.count}: {', '.join(sorted(f.core_features()))}; "
                   f"{variants_text(variants_of(f), ('pipelines', 'labels', 'policies'), 4)}")
-    for f in sorted(camp.tracked_seen(), key=lambda f: (class_rank(f), f.tracked)):   # bugs first
-        print(f"  known {f.tracked}: {behaviour_title(f)} [{class_label(triage_of(f))}]: [{f.check}] {f.pipeline} "
-              f"x{f.count}")
+    for slug, fs in sorted(camp.tracked_roots().items(), key=lambda kv: (class_rank(kv[1][0]), kv[0])):   # bugs first
+        f = fs[0]
+        print(f"  known {slug}: {behaviour_title(f)} [{class_label(triage_of(f))}]: [{f.check}] {f.pipeline} "
+              f"x{sum(g.count for g in fs)}")
     print(f"wrote {store.dir}/ (summary.md, findings.json, results.jsonl, corpus/)")
     if camp.interrupted:
         return 130

@@ -69,6 +69,13 @@ class Campaign:
     def tracked_seen(self) -> list[Finding]:
         return [f for f in self.findings if f.tracked is not None and f.count]
 
+    def tracked_roots(self) -> dict[str, list[Finding]]:
+        """The corpus roots seen, each with its variants seen (a root's variants are tracked one by one)."""
+        out: dict[str, list[Finding]] = {}
+        for f in self.tracked_seen():
+            out.setdefault(f.tracked, []).append(f)
+        return out
+
     @property
     def checked(self) -> int:
         return self.tally.programs
@@ -247,7 +254,7 @@ class Campaign:
                 "budget": self.opts.budget, "elapsed": el, "jobs": self.opts.jobs,
                 "shard": list(self.opts.shard), "interrupted": self.interrupted, "programs": self.checked,
                 "rate": self.checked / el if el > 0 else 0.0, "shrink_runs": self.shrink_runs,
-                "new_findings": len(self.new_findings()), "tracked_seen": len(self.tracked_seen()),
+                "new_findings": len(self.new_findings()), "tracked_seen": len(self.tracked_roots()),
                 "shrunk_sizes": shrink_distribution(self), "harness_errors": self.tally.harness_errors}
 
 

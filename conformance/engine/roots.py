@@ -71,6 +71,19 @@ def is_variant_feature(feature: str) -> bool:
             or feature.startswith("op:"))
 
 
+def root_label(check: str, label: str | None) -> str:
+    """A verdict's label as a root reads it: a wrong gradient is one label whichever reference showed it
+    ("cross_value", against another pipeline, is "-", against the baselines: family_key's one reference family)."""
+    label = label or "-"
+    return "-" if check == "gradient" and label == "cross_value" else label
+
+
+def read_as_root(features) -> set[str]:
+    """A program's features with each spelling also read as the construct it spells (SAME_AS: a switch is a
+    cond), to compare with a root's features (root_features)."""
+    return set(features) | {SAME_AS[f] for f in features if f in SAME_AS}
+
+
 def root_features(features) -> list[str]:
     """The features a root is keyed on: the signature's, less the variant dimensions, spellings of
     one construct read as one."""
@@ -114,13 +127,25 @@ def root_key(f: Finding) -> str:
     (one raise reached through another policy or program is one root), a residual difference
     between pipelines of one semantics on its direction (residual_direction); a missing error, and
     every other check, on the features its shrunk program cannot lose."""
+    asked = expectation_root(f.check, f.pipeline, f.reference, f.error_type, f.expectation, f.detail)
+    if asked is not None:   # an error the expectations ask for that did not come: the expectation that asked
+        return asked
     check, pfam, rfam = family_key(f.check, f.pipeline, f.reference)
     raised = evidence_root(f.check, f.pipeline, f.reference, f.detail)
     what = raised if raised is not None else "+".join(root_features(f.features))
-    if f.check == "error" and raised is None:
-        # an error the expectations ask for that did not come: the expectation that asked is the root
-        what = f"{f.error_type or 'none'}:" + (f"expectation {f.expectation}" if f.expectation else what)
+    if f.check == "error" and raised is None:   # an error where none was expected, of no raise evidence
+        what = f"{f.error_type or 'none'}:{what}"
     return f"{check}|{pfam}|{rfam}|{what}"
+
+
+def expectation_root(check: str, pipeline: str, reference: str, error_type: str | None, expectation: str | None,
+                     detail: dict) -> str | None:
+    """The root a verdict names before any shrink, where its features do not enter it: an error the
+    expectations asked for that did not come (root_key keys it on the expectation that asked)."""
+    if check != "error" or not expectation or evidence_root(check, pipeline, reference, detail) is not None:
+        return None
+    fam = family_key(check, pipeline, reference)
+    return f"{fam[0]}|{fam[1]}|{fam[2]}|{error_type or 'none'}:expectation {expectation}"
 
 
 def _same_label(check: str, a: str, b: str) -> bool:

@@ -41,13 +41,16 @@ from conformance.engine.findings import Finding, detail_digest, error_root, make
 from conformance.engine.reduce import candidates
 from conformance.engine.roots import (
     evidence_root,
+    expectation_root,
     family_key,
     labels_seen,
     merge_variants,
     nested_roots,
     pipelines_seen,
+    read_as_root,
     root_features,
     root_key,
+    root_label,
 )
 from conformance.engine.store import ResultRecord
 from conformance.ir.observation import residual_digest
@@ -177,7 +180,8 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
         if root is not None:   # the same raise, or a residual difference in the same direction
             if evidence_root(f.check, f.pipeline, f.reference, f.detail) == root:
                 return f
-        elif (key[0] != "error" and (key[3] or "-") in labels_seen(f) and set(root_features(f.features)) <= feats
+        elif (key[0] != "error" and root_label(key[0], key[3]) in {root_label(key[0], x) for x in labels_seen(f)}
+              and set(root_features(f.features)) <= read_as_root(feats)
               and any(k[0] == key[0] and k[1] in pipelines_seen(f) for k in failing | {tuple(key)})):
             return f
     if key[0] == "trace_count" and "+" in key[3]:
@@ -376,6 +380,11 @@ class Searcher:
                                                                                    v.detail))
         if f is not None:
             return f
+        asked = expectation_root(v.check, v.pipeline, v.reference, v.error_type, v.expectation, v.detail)
+        if asked is not None:   # an expected error that did not come: the expectation's root, whatever the program
+            f = next((f for f in self.findings if f.root == asked), None)
+            if f is not None:
+                return f
         same = [f for f in self.findings if f.key() == v.key()] or [   # or the findings it folded into
             f for f in self.findings if list(v.key()) in f.reproduces]
         if same and self.shrinks_per_key.get(v.key(), 0) >= self.opts.max_shrinks_per_key:

@@ -214,7 +214,10 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     dir_of: dict[tuple, Path] = {}   # the run directory of the kept finding (its corpus/ holds its issue text)
     for r in inputs:
         for f in r.findings:
-            k = (f.signature, r.cell, f.tracked)   # a tracked root and a new finding stay apart
+            if f.tracked is not None and not f.count:
+                continue   # a known behaviour (`run --known`) this run never saw
+            # a tracked root and a new finding stay apart; a tracked root is one entry whichever variants were seen
+            k = (f.tracked, r.cell) if f.tracked is not None else (f.signature, r.cell, None)
             if k in merged:
                 g = merged[k]
                 keep = f if (f.size or 1 << 30) < (g.size or 1 << 30) else g
