@@ -95,21 +95,23 @@ def _probe(cache: str, names: list[str], framework_defaults: bool = True) -> dic
 
 
 def test_pipelines_that_differ_in_flags_share_compiled_executables_and_results(tmp_path):
-    """Under JAX's own eager cache, remat2:jit and remat3:jit compile the same HLO for this
-    program's eager parts: the second reads them from the disk cache (jax_remat3 is part of the
-    in-memory key, so without the disk cache it compiles again), and each pipeline observes
-    exactly what it observes without the cache, and with the shared eager cache."""
-    names = ["jax:remat2:jit", "jax:remat3:jit"]
+    """Under JAX's own eager cache, eager remat2 and remat3 compile the same HLO for this program's
+    primitives: the second reads them from the disk cache (jax_remat3 is part of the in-memory key,
+    so without the disk cache it compiles again), and each pipeline observes exactly what it
+    observes without the cache, and with the shared eager cache. (The :jit pipelines have no eager
+    part left to share: their inputs reach JAX without a compile.)"""
+    names = ["jax:remat2", "jax:remat3"]
     cached = _probe(str(tmp_path), names)
-    assert cached["jax:remat2:jit"]["hits"] == 0 and cached["jax:remat3:jit"]["hits"] >= 1
+    # (remat2's few hits: its own eager jit calls of one text under new jaxpr objects)
+    assert cached["jax:remat3"]["hits"] > cached["jax:remat2"]["hits"] + 5
     assert any(tmp_path.iterdir())
     plain = _probe("off", names)
     assert all(plain[n]["hits"] == 0 for n in names)
-    # the shared eager cache (eager_cache) serves from memory what remat3:jit's eager parts read
+    # the shared eager cache (eager_cache) serves from memory what remat3's eager primitives read
     # from disk above
     (tmp_path / "shared").mkdir()
     shared = _probe(str(tmp_path / "shared"), names, framework_defaults=False)
-    assert shared["jax:remat3:jit"]["hits"] < cached["jax:remat3:jit"]["hits"]
+    assert shared["jax:remat3"]["hits"] < cached["jax:remat3"]["hits"]
     for n in names:
         for other in (plain, shared):
             assert cached[n]["grads"] == other[n]["grads"] and cached[n]["residuals"] == other[n]["residuals"]

@@ -593,7 +593,7 @@ def _loss_fn(low: Lowering, diff_ids: list[str], program: Program):
     def loss_fn(c, *d):
         outs = low.outputs(c, diff_ids, d)
         if cts is not None:
-            return sum(jnp.sum(o * np.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
+            return sum(jnp.sum(o * jnp.asarray(c, o.dtype)).astype(jnp.float64) for o, c in zip(outs, cts)), outs
         return sum(jnp.sum(o).astype(jnp.float64) for o in outs[:n]), outs
     return loss_fn
 
