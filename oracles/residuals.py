@@ -239,7 +239,16 @@ def _views_in_another_layout(program: Program, obs: Observation, policies: dict,
                 continue
             batched = OPS[s.op].batched([types[a][0] for a in s.args])
             if any(decide(p, s.op, None, batched, input_elements(s, types)) == "save" for p in policies[i]):
-                views.append(i)
+                if not _unsqueezed(r.shape, types[i][0]):
+                    views.append(i)
         if views:
             out.append(f"{r.describe()} equals the saved view(s) {views} only in another layout")
     return out
+
+
+def _unsqueezed(saved, view) -> bool:
+    """Whether a saved shape is the view's with unit axes added: an op of several primitives, a slice then a
+    squeeze (index_in_dim), whose slice a policy saves, keeps the view with its unit axis (the same layout)."""
+    def squeezed(shape):
+        return [int(d) for d in shape if int(d) != 1]
+    return len(saved) > len(view) and squeezed(saved) == squeezed(view)

@@ -2076,6 +2076,13 @@ def test_view_layout_edges():
                        {"kind": "min_elements", "elements": 4})],
                inputs=[{"id": "x", "shape": [2, 3], "dtype": "float64", "diff": True}])
     assert residuals.check_policy(big, ob("jax:remat2", res=[saved(["t"], [2, 3], 6)])).error_type == "view_layout"
+    # select (lax.index_in_dim) is a slice then a squeeze: a policy saving the slice's output keeps the view with a
+    # unit axis more, the same layout (the 30-minute default campaign of issue 31, seed 0: blamed on remat2)
+    sliced = prog([region(["x"], [op("select", ["x"], "v", index=0, axis=2), op("exp", ["v"], "y")], ["y"],
+                          {"kind": "min_elements", "elements": 8})],
+                  inputs=[{"id": "x", "shape": [2, 2, 2], "dtype": "float64", "diff": True}])
+    assert residuals.check_policy(sliced, ob("jax:remat2", res=[saved(["v"], [2, 2, 1], 4)])).status == "pass"
+    assert residuals.check_policy(sliced, ob("jax:remat2", res=[saved(["v"], [1, 2, 2], 4)])).status == "pass"
 
 
 def test_a_shape_deciding_policy_is_not_judged_in_a_per_example_program():
