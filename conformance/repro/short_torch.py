@@ -405,5 +405,6 @@ def _second_order(prog, fn, args, xs):
         return ["import torch.autograd.forward_ad as fwAD",
                 "with fwAD.dual_level():",
                 f"    jvp = fwAD.unpack_dual({fn}(*[fwAD.make_dual(x, torch.ones_like(x)) for x in {xs}])).tangent",
-                f"torch.autograd.grad(jvp, {xs})"]
+                f"gs = torch.autograd.grad(jvp, {xs}, allow_unused=True, materialize_grads=True)",
+                "[(g.float() if g.dtype == torch.bfloat16 else g).numpy() for g in gs]   # read as the harness does"]
     raise ReproError(f"second order ({mode}) has no short PyTorch form (use --full)")
