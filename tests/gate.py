@@ -26,6 +26,9 @@ GATES = {
 # Small programs, shrunk by steps only (not seconds): a shrunk program keeps few incidental
 # features on a loaded machine too, so that it folds into the corpus entry of its behaviour.
 MAX_STMTS, SHRINK_STEPS = 4, 150
+# The gate's family shares, by programs: its own, not the default campaign's (which spends less on torch.compile),
+# so that the snapshot's programs per pipeline stay what they were recorded with.
+FAMILY_SHARES = {"torch:compile": 0.4}
 
 
 def gate_command(gated: list[str], programs: int, seed: int, out: str, budget: float) -> list[str]:
@@ -33,6 +36,7 @@ def gate_command(gated: list[str], programs: int, seed: int, out: str, budget: f
     declared program share is lifted: registry.Share)."""
     from conformance.pipelines import registry
     full = [a for n in registry.shared_pipelines(registry.run_set(gated)) for a in ("--share", f"{n}=1")]
+    full += [a for fam, x in FAMILY_SHARES.items() for a in ("--share", f"{fam}={x:g}")]
     return ["remat-conformance", "run", "--pipelines", ",".join(gated), *full, "--known", str(REG.relative_to(ROOT)),
             "--seed", str(seed), "--max-examples", str(programs), "--max-stmts", str(MAX_STMTS),
             "--shrink-steps", str(SHRINK_STEPS), "--shrink-seconds", "600", "--share-by", "programs",

@@ -219,8 +219,9 @@ def side(n: int, seed: int, torch: bool, before: bool, cache: bool = False) -> t
 
 # -- campaigns ------------------------------------------------------------------------------
 def campaign(jobs: int, seconds: float, seed: int, before: bool = False) -> dict:
-    """A default campaign (`make run`'s) of `seconds`; `before`: JAX's own eager cache per flag
-    setting and every pipeline on every program."""
+    """A default campaign (`make run`'s: the corpus as --known) of `seconds`; `before`: JAX's own eager cache per
+    flag setting, every pipeline on every program, torch.compile's time share as it was (0.4), and no --known (every
+    failing program's new key shrunk)."""
     out = Path(tempfile.mkdtemp(prefix=f"bench-jobs{jobs}-"))
     cmd = [sys.executable, "-m", "conformance.cli", "run", "--budget", str(seconds), "--seed", str(seed),
            "--jobs", str(jobs), "--out", str(out / "run"), "--quiet"]
@@ -229,6 +230,9 @@ def campaign(jobs: int, seconds: float, seed: int, before: bool = False) -> dict
         env[eager_cache.DEFAULTS_ENV] = "1"
         for n in reg.shared_pipelines(reg.run_set(list(reg.DEFAULT_PIPELINES))):
             cmd += ["--share", f"{n}=1"]
+        cmd += ["--share", "torch:compile=0.4"]
+    else:
+        cmd += ["--known", str(ROOT / "tests" / "regressions")]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})
     wall = time.perf_counter() - t0
@@ -238,7 +242,7 @@ def campaign(jobs: int, seconds: float, seed: int, before: bool = False) -> dict
     findings = json.loads((out / "run" / "findings.json").read_text())
     sizes = [f["size"] for f in recs if f["type"] == "finding" and isinstance(f.get("size"), int)]
     return {"programs": sum(x["type"] == "result" for x in recs), "wall": wall, "findings": len(findings),
-            "roots": len({f.get("root") or f["check"] + f["pipeline"] for f in findings}),
+            "roots": len({f.get("tracked") or f.get("root") or f["check"] + f["pipeline"] for f in findings}),
             "behaviours": [f"{f['check']}|{f['pipeline']}|{f['error_type']}" for f in findings], "sizes": sizes,
             "siblings": sum(len(f.get("reproduces", [])) for f in findings)}
 
