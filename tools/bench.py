@@ -239,7 +239,8 @@ def campaign(jobs: int, seconds: float, seed: int, before: bool = False) -> dict
     if r.returncode != 0:
         raise SystemExit(f"campaign --jobs {jobs} failed:\n{r.stderr[-3000:]}")
     recs = [json.loads(x) for x in (out / "run" / "results.jsonl").read_text().splitlines() if x.strip()]
-    findings = json.loads((out / "run" / "findings.json").read_text())
+    findings = [f for f in json.loads((out / "run" / "findings.json").read_text())
+                if not f.get("tracked") or f.get("count")]   # (a --known root this run never saw is not a finding)
     sizes = [f["size"] for f in recs if f["type"] == "finding" and isinstance(f.get("size"), int)]
     return {"programs": sum(x["type"] == "result" for x in recs), "wall": wall, "findings": len(findings),
             "roots": len({f.get("tracked") or f.get("root") or f["check"] + f["pipeline"] for f in findings}),
