@@ -92,14 +92,16 @@ def test_shards_partition_program_identities():
 
 
 def _fake_campaign():
-    return SimpleNamespace(elapsed=lambda: 12.0, checked=30, findings=[1, 2], opts=SimpleNamespace(budget=60.0),
+    return SimpleNamespace(elapsed=lambda: 12.0, checked=30, findings=[1, 2, 3, 4], new_findings=lambda: [1, 2],
+                           tracked_roots=lambda: {"a.json": [3]}, opts=SimpleNamespace(budget=60.0),
                            shrinking={0: {"key": ["error", "jax:remat3", "expectations", "none"], "size": 4,
                                           "original_size": 20, "steps": 17, "since": time.monotonic() - 9.0}})
 
 
 def test_status_line_says_what_is_shrunk_and_for_how_long():
     line = status_line(_fake_campaign())
-    assert "programs 30 (2.50/s)" in line and "findings 2" in line and "left 48s" in line
+    # (the new findings, and the corpus roots seen: not the --known corpus's findings never seen)
+    assert "programs 30 (2.50/s)" in line and "findings 2, known seen 1" in line and "left 48s" in line
     assert "shrinking error:jax:remat3" in line and "to 4 stmts (from 20)" in line and "step 17, 9s" in line
 
 

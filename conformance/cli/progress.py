@@ -14,8 +14,9 @@ import time
 def status_line(c) -> str:
     el = c.elapsed()
     rate = c.checked / el if el > 0 else 0.0
-    msg = (f"[{el:6.1f}s/{c.opts.budget:.0f}s] programs {c.checked} ({rate:.2f}/s)  findings {len(c.findings)}"
-           f"  left {max(0.0, c.opts.budget - el):.0f}s")
+    known = len(c.tracked_roots())   # (--known: the corpus roots seen; the rest of the corpus is not counted)
+    msg = (f"[{el:6.1f}s/{c.opts.budget:.0f}s] programs {c.checked} ({rate:.2f}/s)  findings {len(c.new_findings())}"
+           + (f", known seen {known}" if known else "") + f"  left {max(0.0, c.opts.budget - el):.0f}s")
     now = time.monotonic()
     for _ in range(3):   # another thread may change the dict while it is copied
         try:
