@@ -313,8 +313,7 @@ def _effect_helper(helpers: str, prog) -> str:
     """The helpers with the effect helper cut to its debug-callback form where no io_callback is used."""
     if any(isinstance(s, Op) and s.op == "effect" and s.params["kind"] in IO_EFFECTS for s, _, _, _ in walk(prog.body)):
         return helpers
-    short = CALLBACK_EFFECT.rstrip("\n")
-    return re.sub(r"def effect\(x, kind\):\n(?:(?:    .*)?\n)*?    return x$", lambda _: short, helpers, flags=re.M)
+    return _swap_helper(helpers, "effect(x, kind)", "return x", CALLBACK_EFFECT.rstrip("\n"))
 
 
 # The prelude's with_state where every stateful region of the program does the same (read, write or +=)
@@ -334,8 +333,13 @@ def _state_helper(helpers: str, prog) -> str:
                        "    def wrap(fn):", "        def stateful(*args):", "            first, *rest = fn(*args)",
                        *[f"            {line}" for line in _STATE_STEP[kind]],
                        "            return (first, *rest)", "        return stateful", "    return wrap"])
-    return re.sub(r"def with_state\(kind, ref\):\n(?:(?:    .*)?\n)*?    return wrap$", lambda _: short, helpers,
-                  flags=re.M)
+    return _swap_helper(helpers, "with_state(kind, ref)", "return wrap", short)
+
+
+def _swap_helper(helpers: str, signature: str, last: str, short: str) -> str:
+    """The helpers with the prelude function `def {signature}:` (up to its top-level `{last}`) replaced by `short`."""
+    whole = rf"def {re.escape(signature)}:\n(?:(?:    .*)?\n)*?    {re.escape(last)}$"
+    return re.sub(whole, lambda _: short, helpers, flags=re.M)
 
 
 _SENTENCE = {
