@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conformance.engine.search import Shares
@@ -253,3 +254,63 @@ def test_inputs_reach_jax_without_a_compile_and_with_the_same_bits():
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["names"] and "jit(stage)" not in out["names"], out["names"]
     assert out["same"] and "jit(stage)" in out["asarray"]   # (as jnp.asarray of the same arrays does)
+
+
+def _shaped(progs, *want):
+    """The first program among `progs` of each wanted shape: a cond or switch, a loop, a cond in a loop, examples."""
+    loops = {"scan", "fori_loop", "while_loop", "vmap"}
+    test = {"cond": lambda p: bool({"cond", "switch"} & p.features()),
+            "loop": lambda p: bool(loops & p.features()),
+            "cond_in_loop": lambda p: bool({"cond", "switch"} & p.features()) and bool(loops & p.features()),
+            "examples": lambda p: bool(p.diff.batch)}
+    return {w: next(p for p in progs if test[w](p) and not any(f.startswith("effect") for f in p.features()))
+            for w in want}
+
+
+def test_the_float64_reference_records_its_node_values_in_the_one_jit_of_value_and_gradient(monkeypatch):
+    # ref:f64 recorded its node values by a jit of their own (a second compile a program), eagerly on a cond (an
+    # XLA compile per primitive): now inside the jit of value and gradient, every branch recorded with a flag
+    import jax._src.interpreters.pxla as pxla
+
+    from conformance.pipelines.jax import pipelines as jp
+    from generators.programs import input_values
+    names, from_hlo = [], pxla.UnloadedMeshExecutable.from_hlo
+    monkeypatch.setattr(pxla.UnloadedMeshExecutable, "from_hlo",
+                        staticmethod(lambda name, *a, **k: names.append(name) or from_hlo(name, *a, **k)))
+    ref = reg.get("ref:f64")
+    for what, p in _shaped(_programs(80), "cond", "loop", "cond_in_loop", "examples").items():
+        inputs = input_values(p, 0)
+        jp._NODE_VALUES.clear()
+        del names[:]
+        o = ref.run(p, inputs)
+        assert o.error is None, (what, o.error)
+        assert names[0] == "jit(fwd_bwd)" and len(names) == p.diff.order, (what, names)   # (and the hvp's)
+        eager = jp.node_values(p, inputs, cast_f64=True)   # the recording evaluation, op by op: branches taken
+        assert set(o.values) == set(eager), (what, set(o.values) ^ set(eager))
+        for k, v in eager.items():
+            assert np.allclose(o.values[k], v, rtol=1e-13, atol=1e-300), (what, k)
+
+
+def test_a_recording_that_cannot_trace_leaves_the_reference_as_it_was_and_records_apart(monkeypatch):
+    import jax
+
+    from conformance.pipelines.jax import pipelines as jp
+    from generators.programs import input_values
+    p = _shaped(_programs(80), "cond")["cond"]
+    inputs = input_values(p, 0)
+    ref = reg.get("ref:f64")
+    jp._NODE_VALUES.clear()
+    plain = ref.run(p, inputs)
+    evaluate = jp._evaluate
+
+    def untraceable(program, env, cast_f64):
+        if any(isinstance(v, jax.core.Tracer) for v in env.values()):
+            raise TypeError("cannot trace")
+        return evaluate(program, env, cast_f64)
+    monkeypatch.setattr(jp, "_evaluate", untraceable)
+    jp._NODE_VALUES.clear()
+    apart = ref.run(p, inputs)   # the value and gradient compiled again without it; the values recorded eagerly
+    assert apart.error is None and apart.custom_rules == plain.custom_rules
+    assert (apart.loss, apart.outputs, apart.grads) == (plain.loss, plain.outputs, plain.grads)
+    assert set(apart.values) == set(plain.values)
+    assert all(np.allclose(apart.values[k], plain.values[k], rtol=1e-13, atol=1e-300) for k in plain.values)

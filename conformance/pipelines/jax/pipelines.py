@@ -6,6 +6,7 @@ every dtype in a program is explicit.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import re
@@ -160,8 +161,11 @@ class Lowering(Interpreter):
         return int(prelude.branch_index(pred, n))
 
     def cond(self, s: Cond, path: str, args: list) -> list:
-        """lax.cond (two branches) or lax.switch (a recording evaluation branches in Python)."""
+        """lax.cond (two branches) or lax.switch (a recording evaluation branches in Python, or under jax.jit
+        records every branch: `_recorded_switch`)."""
         if self.record is not None:
+            if isinstance(args[0], jax.core.Tracer):
+                return self._recorded_switch(s, path, args)
             return super().cond(s, path, args)
 
         def fn(k):
@@ -173,6 +177,38 @@ class Lowering(Interpreter):
         if len(s.branches) == 2:
             return list(jax.lax.cond(index == 1, fn(1), fn(0), *args[1:]))
         return list(jax.lax.switch(index, [fn(k) for k in range(len(s.branches))], *args[1:]))
+
+    def _recorded_switch(self, s: Cond, path: str, args: list) -> list:
+        """A recording cond under jax.jit, on a traced predicate: lax.switch over branches that each return their
+        results and every branch's recorded values (zeros where another branch's), each value with a flag saying
+        it was recorded on the branch taken (`VALID` + id; `taken_values` keeps those values and drops the flags)."""
+        outer, n = self.record, len(s.branches)
+
+        def run(k, ops):
+            self.record = {}
+            try:
+                e = self.body(s.branches[k], dict(zip(s.args[1:], ops)), None, f"{path}.branches[{k}]")
+                return tuple(e[r] for r in s.branch_results[k]), self.record
+            finally:
+                self.record = outer
+        recorded = [jax.eval_shape(lambda *ops, k=k: run(k, ops)[1], *args[1:]) for k in range(n)]
+        ids = [[i for i in rec if not i.startswith(VALID)] for rec in recorded]
+
+        def branch(k):
+            def fn(*ops):
+                res, rec = run(k, ops)
+                values, valid = {}, {}
+                for j in range(n):
+                    for i in ids[j]:
+                        values[i] = rec[i] if j == k else jnp.zeros(recorded[j][i].shape, recorded[j][i].dtype)
+                        valid[i] = jnp.asarray(rec.get(VALID + i, True)) if j == k else jnp.asarray(False)
+                return res, values, valid
+            return fn
+        index = prelude.branch_index(args[0], n)
+        res, values, valid = jax.lax.switch(index, [branch(k) for k in range(n)], *args[1:])
+        outer.update(values)
+        outer.update((VALID + i, v) for i, v in valid.items())
+        return list(res)
 
     def jit(self, s: Jit, path: str):
         """jax.jit of the sub-function (a recording evaluation runs it inline)."""
@@ -483,20 +519,34 @@ class JaxBase(Pipeline):
         try:
             if self.traced():
                 # One compile: forward and backward in one jitted function (as jax.jit(jax.grad(f))
-                # is used), its outputs also carrying the pullback's residual leaves.
-                def fwd_bwd(*d):
+                # is used), its outputs also carrying the pullback's residual leaves and what the
+                # pipeline records beside them (`_recording`).
+                rec = self._recording(program, arrays, diff_ids)
+
+                def fwd_bwd(recorded_env, *d):
+                    recorded = rec(recorded_env, d) if rec is not None else None
                     loss, outs, vjp_fn = fwd(*d)
                     if value_and_grad is not None:
                         (loss, outs), grads = value_and_grad(*d)
                     else:
                         grads = bwd(vjp_fn)
-                    return loss, outs, _ref_values(vjp_fn), grads
+                    return loss, outs, _ref_values(vjp_fn), grads, recorded
+                recorded_env = const if rec is not None else {}
                 with timed(t, "lowering"):
-                    compiled = jax.jit(fwd_bwd).lower(*d).compile()
+                    logs = copy.deepcopy(low.logs)
+                    try:
+                        compiled = jax.jit(fwd_bwd).lower(recorded_env, *d).compile()
+                    except Exception:  # noqa: BLE001 - without the recording, the run's own error (if any)
+                        if rec is None:
+                            raise
+                        rec, recorded_env, low.logs = None, {}, logs
+                        compiled = jax.jit(fwd_bwd).lower(recorded_env, *d).compile()
                 stage = "forward"
                 with timed(t, "forward"):
-                    loss, outs, vjp_fn, grads = compiled(*d)
+                    loss, outs, vjp_fn, grads, recorded = compiled(recorded_env, *d)
                     jax.block_until_ready(grads)
+                if recorded is not None:
+                    self._recorded(program, recorded)
             else:
                 stage = "forward"
                 with timed(t, "forward"):
@@ -559,6 +609,14 @@ class JaxBase(Pipeline):
     def traced(self) -> bool:
         """Whether the run is one jax.jit of forward and backward (else eager)."""
         return self.spec.jit
+
+    def _recording(self, program: Program, arrays: dict, diff_ids: list[str]):
+        """What the traced run also computes in its one jit, as f(constant inputs, differentiated inputs) (None:
+        nothing); its outputs go to `_recorded`."""
+        return None
+
+    def _recorded(self, program: Program, recorded) -> None:
+        pass
 
     def _report(self, program: Program, const, diff_ids, d, obs: Observation):
         """JAX's own residual report of the loss this run differentiates (traced afresh with its
@@ -678,23 +736,47 @@ def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool 
     """Every primal value of the program, evaluated concretely without remat (`traced`: by one
     jax.jit of the recording evaluation, eagerly where that cannot trace). The pipelines of one
     program share it: the last program's values are kept (keyed by program, inputs and dtype)."""
-    key = (program.content_hash(), cast_f64, traced,
-           tuple((k, v.dtype.str, v.shape, np.asarray(v).tobytes()) for k, v in sorted(inputs.items())))
+    key = _node_values_key(program, inputs, cast_f64, traced)
     hit = _NODE_VALUES.get(key)
     if hit is None:
-        hit = _node_values(program, inputs, cast_f64, traced)
-        if len(_NODE_VALUES) >= 4:
-            _NODE_VALUES.clear()
-        _NODE_VALUES[key] = hit
+        hit = _keep_node_values(key, _node_values(program, inputs, cast_f64, traced))
     return hit
+
+
+def _node_values_key(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool, traced: bool) -> tuple:
+    return (program.content_hash(), cast_f64, traced,
+            tuple((k, v.dtype.str, v.shape, np.asarray(v).tobytes()) for k, v in sorted(inputs.items())))
+
+
+def _keep_node_values(key: tuple, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    if len(_NODE_VALUES) >= 4:
+        _NODE_VALUES.clear()
+    _NODE_VALUES[key] = values
+    return values
+
+
+VALID = "\0taken:"   # a recording under jit: the flag of a value recorded in a cond's branch (taken or not)
+
+
+def taken_values(rec: dict) -> dict[str, np.ndarray]:
+    """A recording's values as NumPy arrays, those recorded in a branch not taken dropped with every flag."""
+    out = {k: np.asarray(v) for k, v in rec.items() if not k.startswith(VALID)}
+    for k, v in rec.items():
+        if k.startswith(VALID) and not bool(v):
+            out.pop(k[len(VALID):], None)
+    return out
+
+
+def _evaluate(program: Program, env: dict, cast_f64: bool) -> dict:
+    """The recording evaluation: every value of the program (inputs included) from the inputs `env`."""
+    rec = dict(env)
+    Lowering(program, remat=False, custom=False, record=rec, cast_f64=cast_f64).body(program.body, dict(env))
+    return rec
 
 
 def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool,
                  traced: bool) -> dict[str, np.ndarray]:
-    def evaluate(env):
-        rec = dict(env)
-        Lowering(program, remat=False, custom=False, record=rec, cast_f64=cast_f64).body(program.body, dict(env))
-        return rec
+    evaluate = functools.partial(_evaluate, program, cast_f64=cast_f64)
 
     def record(inputs):   # one example's values
         env = {i.id: _array(inputs[i.id], "float64" if cast_f64 else i.dtype) for i in program.inputs}
@@ -704,7 +786,7 @@ def _node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool
                 rec = jax.jit(evaluate)(env)
             except Exception:  # a value-dependent branch (or anything else that cannot trace): eagerly  # noqa: BLE001
                 rec = None
-        return {k: np.asarray(v) for k, v in (rec if rec is not None else evaluate(env)).items()}
+        return taken_values(rec if rec is not None else evaluate(env))
     return record_examples(program, inputs, record)
 
 
@@ -724,6 +806,21 @@ class JaxReference(JaxBase):
         if obs.error is None:
             obs.values = {k: v.tolist() for k, v in node_values(program, inputs, cast_f64=True,
                                                                  traced=self.traced()).items()}
+
+    def _recording(self, program, arrays, diff_ids):
+        """The node values, recorded in the jit of value and gradient (one compile, not two), on a program without
+        effects (a recording would run a callback again); apart (node_values) elsewhere or where that fails."""
+        if any(f.startswith("effect:") for f in program.features()):
+            return None
+
+        def rec(const, d):
+            return record_examples(program, {**const, **dict(zip(diff_ids, d))},
+                                   lambda env: _evaluate(program, env, cast_f64=True))
+        return rec
+
+    def _recorded(self, program, recorded):
+        key = _node_values_key(program, self._inputs, cast_f64=True, traced=True)
+        _keep_node_values(key, taken_values(recorded))
 
 
 class JaxNoRemat(JaxBase):
