@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conformance.engine.search import Shares
+from conformance.ir.residuals import _close
 from conformance.pipelines import registry as reg
 from oracles.judge import judge
 from tests.programs import op, prog
@@ -269,7 +270,8 @@ def _shaped(progs, *want):
 
 def test_the_float64_reference_records_its_node_values_in_the_one_jit_of_value_and_gradient(monkeypatch):
     # ref:f64 recorded its node values by a jit of their own (a second compile a program), eagerly on a cond (an
-    # XLA compile per primitive): now inside the jit of value and gradient, every branch recorded with a flag
+    # XLA compile per primitive), and the first eager pipeline recorded the program's own dtypes op by op: now
+    # both inside the jit of value and gradient, every branch recorded with a flag
     import jax._src.interpreters.pxla as pxla
 
     from conformance.pipelines.jax import pipelines as jp
@@ -285,10 +287,15 @@ def test_the_float64_reference_records_its_node_values_in_the_one_jit_of_value_a
         o = ref.run(p, inputs)
         assert o.error is None, (what, o.error)
         assert names[0] == "jit(fwd_bwd)" and len(names) == p.diff.order, (what, names)   # (and the hvp's)
+        # ... and the values in the program's own dtypes, which the other JAX pipelines' residuals are matched to
+        own = jp._NODE_VALUES[jp._node_values_key(p, inputs, cast_f64=False, traced=False)]
+        jp._NODE_VALUES.clear()
         eager = jp.node_values(p, inputs, cast_f64=True)   # the recording evaluation, op by op: branches taken
         assert set(o.values) == set(eager), (what, set(o.values) ^ set(eager))
         for k, v in eager.items():
             assert np.allclose(o.values[k], v, rtol=1e-13, atol=1e-300), (what, k)
+        eager = jp.node_values(p, inputs)
+        assert set(own) == set(eager) and all(own[k].dtype == v.dtype and _close(own[k], v) for k, v in eager.items())
 
 
 def test_a_recording_that_cannot_trace_leaves_the_reference_as_it_was_and_records_apart(monkeypatch):

@@ -521,7 +521,7 @@ class JaxBase(Pipeline):
                 # One compile: forward and backward in one jitted function (as jax.jit(jax.grad(f))
                 # is used), its outputs also carrying the pullback's residual leaves and what the
                 # pipeline records beside them (`_recording`).
-                rec = self._recording(program, arrays, diff_ids)
+                rec, recorded_env = self._recording(program, arrays, diff_ids) or (None, {})
 
                 def fwd_bwd(recorded_env, *d):
                     recorded = rec(recorded_env, d) if rec is not None else None
@@ -531,7 +531,6 @@ class JaxBase(Pipeline):
                     else:
                         grads = bwd(vjp_fn)
                     return loss, outs, _ref_values(vjp_fn), grads, recorded
-                recorded_env = const if rec is not None else {}
                 with timed(t, "lowering"):
                     logs = copy.deepcopy(low.logs)
                     try:
@@ -611,8 +610,8 @@ class JaxBase(Pipeline):
         return self.spec.jit
 
     def _recording(self, program: Program, arrays: dict, diff_ids: list[str]):
-        """What the traced run also computes in its one jit, as f(constant inputs, differentiated inputs) (None:
-        nothing); its outputs go to `_recorded`."""
+        """What the traced run also computes in its one jit: (f(env, differentiated inputs), env) with env the
+        further arguments f needs (None: nothing); f's outputs go to `_recorded`."""
         return None
 
     def _recorded(self, program: Program, recorded) -> None:
@@ -809,18 +808,31 @@ class JaxReference(JaxBase):
 
     def _recording(self, program, arrays, diff_ids):
         """The node values, recorded in the jit of value and gradient (one compile, not two), on a program without
-        effects (a recording would run a callback again); apart (node_values) elsewhere or where that fails."""
+        effects (a recording would run a callback again); apart (node_values) elsewhere or where that fails. Both
+        recordings: float64 (this pipeline's values) and in the program's own dtypes (what the other JAX pipelines
+        canonicalise their residuals against; the same recording on a float64 program), so that the first eager
+        pipeline does not record them op by op (an XLA compile for each primitive a loop, branch or example
+        runs on a shape of its own)."""
         if any(f.startswith("effect:") for f in program.features()):
             return None
+        own = None if _all_float64(program) else {i.id: _array(self._inputs[i.id], i.dtype) for i in program.inputs}
 
-        def rec(const, d):
-            return record_examples(program, {**const, **dict(zip(diff_ids, d))},
-                                   lambda env: _evaluate(program, env, cast_f64=True))
-        return rec
+        def rec(env, d):
+            f64 = record_examples(program, {**env["const"], **dict(zip(diff_ids, d))},
+                                  lambda e: _evaluate(program, e, cast_f64=True))
+            return {"f64": f64, "own": None if env["own"] is None else
+                    record_examples(program, env["own"], lambda e: _evaluate(program, e, cast_f64=False))}
+        return rec, {"const": {k: v for k, v in arrays.items() if k not in diff_ids}, "own": own}
 
     def _recorded(self, program, recorded):
-        key = _node_values_key(program, self._inputs, cast_f64=True, traced=True)
-        _keep_node_values(key, taken_values(recorded))
+        f64 = taken_values(recorded["f64"])
+        _keep_node_values(_node_values_key(program, self._inputs, cast_f64=True, traced=True), f64)
+        own = f64 if recorded["own"] is None else taken_values(recorded["own"])
+        _keep_node_values(_node_values_key(program, self._inputs, cast_f64=False, traced=False), own)
+
+
+def _all_float64(program: Program) -> bool:
+    return all(dt == "float64" for _, dt in program.types().values())
 
 
 class JaxNoRemat(JaxBase):
