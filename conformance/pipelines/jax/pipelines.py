@@ -560,7 +560,7 @@ class JaxBase(Pipeline):
             obs.loss = float(loss)
             obs.outputs = [_tolist(o) for o in outs]
             obs.grads = {i: _tolist(g) for i, g in zip(diff_ids, grads)}
-            kinds = sorted(f.split(":", 1)[1] for f in program.features() if f.startswith("effect:"))
+            kinds = _effect_kinds(program)
             if kinds:   # the runs of forward and backward only (0: none ran)
                 jax.effects_barrier()
                 obs.effects = {k: prelude.EFFECT_RUNS.get(k, 0) for k in kinds}
@@ -734,7 +734,8 @@ def node_values(program: Program, inputs: dict[str, np.ndarray], cast_f64: bool 
                 traced: bool = False) -> dict[str, np.ndarray]:
     """Every primal value of the program, evaluated concretely without remat (`traced`: by one
     jax.jit of the recording evaluation, eagerly where that cannot trace). The pipelines of one
-    program share it: the last program's values are kept (keyed by program, inputs and dtype)."""
+    program share it: the last program's values are kept (keyed by program, inputs and dtype); a traced
+    ref:f64 run leaves both its float64 values and the program's own dtypes (JaxReference._recorded)."""
     key = _node_values_key(program, inputs, cast_f64, traced)
     hit = _NODE_VALUES.get(key)
     if hit is None:
@@ -813,7 +814,7 @@ class JaxReference(JaxBase):
         canonicalise their residuals against; the same recording on a float64 program), so that the first eager
         pipeline does not record them op by op (an XLA compile for each primitive a loop, branch or example
         runs on a shape of its own)."""
-        if any(f.startswith("effect:") for f in program.features()):
+        if _effect_kinds(program):
             return None
         own = None if _all_float64(program) else {i.id: _array(self._inputs[i.id], i.dtype) for i in program.inputs}
 
@@ -829,6 +830,11 @@ class JaxReference(JaxBase):
         _keep_node_values(_node_values_key(program, self._inputs, cast_f64=True, traced=True), f64)
         own = f64 if recorded["own"] is None else taken_values(recorded["own"])
         _keep_node_values(_node_values_key(program, self._inputs, cast_f64=False, traced=False), own)
+
+
+def _effect_kinds(program: Program) -> list[str]:
+    """The kinds of effect the program's statements have (features `effect:<kind>`), sorted."""
+    return sorted(f.split(":", 1)[1] for f in program.features() if f.startswith("effect:"))
 
 
 def _all_float64(program: Program) -> bool:
