@@ -123,11 +123,10 @@ def _unnamed_within(compiled: Observation, eager: Observation, program: Program,
     extra = classes(compiled) - {tuple(r.cls) for r in eager.residuals}
     if not extra:
         return None
+    detail = {"extra_saved": sorted("/".join(c) for c in extra), "missing_saved": [], "scope": "policy_saved_unnamed",
+              "saved": residuals.describe(compiled.residuals), "reference_saved": residuals.describe(eager.residuals)}
     return Verdict(check="residuals", pipeline=compiled.pipeline, reference=eager.pipeline, status="fail",
-                   error_type="extra", detail={"extra_saved": sorted("/".join(c) for c in extra), "missing_saved": [],
-                                               "scope": "policy_saved_unnamed",
-                                               "saved": residuals.describe(compiled.residuals),
-                                               "reference_saved": residuals.describe(eager.residuals)})
+                   error_type="extra", detail={**detail, "causes": residuals.causes(program, detail)})
 
 
 def compare_residuals(torch_obs: Observation, jax_obs: Observation,
@@ -144,7 +143,7 @@ def compare_residuals(torch_obs: Observation, jax_obs: Observation,
         if across:
             exempt = exempt | derivative_factor_reads(program)
         v = residuals.compare(_restrict(torch_obs, ids, exempt), _restrict(jax_obs, ids, exempt),
-                              named_only=True)
+                              named_only=True, program=program)
         v.detail = {**v.detail, "scope": "policy_named"} if v.detail else v.detail
         if v.status == "pass" and not across:
             return _unnamed_within(torch_obs, jax_obs, program, live, exempt) or v

@@ -29,6 +29,7 @@ from conformance.ir.program import Program
 from conformance.ir.verdict import Verdict
 from conformance.pipelines import registry
 from oracles.missing import missing, skip_unless
+from oracles.residual_causes import causes
 
 
 def _named(res: list[Residual]) -> Counter:
@@ -48,8 +49,9 @@ def describe(res: list[Residual]) -> list[str]:
 
 
 def compare(obs: Observation, ref: Observation, named_only: bool = False,
-            inputs: frozenset[str] = frozenset()) -> Verdict:
-    """`inputs`: the program's input ids (an unnamed residual that is one is told apart)."""
+            inputs: frozenset[str] = frozenset(), program: Program | None = None) -> Verdict:
+    """`inputs`: the program's input ids (an unnamed residual that is one is told apart). With the
+    `program`, a difference names its causes (oracles.residual_causes) in the detail."""
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
     if skip_unless(v, "residuals", obs, ref):
         return v
@@ -73,6 +75,8 @@ def compare(obs: Observation, ref: Observation, named_only: bool = False,
         v.error_type = "missing" if missing and not extra else "extra" if extra and not missing else (
             "named" if missing or extra else "other")
         v.detail = {**detail, "saved": describe(obs.residuals), "reference_saved": describe(ref.residuals)}
+        if program is not None:
+            v.detail["causes"] = causes(program, v.detail)
     return v
 
 
@@ -207,6 +211,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.status = "fail"
         v.error_type = "saved_against_policy"
         v.detail = {"saved_against_policy": describe(bad), "saved": describe(obs.residuals)}
+        v.detail["causes"] = causes(program, v.detail)
         return v
     # (a partitioner may save any layout of what the backward reads: eager pipelines are checked)
     layout = [] if partitioned else _views_in_another_layout(program, obs, policies, types, ops, values)

@@ -98,7 +98,8 @@ def test_across_frameworks_a_named_value_a_derivative_rule_decides_is_not_compar
     v = find(j, "residuals", "torch:compile-aot_eager", "torch:eager-sac")
     assert (v.status, v.error_type) == ("fail", "missing")
     assert v.detail == {"missing_named": ["n/s"], "extra_named": [], "scope": "policy_named", "saved": [],
-                        "reference_saved": ["n/s['a']:float64[3]"]}
+                        "reference_saved": ["n/s['a']:float64[3]"],
+                        "causes": ["recomputes a value named in plain code [everything:save]"]}
 
 
 def test_a_compiled_pipelines_rule_calls_must_be_among_eager_ones_in_the_judge():
@@ -294,7 +295,8 @@ def test_compiled_pytorch_keeping_an_unnamed_policy_saved_class_eager_lacks_is_r
                                      error_type="extra", detail={
                                          "extra_saved": ["c/c2"], "missing_saved": [],
                                          "scope": "policy_saved_unnamed", "saved": ["c/c2:float64[3]"],
-                                         "reference_saved": ["x:float64[3]"]})
+                                         "reference_saved": ["x:float64[3]"],
+                                         "causes": ["saves an op's output [custom:save]"]})
     # across frameworks unnamed values are never compared
     assert cross_framework.compare_residuals(ob("torch:eager-sac", res=[R(["c", "c2"])]), ob("jax:remat2", res=[]),
                                              TWO_COS).model_dump() == verdict(

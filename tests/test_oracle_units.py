@@ -363,7 +363,10 @@ def test_policy_blames_only_values_every_enclosing_policy_recomputes():
     v = residuals.check_policy(p, bad)
     assert v.status == "fail" and v.error_type == "saved_against_policy"
     assert v.detail == {"saved_against_policy": ["m:float64[3]", "c/nb['b']:float64[3]"],
-                        "saved": ["?:float64[3]", "m:float64[3]", "na/s['a']:float64[3]", "c/nb['b']:float64[3]"]}
+                        "saved": ["?:float64[3]", "m:float64[3]", "na/s['a']:float64[3]", "c/nb['b']:float64[3]"],
+                        # each blamed value's cause: what it is and what its one policy (save only 'a') decided
+                        "causes": ["saves against its policy a dot's output [names:recompute]",
+                                   "saves against its policy a value named in plain code [names:recompute]"]}
     v = residuals.check_policy(p, ob("jax:remat2", res=None))
     assert v.status == "skipped" and v.detail == {"reason": "jax:remat2 records no residuals"}
 

@@ -40,9 +40,47 @@ def _err(detail: dict, limit: int = 300) -> str:
     return f"{got.get('type', 'an error')}: {first}" if first else got.get("type", "an error")
 
 
+_RULE_WORDS = {"names": "names policy", "dots": "dots policy", "everything": "save-everything policy",
+               "everything_but_names": "save-anything-except-names policy", "custom": "custom policy",
+               "nothing": "save-nothing policy"}
+_DECISION_WORDS = {"save": "saves", "offload": "offloads", "recompute": "recomputes"}
+_CAUSE = re.compile(r"^(?P<head>.*?) \[(?P<chain>[^\]]*)\](?P<tail>.*)$")
+
+
+def cause_text(cause: str) -> str:
+    """A residual difference's cause (oracles.residual_causes) as a sentence's predicate: "recomputes a value
+    named in a custom_vjp fwd that its names policy saves"."""
+    m = _CAUSE.match(cause)
+    if m is None:
+        return cause
+    head, chain, tail = m.group("head"), m.group("chain"), m.group("tail")
+    if head.startswith("saves against its policy "):
+        head = "saves " + head.removeprefix("saves against its policy ")
+    if chain == "boundary":
+        return f"{head} (outside every checkpoint region){tail}"
+    steps = [x.split(":", 1) for x in chain.split(" > ")]
+    rule, decision = steps[-1]
+    outer = "; ".join(f"the outer {_RULE_WORDS.get(r, r)} {_DECISION_WORDS.get(d, d)} it" for r, d in steps[:-1])
+    return (f"{head} that its {_RULE_WORDS.get(rule, rule)} {_DECISION_WORDS.get(decision, decision)}"
+            + (f" ({outer})" if outer else "") + tail)
+
+
+def residual_title(f, causes: list[str]) -> str:
+    """A residual difference named by its first cause, and what the reference does with that value."""
+    first = causes[0]
+    more = f" (and {len(causes) - 1} more cause{'s' * (len(causes) > 2)})" if len(causes) > 1 else ""
+    if f.reference == "policy":
+        return f"{f.pipeline} {cause_text(first)}{more}"
+    against = (f", which {f.reference} saves" if first.startswith("recomputes ")
+               else f", which {f.reference} does not save")
+    return f"{f.pipeline} {cause_text(first)}{against}{more}"
+
+
 def title(f) -> str:
     """One line naming the behaviour (no harness jargon beyond the pipeline's name)."""
     d = f.detail
+    if f.check == "residuals" and d.get("causes"):
+        return residual_title(f, list(d["causes"]))
     if f.check == "error":
         if isinstance(d.get("expected"), dict):
             return f"{f.pipeline}: does not raise the documented error (/{d['expected'].get('regex', '')}/)"

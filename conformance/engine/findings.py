@@ -168,18 +168,23 @@ def observations_problem(detail: dict) -> tuple[str, str] | None:
 def error_root(detail: dict) -> str | None:
     """What an error finding raised, as the root of its behaviour: the type and the first two
     lines of the message, numbers and addresses blanked (`float32[2]` and `float32[2,2]` read
-    alike). None for a missing error or a message too short to tell roots apart."""
+    alike); for a message too short to tell roots apart, the framework frame that raised it (ErrorInfo.where).
+    None for a missing error, or a short message whose raise site is unknown."""
     got = detail.get("got") if isinstance(detail, dict) else None
     if not isinstance(got, dict) or not isinstance(got.get("message"), str):
         return None
     lines = [x.strip() for x in got["message"].strip().splitlines() if x.strip()][:2]
     text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))[:240]
-    return f"{got.get('type', '')}: {text}" if len(text) >= 12 else None
+    if len(text) >= 12:
+        return f"{got.get('type', '')}: {text}"
+    # a message too short to tell roots apart (a bare AssertionError): where the framework raised it
+    return f"{got.get('type', '')}: raised in {got['where']}" if isinstance(got.get("where"), str) else None
 
 
 # A verdict's detail keys that give context rather than what differed: the observations a report
-# shows, notes, and the other pipelines that also differ (they depend on which pipelines ran).
-DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also_differs_from"})
+# shows, notes, the other pipelines that also differ (they depend on which pipelines ran), and a
+# residual difference's causes (read from the program and the saved sets the detail holds).
+DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also_differs_from", "causes"})
 # Where a framework's message turns from what went wrong into where (tracebacks echo the harness's
 # own source lines, which move with every edit) or advice.
 _MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing",

@@ -18,9 +18,11 @@ from __future__ import annotations
 import re
 
 from conformance.engine.findings import VARIANT_DIMENSIONS, Finding, Seen, error_root, signature_features
+from conformance.ir.program import Program
 from conformance.ir.verdict import Triage
 from conformance.pipelines import registry
 from conformance.pipelines.registry import CompareMode
+from oracles.residual_causes import causes as cause_names
 
 DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 # Op families: which op shows a behaviour is a variant of it when the minimal program fails
@@ -114,12 +116,67 @@ def residual_direction(check: str, pipeline: str, reference: str, detail: dict) 
     return None
 
 
+CAUSE_SEP = " + "
+
+
+def residual_causes(check: str, detail: dict) -> list[str]:
+    """The causes a residual verdict's detail names (oracles.residual_causes, read by the oracle); [] for
+    another check or a difference no value tells apart."""
+    if check != "residuals" or not isinstance(detail, dict):
+        return []
+    return [c for c in detail.get("causes") or [] if isinstance(c, str)]
+
+
+def with_causes(f: Finding) -> Finding:
+    """A residual finding whose detail predates causes (a corpus entry) gets them from its program and
+    detail, as the oracle names them."""
+    if f.check == "residuals" and "causes" not in f.detail:
+        try:
+            prog = Program.model_validate(f.program)
+        except ValueError:
+            return f
+        f.detail = {**f.detail, "causes": cause_names(prog, f.detail)}
+    return f
+
+
 def evidence_root(check: str, pipeline: str, reference: str, detail: dict) -> str | None:
     """What a verdict's own evidence says its root is, where it says one: the raise of an error
-    (findings.error_root), the direction of a residual difference (residual_direction)."""
+    (findings.error_root); the causes of a residual difference (each value's decision, CAUSE_SEP
+    between them), else its direction (residual_direction)."""
     if check == "error":
         return error_root(detail)
+    causes = residual_causes(check, detail)
+    if causes:
+        return CAUSE_SEP.join(sorted(causes))
     return residual_direction(check, pipeline, reference, detail)
+
+
+def covering_finding(findings: list[Finding], key: tuple, causes: list[str]) -> Finding | None:
+    """The finding a residual difference with these causes is counted under: every cause is one of a finding
+    of its family (pipeline twins, one reference family), and the finding holding its first cause stands
+    for it. None while any cause is new: a new cause is never swallowed by a known direction."""
+    fam = family_key(*key[:3])
+    held = {}
+    for f in findings:
+        if family_key(f.check, f.pipeline, f.reference) == fam:
+            for c in residual_causes(f.check, f.detail):
+                held.setdefault(c, f)
+    if not causes or any(c not in held for c in causes):
+        return None
+    return held[sorted(causes)[0]]
+
+
+def new_causes(findings: list[Finding], key: tuple, causes: list[str]) -> list[str]:
+    """The causes of a residual difference that no finding of its family holds yet, sorted."""
+    fam = family_key(*key[:3])
+    held = {c for f in findings if family_key(f.check, f.pipeline, f.reference) == fam
+            for c in residual_causes(f.check, f.detail)}
+    return sorted(c for c in causes if c not in held)
+
+
+# Checks whose label names what of a custom rule moved (a trace counter, a rule field): part of the root,
+# with the constructs the program cannot lose (a fwd traced twice in a cond is not a bwd called twice there).
+RULE_CHECKS = frozenset({"trace_count", "custom_rule"})
 
 
 def root_key(f: Finding) -> str:
@@ -135,6 +192,8 @@ def root_key(f: Finding) -> str:
     what = raised if raised is not None else "+".join(root_features(f.features))
     if f.check == "error" and raised is None:   # an error where none was expected, of no raise evidence
         what = f"{f.error_type or 'none'}:{what}"
+    elif f.check in RULE_CHECKS and raised is None:   # which of the rule's counts or fields moved, and where
+        what = f"{f.error_type or '-'}:{what}"
     return f"{check}|{pfam}|{rfam}|{what}"
 
 
@@ -264,7 +323,9 @@ def default_title(f: Finding) -> str:
 
 
 def stamp(f: Finding) -> Finding:
-    """Give a new finding its root key, its own variants, a title and a suggested class."""
+    """Give a new finding its causes (a residual difference), root key, its own variants, a title and a
+    suggested class."""
+    with_causes(f)
     f.root = root_key(f)
     if not f.variants:
         record_variant(f, finding_variants(f), f.first_seen, max(f.count, 1))

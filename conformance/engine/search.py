@@ -40,14 +40,18 @@ from hypothesis import seed as hseed
 from conformance.engine.findings import Finding, detail_digest, error_root, make_finding, residuals_digest
 from conformance.engine.reduce import candidates
 from conformance.engine.roots import (
+    CAUSE_SEP,
+    covering_finding,
     evidence_root,
     expectation_root,
     family_key,
     labels_seen,
     merge_variants,
     nested_roots,
+    new_causes,
     pipelines_seen,
     read_as_root,
+    residual_causes,
     root_features,
     root_key,
     root_label,
@@ -152,7 +156,11 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     same check, reference and error type that raised the same and whose key the program also fails
     (one raise, reached through another policy or pipeline spelling); for a residual difference in
     direction `root` (roots.residual_direction), one of its family that departs the same way; a trace count of several
-    counters is known when each counter's is. None: a behaviour not known yet."""
+    counters is known when each counter's is. A residual difference whose evidence names its causes
+    (roots.evidence_root) is known only when each cause is (roots.covering_finding), whatever its key.
+    None: a behaviour not known yet."""
+    if key[0] == "residuals" and root is not None and root not in ("saves less", "saves more"):
+        return covering_finding(findings, key, root.split(CAUSE_SEP))
     for f in findings:
         if f.key() == tuple(key) and f.core_features() <= feats:
             return f
@@ -200,7 +208,12 @@ def same_behaviour(f: Finding, g: Finding) -> bool:
     """One root behaviour: the same root (conformance.engine.roots.root_key: check, pipeline and reference
     families, and what the shrunk program cannot lose, or the same raise), or the same key shrunk
     to the same or nested feature sets, or raising the same error (findings.error_root), or each
-    one's shrunk program fails the other's verdict (siblings: pipeline variants)."""
+    one's shrunk program fails the other's verdict (siblings: pipeline variants). A residual difference
+    with causes is one behaviour with `f` (the finding already held) when `f` holds each of `g`'s causes."""
+    cf, cg = residual_causes(f.check, f.detail), residual_causes(g.check, g.detail)
+    if cf and cg:
+        return (family_key(f.check, f.pipeline, f.reference) == family_key(g.check, g.pipeline, g.reference)
+                and set(cg) <= set(cf))
     if f.root and f.root == g.root or nested_roots(f, g):
         return True
     nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
@@ -220,7 +233,8 @@ def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
         for key in f.reproduces + ([list(f.key())] if f.key() != g.key() else []):
             if key not in g.reproduces:
                 g.reproduces.append(key)
-        if g.key() == f.key() and f.core_features() < g.core_features():
+        if (g.key() == f.key() and f.core_features() < g.core_features()
+                and set(residual_causes(f.check, f.detail)) == set(residual_causes(g.check, g.detail))):
             # g's list already holds f's keys; a tracked behaviour stays tracked, and so do its
             # title and class
             f.count, f.reproduces, f.tracked, f.variants = g.count, g.reproduces, g.tracked, g.variants
@@ -350,6 +364,17 @@ class Target:
     steps: int = 0
     last_emit: float = 0.0
     tried: dict = dataclasses.field(default_factory=dict)   # (hash, seed) -> failed the target's way
+    # a residual difference: the cause the shrink keeps (the first no finding holds); a reduction that loses
+    # it shows another cause, not a smaller program of this one
+    cause: str | None = None
+
+    def failure(self, j) -> Verdict | None:
+        """The verdict of judgement `j` that fails the target's way: its key; for a residual difference with a
+        cause, its check, pipeline and reference with that cause among its own (the label may change)."""
+        if self.cause is None:
+            return next((v for v in j.failures() if v.key() == self.key), None)
+        return next((v for v in j.failures() if v.key()[:3] == self.key[:3]
+                     and self.cause in residual_causes(v.check, v.detail)), None)
 
 
 class Searcher:
@@ -378,7 +403,7 @@ class Searcher:
         while its shrinks find new behaviours)."""
         f = known_finding(self.findings, v.key(), feats, failing, evidence_root(v.check, v.pipeline, v.reference,
                                                                                    v.detail))
-        if f is not None:
+        if f is not None or residual_causes(v.check, v.detail):   # a new cause is shrunk, however often its key was
             return f
         asked = expectation_root(v.check, v.pipeline, v.reference, v.error_type, v.expectation, v.detail)
         if asked is not None:   # an expected error that did not come: the expectation's root, whatever the program
@@ -486,8 +511,10 @@ class Searcher:
 
     def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
         self.shrinks_per_key[v.key()] += 1
+        causes = residual_causes(v.check, v.detail)
         self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
-                             original_size=prog.size(), origin=h, started=time.monotonic())
+                             original_size=prog.size(), origin=h, started=time.monotonic(),
+                             cause=(new_causes(self.findings, v.key(), causes) or causes or [None])[0])
         self._emit_shrink(force=True)
         _found()
 
@@ -519,7 +546,7 @@ class Searcher:
         t.steps += 1
         _, obs, j = self.evaluate(prog, seed, needed_pipelines(t.key, self.opts.pipelines))
         self._emit_shrink()
-        v = next((v for v in j.failures() if v.key() == t.key), None)
+        v = t.failure(j)
         t.tried[h] = v is not None
         if v is not None:
             if prog.size() <= t.program.size():
@@ -543,7 +570,7 @@ class Searcher:
                 t.steps += 1
                 _, obs, j = self.evaluate(cand, t.seed, names)
                 self._emit_shrink(t=t)
-                v = next((v for v in j.failures() if v.key() == t.key), None)
+                v = t.failure(j)
                 t.tried[h] = v is not None
                 if v is not None:
                     t.program, t.verdict, t.observations = cand, v, obs
@@ -564,7 +591,7 @@ class Searcher:
         f.original_size = t.original_size
         _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
         f.detail = {**f.detail, "observations": obs_digest({**t.observations, **obs}, t.key[1])}
-        f.reproduces = sibling_keys(j, t.key)
+        f.reproduces = sibling_keys(j, t.verdict.key())
         f.root = root_key(f)
         if any(same_behaviour(g, f) for g in self.findings):   # nothing new: shrink this key no more
             self.shrinks_per_key[t.key] = max(self.shrinks_per_key[t.key], self.opts.max_shrinks_per_key)

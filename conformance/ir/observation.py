@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from conformance.ir.verdict import Stage
 
@@ -14,6 +14,16 @@ class ErrorInfo(BaseModel):
     type: str
     message: str
     stage: Stage
+    # where a message too short to tell errors apart (a bare AssertionError) was raised: the framework's
+    # innermost frame, `package/path.py:function` (absent otherwise, and from the dump)
+    where: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_where(self, handler):
+        out = handler(self)
+        if isinstance(out, dict) and out.get("where") is None:
+            out.pop("where", None)
+        return out
 
     @field_validator("message")
     @classmethod

@@ -174,6 +174,9 @@ class KindDecl:
     # (per-example programs) JAX's policy sees the batched shapes where PyTorch's per-example
     # loop sees one example's
     on_shapes: bool = False
+    # what the kind reads to decide, as a residual difference's cause names it (names, dots, everything,
+    # everything_but_names, custom, nothing); `both` is read as the sub-policy that decided (deciding_rule)
+    rule: str = "custom"
 
     @property
     def kind(self) -> str:
@@ -183,35 +186,41 @@ class KindDecl:
 KINDS: dict[str, KindDecl] = {}
 
 
-def _kind(model, decide, fields=(), offloads=False, region_only=False, on_shapes=False):
-    k = KindDecl(model, decide, fields, offloads, region_only, on_shapes)
+def _kind(model, decide, fields=(), offloads=False, region_only=False, on_shapes=False, rule="custom"):
+    k = KindDecl(model, decide, fields, offloads, region_only, on_shapes, rule)
     KINDS[k.kind] = k
 
 
 # Declaration order is the generator's order (the first is the simplest).
-_kind(Nothing, lambda p, op, name, b, n: "recompute")
+_kind(Nothing, lambda p, op, name, b, n: "recompute", rule="nothing")
 _kind(SaveOnlyNames, lambda p, op, name, b, n: "save" if name is not None and name in p.names else "recompute",
-      ("names",))
-_kind(Everything, lambda p, op, name, b, n: "save")
-_kind(Dots, lambda p, op, name, b, n: "save" if _is_dot(op, b) else "recompute")
-_kind(DotsNoBatch, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True)
+      ("names",), rule="names")
+_kind(Everything, lambda p, op, name, b, n: "save", rule="everything")
+_kind(Dots, lambda p, op, name, b, n: "save" if _is_dot(op, b) else "recompute", rule="dots")
+_kind(DotsNoBatch, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True,
+      rule="dots")
 _kind(SaveAnyNamesButThese,
-      lambda p, op, name, b, n: "save" if name is not None and name not in p.names else "recompute", ("names",))
+      lambda p, op, name, b, n: "save" if name is not None and name not in p.names else "recompute", ("names",),
+      rule="names")
 _kind(SaveAnythingExceptNames,
-      lambda p, op, name, b, n: "recompute" if name is not None and name in p.names else "save", ("names",))
-_kind(Ops, lambda p, op, name, b, n: "save" if _alike(op) & set(p.ops) else "recompute", ("ops",))
+      lambda p, op, name, b, n: "recompute" if name is not None and name in p.names else "save", ("names",),
+      rule="everything_but_names")
+_kind(Ops, lambda p, op, name, b, n: "save" if _alike(op) & set(p.ops) else "recompute", ("ops",), rule="custom")
 _kind(OffloadDotsNoBatch, lambda p, op, name, b, n: "offload" if _is_dot_no_batch(op, b) else "recompute",
-      offloads=True, on_shapes=True)
+      offloads=True, on_shapes=True, rule="dots")
 _kind(SaveAndOffloadNames, lambda p, op, name, b, n: (
     "save" if name is not None and name in p.saved else
-    "offload" if name is not None and name in p.offloaded else "recompute"), ("saved", "offloaded"), offloads=True)
+    "offload" if name is not None and name in p.offloaded else "recompute"), ("saved", "offloaded"), offloads=True,
+    rule="names")
 _kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.elements else "recompute",
-      ("elements",), on_shapes=True)
-_kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"))
-_kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True)
-_kind(NoPolicy, lambda p, op, name, b, n: "recompute", region_only=True)
+      ("elements",), on_shapes=True, rule="custom")
+_kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"),
+      rule="both")
+_kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True,
+      rule="dots")
+_kind(NoPolicy, lambda p, op, name, b, n: "recompute", region_only=True, rule="nothing")
 _kind(OffloadOps, lambda p, op, name, b, n: "offload" if _alike(op) & set(p.ops) else "recompute", ("ops",),
-      offloads=True)
+      offloads=True, rule="custom")
 
 POLICY_KINDS = tuple(KINDS)
 
@@ -224,6 +233,16 @@ def decide(p, op: str | None, name: str | None, batched: bool = False, elements:
     if k is None:
         raise ValueError(f"unknown policy kind {p.kind!r}")
     return k.decide(p, op, name, batched, elements)
+
+
+def deciding_rule(p, op: str | None, name: str | None, batched: bool = False, elements: int | None = None) -> str:
+    """What a policy read to decide on a value (KindDecl.rule): for save_from_both_policies, the rule of the
+    sub-policy whose decision stands (the one that saves, else the first)."""
+    if combines(p):
+        d = decide(p, op, name, batched, elements)
+        sub = p.a if decide(p.a, op, name, batched, elements) == d else p.b
+        return deciding_rule(sub, op, name, batched, elements)
+    return KINDS[p.kind].rule
 
 
 def thresholds(p) -> list[int]:

@@ -2,13 +2,40 @@
 Observation. It never judges."""
 from __future__ import annotations
 
+import os
 import time
+import traceback
 from contextlib import contextmanager
 
 import numpy as np
 
-from conformance.ir.observation import Observation
+from conformance.ir.observation import ErrorInfo, Observation
 from conformance.ir.program import Program
+
+# A message shorter than this tells no error apart from another (engine.findings.error_root): the raise
+# site is recorded instead.
+SHORT_MESSAGE = 12
+_HARNESS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def raise_site(e: BaseException) -> str | None:
+    """The innermost frame of the traceback outside the harness, as `package/path.py:function` (the part
+    after site-packages, no line number: lines move between releases, functions rarely)."""
+    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+        path = os.path.abspath(fr.filename)
+        if path.startswith(_HARNESS + os.sep) and "site-packages" not in path:
+            continue
+        tail = path.split("site-packages" + os.sep, 1)[-1] if "site-packages" in path else os.path.basename(path)
+        return f"{tail}:{fr.name}"
+    return None
+
+
+def error_info(e: BaseException, stage: str) -> ErrorInfo:
+    """What an observation records of an exception; where its message is too short to tell it apart, the
+    framework frame that raised it."""
+    message = str(e)
+    where = raise_site(e) if len(message.strip()) < SHORT_MESSAGE else None
+    return ErrorInfo(type=type(e).__name__, message=message[:4000], stage=stage, where=where)
 
 
 class Pipeline:

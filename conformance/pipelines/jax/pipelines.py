@@ -28,17 +28,20 @@ except ImportError:   # jax < 0.11 (a matrix cell): oracles/expectations.json de
 from conformance.ir.batching import record_examples  # noqa: E402
 from conformance.ir.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
 from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan
-from conformance.ir.observation import CustomRuleLog, ErrorInfo, Observation, ReportedResidual  # noqa: E402
+from conformance.ir.observation import CustomRuleLog, Observation, ReportedResidual  # noqa: E402
 from conformance.ir.ops import CAST_OP, dropout_mask  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
 from conformance.pipelines import registry  # noqa: E402
-from conformance.pipelines.base import Pipeline, timed  # noqa: E402
+from conformance.pipelines.base import Pipeline, error_info, timed  # noqa: E402
 from conformance.pipelines.jax import eager_cache, prelude, xla_cache
 from conformance.pipelines.jax import table as jax_table  # noqa: E402
 from conformance.pipelines.tables import compile_table, helpers, unlowered  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+# JAX's internal frames kept in tracebacks (the messages are the same): a bare AssertionError is told apart by the
+# frame that raised it (pipelines.base.raise_site)
+jax.config.update("jax_traceback_filtering", "off")
 
 
 def _cpu_devices():
@@ -584,7 +587,7 @@ class JaxBase(Pipeline):
                     jax.block_until_ready(grads2)
                 obs.grads2 = {i: _tolist(g) for i, g in zip(diff_ids, grads2)}
         except Exception as e:  # the observation records it; oracles judge  # noqa: BLE001
-            obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
+            obs.error = error_info(e, stage)
         obs.custom_rules = {k: v for k, v in low.logs.items()}
 
     def _wrap(self):

@@ -38,7 +38,7 @@ from conformance.ir.ops import DATA_DEPENDENT  # noqa: E402
 from conformance.ir.ops import OPS as OP_DECLS  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
-from conformance.pipelines.base import Pipeline, timed  # noqa: E402
+from conformance.pipelines.base import Pipeline, error_info, timed  # noqa: E402
 from conformance.pipelines.registry import TORCH_OPTIONS
 from conformance.pipelines.tables import unlowered  # noqa: E402
 from conformance.pipelines.torch import prelude
@@ -395,7 +395,7 @@ class TorchBase(Pipeline):
             if stage == "lowering" and not sp.export and not type(e).__module__.startswith(
                     ("torch._dynamo", "torch._inductor")):
                 stage = "forward"
-            obs.error = ErrorInfo(type=type(e).__name__, message=str(e)[:4000], stage=stage)
+            obs.error = error_info(e, stage)
         if self.compile:
             # Traced rules are not observable at run time: keep only logs of rules that ran
             # eagerly (after a graph break).

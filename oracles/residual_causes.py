@@ -1,0 +1,204 @@
+"""The cause of a residual difference: for each value one pipeline saves and the other does not, the
+decision behind it, read from what a residual verdict's detail already holds (the canonical classes
+of both saved sets) and the program (what each class's value is, where a name was given, which
+regions' policies decide on it, how the program is differentiated).
+
+A cause is one short line, the same for every program whose difference has that cause:
+    recomputes a value named in a custom_vjp fwd [names:save]
+    saves a program input the loss does not read [boundary]
+    saves against its policy an op's output [nothing:recompute], second order (fwd_over_rev)
+  verb      recomputes (the reference saves it), saves (the reference does not), saves against its
+            policy (a value every enclosing policy says to recompute)
+  value     what the value is: a value named in plain code / in a custom_vjp fwd / in a custom_jvp
+            function / by checkpoint_name_fwd, a custom_vjp residual, a loop carry or slice, a program
+            input, a value of a cond branch, a dot's output, an op's output, an unmatched value; "the
+            loss does not read" where no differentiated output depends on it
+  decision  each enclosing region's policy, outermost first: what it read to decide (KindDecl.rule: names,
+            dots, everything, everything_but_names, custom, nothing) and its decision; `boundary` for a
+            value outside every region (a program input, a region's argument made outside it)
+  diff      the differentiation where it is not plain reverse mode (second order's mode, per example)
+A class of equal values is described by the member a policy saves (else the most specific member): a
+name tag whose producer a policy saves is that op's output, as the policy decided. Where a pipeline
+recomputes a value, what it saves at a boundary instead (the region's input the recompute starts from)
+is that cause's consequence, not a cause of its own.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from conformance.ir.nodes import (
+    DERIVATIVE_CTX,
+    Cond,
+    CustomVJP,
+    base_id,
+    checkpoint_name_of,
+    input_elements,
+    live_values,
+    primal_ops,
+    walk,
+)
+from conformance.ir.ops import NAME_FWD_OP, NAME_OPS, OPS
+from conformance.ir.policy import decide, deciding_rule
+from conformance.ir.program import Program
+
+RECOMPUTES, SAVES, AGAINST_POLICY = "recomputes", "saves", "saves against its policy"
+_DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
+_INPUT = " (a program input)"   # (oracles.residuals: how an unnamed residual that is an input is told apart)
+
+
+@dataclass(frozen=True)
+class Saved:
+    """One described residual (Residual.describe): its class ids, whether it is named, dtype and shape."""
+    cls: tuple[str, ...]
+    named: bool
+    dtype: str
+    shape: str
+
+    @property
+    def cls_text(self) -> str:
+        return "/".join(self.cls)
+
+
+def parse(described: str) -> Saved | None:
+    m = _DESCRIBED.match(described.strip())
+    if m is None:
+        return None
+    ids = tuple(i for i in m.group("cls").split("/") if i and i != "?")
+    return Saved(ids, bool(m.group("names")), m.group("dtype"), m.group("shape"))
+
+
+def _parsed(items) -> list[Saved]:
+    return [s for s in (parse(x) for x in items or [] if isinstance(x, str)) if s is not None]
+
+
+def _other_key(s: Saved, inputs: set[str]) -> str:
+    return f"{s.dtype}{s.shape}" + (_INPUT if inputs & set(map(base_id, s.cls)) else "")
+
+
+def _pick(wanted: list[str], side: list[Saved], other: list[Saved], key) -> list[Saved]:
+    """For each wanted entry, one residual of `side` it describes, one whose class `other` lacks first."""
+    others = {o.cls_text for o in other}
+    pool = sorted(side, key=lambda s: s.cls_text in others)
+    out = []
+    for w in wanted:
+        s = next((s for s in pool if key(s) == w), None)
+        if s is not None:
+            pool.remove(s)
+            out.append(s)
+    return out
+
+
+def differing(detail: dict, inputs: set[str]) -> list[tuple[str, Saved]]:
+    """(verb, residual) for each value a residual verdict's detail says differs."""
+    if not isinstance(detail, dict):
+        return []
+    if "saved_against_policy" in detail:
+        return [(AGAINST_POLICY, s) for s in _parsed(detail.get("saved_against_policy"))]
+    saved, ref = _parsed(detail.get("saved")), _parsed(detail.get("reference_saved"))
+    out = []
+    for verb, side, other, named_key, other_key in ((RECOMPUTES, ref, saved, "missing_named", "missing_other"),
+                                                    (SAVES, saved, ref, "extra_named", "extra_other")):
+        named = [s for s in side if s.named]
+        out += [(verb, s) for s in _pick(list(detail.get(named_key) or []), named, other, lambda s: s.cls_text)]
+        unnamed = [s for s in side if not s.named]
+        out += [(verb, s) for s in _pick(list(detail.get(other_key) or []), unnamed, other,
+                                         lambda s: _other_key(s, inputs))]
+    # (torch.compile against eager SAC: the classes it keeps that a policy saves and eager does not)
+    out += [(SAVES, s) for s in _pick(list(detail.get("extra_saved") or []), saved, ref, lambda s: s.cls_text)]
+    return out
+
+
+class _Program:
+    """What the causes read of one program, computed once."""
+
+    def __init__(self, prog: Program):
+        self.prog = prog
+        self.policies, self.exempt = prog.analysis().contexts
+        self.types = prog.types()
+        self.ops = primal_ops(prog)
+        self.inputs = {i.id for i in prog.inputs}
+        self.where: dict[str, str] = {}     # value id -> carry, slice, branch
+        self.residuals: set[str] = set()    # custom_vjp residual ids
+        for s, _, path, ctx in walk(prog.body):
+            if ctx in DERIVATIVE_CTX:
+                continue
+            if isinstance(s, CustomVJP):
+                self.residuals.update(s.residuals)
+            if isinstance(s, Cond):
+                for b in s.branches:
+                    for t, _, _, c in walk(b):
+                        if c not in DERIVATIVE_CTX:
+                            self.where.update({r: "branch" for r in ([t.out] if hasattr(t, "out") else t.results)})
+            if hasattr(s, "carry"):
+                self.where.update({i: "carry" for i in s.carry})
+                self.where.update({i: "slice" for i in s.xs})
+        self.ctx = {s.out: ctx for s, _, _, ctx in walk(prog.body) if hasattr(s, "out") and ctx not in DERIVATIVE_CTX}
+        differentiated = prog.outputs[:len(prog.outputs) - prog.diff.aux] if prog.diff.aux else prog.outputs
+        self.live = live_values(prog.model_copy(update={"outputs": list(differentiated)}))
+
+    def value(self, i: str) -> tuple[int, str]:
+        """(how specific, what the value is): a class is described by its most specific member."""
+        s = self.ops.get(i)
+        if s is not None and s.op in NAME_OPS:
+            if s.op == NAME_FWD_OP:
+                return 0, "a value named by checkpoint_name_fwd"
+            where = {"fwd": "in a custom_vjp fwd", "primal": "in a custom_jvp function"}.get(self.ctx.get(i),
+                                                                                            "in plain code")
+            return 0, f"a value named {where}"
+        if i in self.residuals:
+            return 1, "a custom_vjp residual"
+        if self.where.get(i) in ("carry", "slice"):
+            return 2, f"a loop {self.where[i]}"
+        if i in self.inputs:
+            return 3, "a program input"
+        if self.where.get(i) == "branch":
+            return 4, "a value of a cond branch"
+        if s is not None and OPS[s.op].dot:
+            return 5, "a dot's output"
+        return (6, "an op's output") if s is not None else (7, "a value")
+
+    def decisions(self, i: str) -> list[tuple[str, str]]:
+        """(rule, decision) of each enclosing policy, outermost first; [] where no policy governs."""
+        s = self.ops.get(i)
+        if s is None or not self.policies.get(i):
+            return []
+        batched = OPS[s.op].batched([self.types[a][0] for a in s.args])
+        n = input_elements(s, self.types)
+        name = checkpoint_name_of(s)
+        return [(deciding_rule(p, s.op, name, batched, n), decide(p, s.op, name, batched, n))
+                for p in self.policies[i]]
+
+    def cause(self, verb: str, s: Saved) -> str:
+        ids = list(dict.fromkeys(map(base_id, s.cls)))
+        if not ids:
+            return f"{verb} an unmatched value{self.diff()}"
+        def saved_by_policy(i):
+            return (self.decisions(i) or [("", "")])[-1][1] in ("save", "offload")
+
+        def boundary(i):
+            return not self.decisions(i)
+        # the member that explains the save: the one its policy saves (a recompute), the boundary value (a save)
+        first, second = (saved_by_policy, boundary) if verb == RECOMPUTES else (boundary, saved_by_policy)
+        i = min(ids, key=lambda i: (not first(i), not second(i), self.value(i)[0], i))
+        dead = "" if any(x in self.live for x in ids) else " the loss does not read"
+        chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(i)) or "boundary"
+        return f"{verb} {self.value(i)[1]}{dead} [{chain}]{self.diff()}"
+
+    def diff(self) -> str:
+        d = self.prog.diff
+        out = f", second order ({d.mode})" if d.order == 2 else ""
+        return out + (", per example" if d.batch else "")
+
+
+def causes(program: Program, detail: dict) -> list[str]:
+    """The causes of a residual verdict's difference (sorted, each once); [] where the detail tells no value
+    apart (a difference of bytes alone) or the program cannot be read."""
+    try:
+        p = _Program(program)
+        found = {p.cause(verb, s) for verb, s in differing(detail, p.inputs)}
+    except (KeyError, IndexError, ValueError):
+        return []
+    if any(c.startswith(RECOMPUTES) for c in found):   # what a recompute needs saved is its consequence
+        found = {c for c in found if not (c.startswith(SAVES + " ") and "[boundary]" in c)}
+    return sorted(found)

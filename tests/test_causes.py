@@ -1,0 +1,133 @@
+"""One finding per cause (issue 45): a residual difference names the decision behind each differing value,
+roots and `--known` key on those causes, a bare error roots on where it was raised, and every corpus variant
+roots under its own root. No framework runs."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from conformance.engine.describe import cause_text, title
+from conformance.engine.findings import Finding, error_root, signature
+from conformance.engine.loading import load_known
+from conformance.engine.roots import evidence_root, root_key, stamp, with_causes
+from conformance.engine.search import known_finding, merge_finding, same_behaviour
+from conformance.ir.policy import Both, Dots, SaveOnlyNames, deciding_rule
+from conformance.ir.program import Program
+from oracles.residual_causes import causes
+from tests.programs import op, prog, region
+
+# jax's seed: a value named inside a custom_vjp fwd, in a region saving only that name
+SEED = {"body": [{"args": ["x1"], "body": [
+    {"args": ["x1"], "bwd": [{"args": ["g6"], "kind": "op", "op": "neg", "out": "r6", "params": {}}],
+     "bwd_results": ["r6"], "cts": ["g6"],
+     "fwd": [{"args": ["x1"], "kind": "op", "op": "neg", "out": "v1", "params": {}},
+             {"args": ["v1"], "kind": "op", "op": "name", "out": "v4", "params": {"name": "a"}}],
+     "kind": "custom_vjp", "nondiff": [], "optimize_remat": False, "residuals": [], "results": ["v4"],
+     "symbolic_zeros": False},
+    {"args": ["v4"], "kind": "op", "op": "sin", "out": "v5", "params": {}}],
+    "kind": "checkpoint", "policy": {"kind": "save_only_names", "names": ["a"]}, "prevent_cse": True,
+    "results": ["v5"]}],
+    "diff": {"mode": "reverse", "order": 1}, "extensions": {},
+    "inputs": [{"diff": True, "dtype": "float32", "id": "x1", "shape": []}], "outputs": ["v5"], "schema_version": 1}
+# what remat3 does with it: recomputes the named value, saves the region's input instead
+SEED_DETAIL = {"missing_named": ["v1/v4"], "extra_named": [], "missing_other": [],
+               "extra_other": ["float32[] (a program input)"],
+               "saved": ["x1:float32[]"], "reference_saved": ["v1/v4['a']:float32[]"]}
+NAMED_FWD = "recomputes a value named in a custom_vjp fwd [names:save]"
+
+
+def _finding(program, detail, pipeline="jax:remat3", reference="jax:remat2", label="missing", tracked=None):
+    feats = sorted(Program.model_validate(program).features())
+    return Finding(signature=signature("residuals", pipeline, reference, label, feats), check="residuals",
+                   pipeline=pipeline, reference=reference, error_type=label, features=feats, program=program,
+                   program_hash="0" * 16, detail=dict(detail), tracked=tracked)
+
+
+def test_the_seed_names_the_value_named_in_the_fwd_that_the_names_policy_saves():
+    # the saved input is what the recompute starts from: its consequence, not a second cause
+    assert causes(Program.model_validate(SEED), SEED_DETAIL) == [NAMED_FWD]
+    f = stamp(_finding(SEED, SEED_DETAIL))
+    assert f.root == f"residuals|jax:remat3|jax:remat2|{NAMED_FWD}"
+    assert cause_text(NAMED_FWD) == "recomputes a value named in a custom_vjp fwd that its names policy saves"
+    assert title(f) == ("jax:remat3 recomputes a value named in a custom_vjp fwd that its names policy saves, "
+                        "which jax:remat2 saves")
+
+
+def test_each_value_kind_and_each_policy_decision_is_a_cause_of_its_own():
+    p = prog([region(["x"], [op("matmul", ["x", "x"], "m"), op("sin", ["m"], "s"), op("tanh", ["s"], "y")],
+                     ["y"], {"kind": "dots"})], inputs=[{"id": "x", "shape": [3, 3], "dtype": "float64", "diff": True}])
+    dot = causes(p, {"missing_other": ["float64[3, 3]"], "reference_saved": ["m:float64[3, 3]", "x:float64[3, 3]"],
+                     "saved": ["x:float64[3, 3]"]})
+    assert dot == ["recomputes a dot's output [dots:save]"]
+    op_out = causes(p, {"extra_other": ["float64[3, 3]"], "saved": ["s:float64[3, 3]", "m:float64[3, 3]"],
+                        "reference_saved": ["m:float64[3, 3]"]})
+    assert op_out == ["saves an op's output [dots:recompute]"]
+    # a value saved alone at the boundary (nothing recomputed) is a cause; an unmatched value is one too
+    assert causes(p, {"extra_other": ["float64[3, 3] (a program input)"], "saved": ["x:float64[3, 3]"],
+                      "reference_saved": []}) == ["saves a program input [boundary]"]
+    assert causes(p, {"extra_other": ["float64[3, 3]"], "saved": ["?:float64[3, 3]"],
+                      "reference_saved": []}) == ["saves an unmatched value"]
+
+
+def test_save_from_both_policies_is_read_as_the_sub_policy_that_decided():
+    both = Both(a=SaveOnlyNames(names=["a"]), b=Dots())
+    assert deciding_rule(both, "name", "a") == "names"
+    assert deciding_rule(both, "matmul", None) == "dots"
+    assert deciding_rule(both, "sin", None) == "names"   # neither saves: the first
+
+
+def test_a_new_cause_under_a_known_direction_is_not_swallowed():
+    """The issue's measured defect: a remat3 policy saving less of another kind of value was counted under
+    remat3-ignores-names-in-custom-vjp-fwd (one direction: saves less). Keyed on causes it is new."""
+    known = stamp(_finding(SEED, SEED_DETAIL, tracked="remat3-ignores-names-in-custom-vjp-fwd.json"))
+    key = ("residuals", "jax:remat3:jit", "jax:remat2:jit", "other")
+    same = f"{NAMED_FWD}"
+    assert known_finding([known], key, set(), {key}, same) is known          # the same cause, a twin pipeline
+    dot = "recomputes a dot's output [dots:save]"
+    assert known_finding([known], key, set(), {key}, dot) is None            # a new cause
+    assert known_finding([known], key, set(), {key}, f"{dot} + {NAMED_FWD}") is None   # one of two is new
+    # once a finding holds the new cause, a program showing both is counted (under its first cause's finding)
+    new = _finding(SEED, {}, label="other")
+    new.detail = {"causes": [dot]}
+    stamp(new)
+    assert known_finding([known, new], key, set(), {key}, f"{dot} + {NAMED_FWD}") is new
+    # a shrunk finding folds into one holding all its causes, never into one holding fewer
+    assert same_behaviour(known, _finding(SEED, SEED_DETAIL, pipeline="jax:remat3+cvjp3"))
+    assert not same_behaviour(known, new) and not same_behaviour(new, known)
+    findings = [known]
+    kept, changed = merge_finding(findings, new)
+    assert changed and findings == [known, new]
+
+
+def test_a_bare_error_roots_on_the_frame_that_raised_it():
+    bare = {"got": {"type": "AssertionError", "message": "", "stage": "forward"}}
+    assert error_root(bare) is None
+    where = {"got": {**bare["got"], "where": "jax/_src/lax/control_flow/loops.py:_while_partial_eval_custom"}}
+    other = {"got": {**bare["got"], "where": "jax/_src/ad_checkpoint.py:_remat_bind"}}
+    assert error_root(where) == ("AssertionError: raised in "
+                                 "jax/_src/lax/control_flow/loops.py:_while_partial_eval_custom")
+    assert error_root(where) != error_root(other)
+    # a message long enough keeps rooting on the message, wherever it was raised
+    long = {"got": {"type": "ValueError", "message": "safe_zip() argument 1 has length 6", "where": "x.py:f"}}
+    assert error_root(long).startswith("ValueError: safe_zip()")
+
+
+def test_every_corpus_variant_roots_under_its_own_root_and_no_two_roots_share_a_key():
+    """The campaign's own functions (roots.stamp on --known, search.known_finding on a failing verdict) on
+    every variant's recorded verdict: each is counted under its own root."""
+    known = load_known(["tests/regressions"])
+    tracked = [stamp(f.model_copy(update={"count": 0, "variants": {}}, deep=True)) for f in known]
+    keys: dict[str, set[str]] = defaultdict(set)
+    misrooted = []
+    for f in known:
+        v = with_causes(f.model_copy(deep=True))
+        keys[root_key(v)].add(f.tracked)
+        failing = {v.key()} | {tuple(k) for k in v.reproduces}
+        g = known_finding(tracked, v.key(), set(v.features), failing,
+                          evidence_root(v.check, v.pipeline, v.reference, v.detail))
+        if g is None or g.tracked != f.tracked:
+            misrooted.append((f.tracked, v.key(), g.tracked if g else None))
+    assert len(known) > 100 and not misrooted
+    assert {k: r for k, r in keys.items() if len(r) > 1} == {}
+    # the residual roots are keyed on causes, not on a direction two roots shared
+    residual = {k for k in keys if k.startswith("residuals|jax:remat3|jax:remat2|")}
+    assert residual and not {k for k in residual if k.endswith(("saves less", "saves more"))}
