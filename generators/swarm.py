@@ -76,10 +76,10 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _HALF),
                ("effects", _HALF), (O.MULTI_OUTPUT, _HALF), (O.DATA_DEPENDENT, _HALF),
                ("non_tensor_outputs", _HALF), (O.FUNC_TRANSFORMS, _HALF))
-# Dimensions a campaign generates only when it requires them (a construct whose programs would
-# otherwise change every seeded campaign's programs): a region's mutable state (jax.new_ref), effects,
-# the op families of multi-output, data-dependent and functional-transform ops, a region's non-tensor outputs.
-OPT_IN = ("mutable_state", "effects", O.MULTI_OUTPUT, O.DATA_DEPENDENT, "non_tensor_outputs", O.FUNC_TRANSFORMS)
+# The composition round's dimensions (a region's mutable state, effects, multi-output, data-dependent and
+# functional-transform op families, a region's non-tensor outputs): drawn by default like every other
+# dimension; with the swarm off (every feature on) still drawn, not forced into every program.
+COMPOSITIONS = ("mutable_state", "effects", O.MULTI_OUTPUT, O.DATA_DEPENDENT, "non_tensor_outputs", O.FUNC_TRANSFORMS)
 SCAN_LENGTHS = (2, 3, 1, 4)   # the first is the shrink target: a loop that iterates
 
 
@@ -101,9 +101,8 @@ def _allowed(cfg: Config) -> dict[str, bool]:
     a["region_options"] &= a["checkpoint"]
     a["checkpoint_in_rules"] &= a["checkpoint"] and cfg.custom_vjp
     a["sequential_regions"] &= a["checkpoint"] and cfg.max_stmts >= 4
-    # opt-in dimensions (--require NAME): off, they draw nothing, so other programs stay as they were
-    for n in OPT_IN:
-        a[n] &= a["checkpoint"] and n in cfg.require
+    for n in COMPOSITIONS:   # (each composes with a checkpoint region)
+        a[n] &= a["checkpoint"]
     if not cfg.custom_vjp:
         for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees",
                   "perturbed_branch", "function_options"):
@@ -153,7 +152,7 @@ def draw_swarm(draw, cfg: Config) -> Swarm:
             on[n] = False
         elif n in cfg.require:
             on[n] = True
-        elif not cfg.swarm:
+        elif not cfg.swarm and n not in COMPOSITIONS:
             on[n] = n not in ("dead_values",)
         else:
             on[n] = flag(draw, probs.get(n, _HALF), f"swarm:{n}")

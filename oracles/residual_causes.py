@@ -8,10 +8,11 @@ A cause is one short line, the same for every program whose difference has that 
     saves a program input the loss does not read [boundary]
     saves against its policy an op's output [nothing:recompute], second order (fwd_over_rev)
   verb      recomputes (the reference saves it), saves (the reference does not), saves against its
-            policy (a value every enclosing policy says to recompute)
+            policy (a value every enclosing policy says to recompute), recomputes against its policy (a
+            value the policy asked the pipeline to save)
   value     what the value is: a value named in plain code / in a custom_vjp fwd / in a custom_jvp
             function / by checkpoint_name_fwd, a custom_vjp residual, a loop carry or slice, a program
-            input, a value of a cond branch, a dot's output, an op's output, an unmatched value; "the
+            input, a cond branch's result, a dot's output, an op's output, an unmatched value; "the
             loss does not read" where no differentiated output depends on it
   decision  each enclosing region's policy, outermost first: what it read to decide (KindDecl.rule: names,
             dots, everything, everything_but_names, custom, nothing) and its decision; `boundary` for a
@@ -43,6 +44,7 @@ from conformance.ir.policy import decide, deciding_rule
 from conformance.ir.program import Program
 
 RECOMPUTES, SAVES, AGAINST_POLICY = "recomputes", "saves", "saves against its policy"
+RECOMPUTES_AGAINST_POLICY = "recomputes against its policy"
 _DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
 _INPUT = " (a program input)"   # (oracles.residuals: how an unnamed residual that is an input is told apart)
 
@@ -95,6 +97,8 @@ def differing(detail: dict, inputs: set[str]) -> list[tuple[str, Saved]]:
         return []
     if "saved_against_policy" in detail:
         return [(AGAINST_POLICY, s) for s in _parsed(detail.get("saved_against_policy"))]
+    if "recomputed_against_policy" in detail:
+        return [(RECOMPUTES_AGAINST_POLICY, s) for s in _parsed(detail.get("recomputed_against_policy"))]
     saved, ref = _parsed(detail.get("saved")), _parsed(detail.get("reference_saved"))
     out = []
     for verb, side, other, named_key, other_key in ((RECOMPUTES, ref, saved, "missing_named", "missing_other"),
@@ -126,10 +130,7 @@ class _Program:
             if isinstance(s, CustomVJP):
                 self.residuals.update(s.residuals)
             if isinstance(s, Cond):
-                for b in s.branches:
-                    for t, _, _, c in walk(b):
-                        if c not in DERIVATIVE_CTX:
-                            self.where.update({r: "branch" for r in ([t.out] if hasattr(t, "out") else t.results)})
+                self.where.update({r: "branch" for rs in s.branch_results for r in rs})
             if hasattr(s, "carry"):
                 self.where.update({i: "carry" for i in s.carry})
                 self.where.update({i: "slice" for i in s.xs})
@@ -153,7 +154,7 @@ class _Program:
         if i in self.inputs:
             return 3, "a program input"
         if self.where.get(i) == "branch":
-            return 4, "a value of a cond branch"
+            return 4, "a cond branch's result"
         if s is not None and OPS[s.op].dot:
             return 5, "a dot's output"
         return (6, "an op's output") if s is not None else (7, "a value")
@@ -179,7 +180,8 @@ class _Program:
         def boundary(i):
             return not self.decisions(i)
         # the member that explains the save: the one its policy saves (a recompute), the boundary value (a save)
-        first, second = (saved_by_policy, boundary) if verb == RECOMPUTES else (boundary, saved_by_policy)
+        first, second = ((saved_by_policy, boundary) if verb in (RECOMPUTES, RECOMPUTES_AGAINST_POLICY)
+                         else (boundary, saved_by_policy))
         i = min(ids, key=lambda i: (not first(i), not second(i), self.value(i)[0], i))
         dead = "" if any(x in self.live for x in ids) else " the loss does not read"
         chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(i)) or "boundary"
@@ -191,6 +193,15 @@ class _Program:
         return out + (", per example" if d.batch else "")
 
 
+_QUALIFIERS = re.compile(r" the loss does not read(?= \[)|, second order \([a-z_]+\)|, per example")
+
+
+def core(cause: str) -> str:
+    """A cause without its qualifiers (the differentiation, a value the loss does not read): what a shrink
+    keeps. Whether a smaller program still needs second order, or a dead value, its own cause then says."""
+    return _QUALIFIERS.sub("", cause)
+
+
 def causes(program: Program, detail: dict) -> list[str]:
     """The causes of a residual verdict's difference (sorted, each once); [] where the detail tells no value
     apart (a difference of bytes alone) or the program cannot be read."""
@@ -199,6 +210,6 @@ def causes(program: Program, detail: dict) -> list[str]:
         found = {p.cause(verb, s) for verb, s in differing(detail, p.inputs)}
     except (KeyError, IndexError, ValueError):
         return []
-    if any(c.startswith(RECOMPUTES) for c in found):   # what a recompute needs saved is its consequence
+    if any(c.startswith(RECOMPUTES + " ") for c in found):   # what a recompute needs saved is its consequence
         found = {c for c in found if not (c.startswith(SAVES + " ") and "[boundary]" in c)}
     return sorted(found)

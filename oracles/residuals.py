@@ -161,7 +161,11 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
 
     A saved class is a violation when each of its values lies inside checkpoint regions,
     is none of the values a region or block boundary may legitimately keep, and every
-    enclosing policy decides 'recompute' for it (a name op is judged by its name)."""
+    enclosing policy decides 'recompute' for it (a name op is judged by its name).
+
+    The other way: a value the pipeline's policy asked it to save that it recomputes instead
+    (Observation.recomputed_against_policy: what eager SAC's cache holds as to recompute after
+    an op its policy_fn marked MUST_SAVE or PREFER_SAVE) is a violation too."""
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference="policy", status="pass")
     if skip_unless(v, "residuals", obs):
         return v
@@ -211,6 +215,13 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.status = "fail"
         v.error_type = "saved_against_policy"
         v.detail = {"saved_against_policy": describe(bad), "saved": describe(obs.residuals)}
+        v.detail["causes"] = causes(program, v.detail)
+        return v
+    if obs.recomputed_against_policy:   # asked to save, recomputed (eager SAC's cache: pipelines.torch)
+        v.status = "fail"
+        v.error_type = "recomputed_against_policy"
+        v.detail = {"recomputed_against_policy": describe(obs.recomputed_against_policy),
+                    "ops": list(obs.flags.get("recomputed_ops", [])), "saved": describe(obs.residuals)}
         v.detail["causes"] = causes(program, v.detail)
         return v
     # (a partitioner may save any layout of what the backward reads: eager pipelines are checked)

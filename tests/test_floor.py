@@ -18,7 +18,7 @@ from tests.programs import op, prog
 from tests.test_oracle_units import G, exps, find, ob
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = reg.run_set(list(reg.DEFAULT_PIPELINES))
+DEFAULT = reg.run_set(list(reg.CORE_PIPELINES))
 TWINS = ["jax:remat2:jit", "jax:remat3:jit", "jax:remat3+cvjp3:jit"]
 
 

@@ -152,11 +152,8 @@ def test_generated_programs_validate(p):
 
 @pytest.mark.parametrize("dim", sorted(SHOWS))
 def test_every_swarm_dimension_occurs_on_and_off(dim):
-    from generators.swarm import OPT_IN
+    # every dimension is drawn by default, the composition round's included (no construct only under --require)
     shows = [SHOWS[dim](p) for p in sample()]
-    if dim in OPT_IN:   # never unless required; required, in some programs and not all
-        assert not any(shows), f"opt-in {dim} occurs unrequired"
-        shows = [SHOWS[dim](p) for p in sample((("require", (dim,)),), n=60)]
     assert any(shows), f"{dim} never occurs in {SAMPLE} programs"
     assert not all(shows), f"{dim} occurs in every program"
 

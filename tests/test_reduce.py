@@ -174,7 +174,7 @@ def test_a_hand_reduced_program_becomes_a_corpus_entry_when_its_key_still_fails(
     assert entry.name == f"gradient-jax_mutant-perturb-gradient-{finding.program_hash[:8]}.json"
     assert set(inputs) == {"x0"}
     # replayed as a campaign files a finding: on its framework's default set, siblings recorded
-    assert set(finding.detail["observations"]) >= {n for n in registry.DEFAULT_PIPELINES
+    assert set(finding.detail["observations"]) >= {n for n in registry.CORE_PIPELINES
                                                    if registry.framework_of(n) == "jax"}
     assert finding.reproduces == []   # the mutant's perturbation is its own
     # a key the program does not fail: nothing written

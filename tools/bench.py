@@ -50,7 +50,7 @@ def sample_programs(n: int, seed: int):
 
 def _names(torch: bool) -> list[str]:
     """The default campaign's pipelines (`torch` False: its JAX ones only)."""
-    return [n for n in reg.run_set(list(reg.DEFAULT_PIPELINES)) if torch or reg.framework_of(n) == "jax"]
+    return [n for n in reg.run_set(list(reg.CORE_PIPELINES)) if torch or reg.framework_of(n) == "jax"]
 
 
 # -- the floor: bare framework calls --------------------------------------------------------
@@ -228,7 +228,7 @@ def campaign(jobs: int, seconds: float, seed: int, before: bool = False) -> dict
     env = {k: v for k, v in os.environ.items() if k != xla_cache.ENV}   # a compile cache of its own, as make run
     if before:
         env[eager_cache.DEFAULTS_ENV] = "1"
-        for n in reg.shared_pipelines(reg.run_set(list(reg.DEFAULT_PIPELINES))):
+        for n in reg.shared_pipelines(reg.run_set(list(reg.CORE_PIPELINES))):
             cmd += ["--share", f"{n}=1"]
         cmd += ["--share", "torch:compile=0.4"]
     else:

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
     from conformance.pipelines import registry as reg
     from generators.programs import input_values
 
-    names = (list(reg.REFERENCES) + [p for p in reg.DEFAULT_PIPELINES if p not in reg.REFERENCES]
+    names = (list(reg.REFERENCES) + [p for p in reg.CORE_PIPELINES if p not in reg.REFERENCES]
              if args.pipelines is None else args.pipelines.split(","))
     progs = collect_programs(args.programs + 1, args.seed, args.max_stmts)
     inproc = InProcessExecutor(args.device)

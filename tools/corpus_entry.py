@@ -36,7 +36,7 @@ def replay(prog, inputs, key: tuple, also=()):
     from oracles.judge import judge
     fw = registry.framework_of(key[1])
     names = registry.run_set(list(dict.fromkeys(
-        [key[1], *also] + [n for n in registry.DEFAULT_PIPELINES if registry.framework_of(n) == fw])))
+        [key[1], *also] + [n for n in registry.CORE_PIPELINES if registry.framework_of(n) == fw])))
     obs = InProcessExecutor("cpu").run(prog, inputs, list(dict.fromkeys(replay_pipelines(key) + names)))
     j = judge(prog, obs, Expectations.load(), "cpu")
     return obs, j, next((v for v in j.failures() if v.key() == tuple(key)), None)

@@ -31,7 +31,7 @@ CORPUS = ROOT / "tests" / "regressions"
 
 
 def default_set() -> list[str]:
-    return reg.run_set(list(reg.DEFAULT_PIPELINES))
+    return reg.run_set(list(reg.CORE_PIPELINES))
 
 
 def detects(v, f) -> bool:

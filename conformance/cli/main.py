@@ -129,7 +129,8 @@ def cmd_run(args) -> int:
     if args.framework_defaults:   # before any pipeline module is imported: workers inherit it
         os.environ[eager_cache.DEFAULTS_ENV] = "1"
         os.environ[xla_cache.ENV] = "off"
-    named = [n.strip() for n in (args.pipelines or "").split(",") if n.strip() in reg.known_names()]
+    named = ([n.strip() for n in args.pipelines.split(",") if n.strip() in reg.known_names()] if args.pipelines
+             else list(reg.DEFAULT_PIPELINES))
     devices = reg.cpu_devices_needed(named)
     if devices > 1:   # before JAX starts, here and in the workers
         os.environ.setdefault(reg.CPU_DEVICES_ENV, str(devices))
@@ -153,7 +154,8 @@ def _run(args) -> int:
         raise UsageError(str(e)) from None
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     isolate = _isolate(args)
-    opts = options_from_args(args, pipelines=names, jobs=jobs, isolate=isolate,
+    explore = args.explore if args.explore is not None else args.pipelines is None
+    opts = options_from_args(args, pipelines=names, jobs=jobs, isolate=isolate, explore=explore,
                              memory_limit=_memory_limit(jobs) if isolate else None,
                              expectations=str(expectations.source))
     versions = reg.versions_of(names)

@@ -54,8 +54,9 @@ def cause_text(cause: str) -> str:
     if m is None:
         return cause
     head, chain, tail = m.group("head"), m.group("chain"), m.group("tail")
-    if head.startswith("saves against its policy "):
-        head = "saves " + head.removeprefix("saves against its policy ")
+    for verb in ("saves", "recomputes"):
+        if head.startswith(f"{verb} against its policy "):
+            head = f"{verb} " + head.removeprefix(f"{verb} against its policy ")
     if chain == "boundary":
         return f"{head} (outside every checkpoint region){tail}"
     steps = [x.split(":", 1) for x in chain.split(" > ")]

@@ -147,6 +147,10 @@ class Options(BaseModel):
         "what a family's share measures: its pipelines' seconds (time), or the programs it ran on "
         "(programs: the same programs for one seed however loaded the machine)", choices=("time", "programs"),
         resume=True)] = "time"
+    explore: Annotated[bool | None, Flag(
+        "run the pipelines outside the core set on an adaptive share of the time, more for those that find "
+        "new behaviours (default: on without --pipelines, off when --pipelines names the rivals)",
+        negatable=True, resume=True)] = None
     round_size: Annotated[int, Flag("programs per seeded round", positive(int, "--round-size"), resume=True)] = 40
     max_shrinks_per_key: Annotated[int, Flag("shrinks of one key (check, pipeline, reference, error type) at most",
                                              positive(int, "--max-shrinks-per-key"))] = 3

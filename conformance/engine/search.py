@@ -64,6 +64,7 @@ from conformance.pipelines import registry
 from generators.programs import Config, cases, input_values
 from generators.swarm import focus_features
 from oracles.judge import judge
+from oracles.residual_causes import core
 
 # Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
 SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
@@ -293,6 +294,20 @@ def round_settings(opts, r: int, phases=(Phase.generate, Phase.shrink)) -> setti
                     verbosity=Verbosity.quiet)
 
 
+# The explorers (registry.EXPLORERS: every rival outside the core set, in a default campaign) together spend
+# about EXPLORE_SHARE of the searcher's time (or programs), split by weight: (1 + EXPLORE_FIND_WEIGHT x the new
+# findings a pipeline showed) / (1 + what it spent, in EXPLORE_UNIT), so that a pipeline finding new causes gets
+# more and one that found nothing for long gets less; each share stays within [EXPLORE_FLOOR x the even split,
+# EXPLORE_CEILING] (none starved, none eating the run). At most EXPLORERS_PER_PROGRAM run on one program, those
+# furthest under their share first: the first programs spread them evenly.
+EXPLORE_SHARE = 0.12
+EXPLORE_CEILING = 0.05
+EXPLORE_FLOOR = 0.25
+EXPLORE_FIND_WEIGHT = 4.0
+EXPLORE_UNIT = {"time": 60.0, "programs": 20.0}
+EXPLORERS_PER_PROGRAM = 1
+
+
 class Shares:
     """Shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at most
     `share` of the searcher's elapsed time on its pipelines (by="time"), or run on at most `share`
@@ -301,9 +316,11 @@ class Shares:
     feature the family has covered least (at most the median count): expensive pipelines cover
     features evenly. A pipeline with a declared share (registry.Share: a twin whose verdicts
     follow from a cheaper sibling) runs on that fraction of the programs, chosen by content hash;
-    `shares` may name such a pipeline to change its fraction."""
+    `shares` may name such a pipeline to change its fraction. With `explore`, the explorers among
+    `names` run on adaptive shares of their own (EXPLORE_SHARE; `found` credits a pipeline's new findings)."""
 
-    def __init__(self, names: list[str], shares: dict[str, float] | None = None, by: str = "time"):
+    def __init__(self, names: list[str], shares: dict[str, float] | None = None, by: str = "time",
+                 explore: bool = False):
         self.shares = {**registry.FAMILY_SHARES, **(shares or {})}
         self.family = {n: registry.family_of(n) for n in names}
         self.by = by
@@ -312,13 +329,32 @@ class Shares:
         self.skipped: Counter = Counter()
         self.start = time.monotonic()
         self.programs = 0
+        self.explorers = [n for n in names if n in registry.EXPLORERS] if explore else []
+        self.explorer_spent: Counter = Counter()
+        self.found: Counter = Counter()
+
+    def explorer_shares(self) -> dict[str, float]:
+        """Each explorer's share now (EXPLORE_SHARE split by weight, within its floor and ceiling)."""
+        if not self.explorers:
+            return {}
+        unit = EXPLORE_UNIT[self.by]
+        w = {n: (1 + EXPLORE_FIND_WEIGHT * self.found[n]) / (1 + self.explorer_spent[n] / unit)
+             for n in self.explorers}
+        total, even = sum(w.values()), EXPLORE_SHARE / len(self.explorers)
+        return {n: min(EXPLORE_CEILING, max(EXPLORE_FLOOR * even, EXPLORE_SHARE * w[n] / total)) for n in w}
+
+    def _explore(self, elapsed: float) -> list[str]:
+        shares = self.explorer_shares()
+        under = [(self.explorer_spent[n] / (shares[n] * elapsed), k, n) for k, n in enumerate(self.explorers)
+                 if self.explorer_spent[n] <= shares[n] * elapsed]
+        return [n for _, _, n in sorted(under)[:EXPLORERS_PER_PROGRAM]]
 
     def select(self, prog: Program, names: list[str]) -> list[str]:
         elapsed = max(time.monotonic() - self.start, 1.0) if self.by == "time" else self.programs + 1
         feats = prog.features()
         rivals = []
         for n in names:
-            if registry.is_reference(n) or registry.role_of(n) == registry.REFERENCE:
+            if registry.is_reference(n) or registry.role_of(n) == registry.REFERENCE or n in self.explorers:
                 continue
             fam = self.family[n]
             share = self.shares.get(fam, 1.0)
@@ -332,6 +368,7 @@ class Shares:
                 rivals.append(n)
             else:
                 self.skipped[n] += 1
+        rivals += self._explore(elapsed)
         keep = set(registry.run_set(rivals))
         run = [n for n in names if n in keep]
         dtypes = {dt for _, dt in prog.types().values()}
@@ -343,8 +380,11 @@ class Shares:
         fams = {self.family[n] for n in obs if n in self.family}
         self.programs += 1
         for n, o in obs.items():
-            if n in self.family and self.by == "time":
-                self.spent[self.family[n]] += sum(o.timings.values())
+            cost = sum(o.timings.values()) if self.by == "time" else 1
+            if n in self.explorers:
+                self.explorer_spent[n] += cost
+            elif n in self.family and self.by == "time":
+                self.spent[self.family[n]] += cost
         for fam in fams:
             if self.by == "programs":
                 self.spent[fam] += 1
@@ -364,8 +404,8 @@ class Target:
     steps: int = 0
     last_emit: float = 0.0
     tried: dict = dataclasses.field(default_factory=dict)   # (hash, seed) -> failed the target's way
-    # a residual difference: the cause the shrink keeps (the first no finding holds); a reduction that loses
-    # it shows another cause, not a smaller program of this one
+    # a residual difference: the cause the shrink keeps (the first no finding holds, its core: qualifiers such as
+    # second order may go); a reduction that loses it shows another cause, not a smaller program of this one
     cause: str | None = None
 
     def failure(self, j) -> Verdict | None:
@@ -374,7 +414,7 @@ class Target:
         if self.cause is None:
             return next((v for v in j.failures() if v.key() == self.key), None)
         return next((v for v in j.failures() if v.key()[:3] == self.key[:3]
-                     and self.cause in residual_causes(v.check, v.detail)), None)
+                     and core(self.cause) in map(core, residual_causes(v.check, v.detail))), None)
 
 
 class Searcher:
@@ -384,7 +424,8 @@ class Searcher:
         self.findings, self.seen, self.shrinks_per_key = findings, seen, shrinks_per_key
         self.should_stop = should_stop
         self.versions = versions or {}
-        self.shares = Shares(opts.pipelines, getattr(opts, "shares", None), getattr(opts, "share_by", "time"))
+        self.shares = Shares(opts.pipelines, getattr(opts, "shares", None), getattr(opts, "share_by", "time"),
+                             bool(getattr(opts, "explore", False)))
         self.coverage = Coverage(opts)
         self.target: Target | None = None
         self.halted = False
@@ -595,6 +636,8 @@ class Searcher:
         f.root = root_key(f)
         if any(same_behaviour(g, f) for g in self.findings):   # nothing new: shrink this key no more
             self.shrinks_per_key[t.key] = max(self.shrinks_per_key[t.key], self.opts.max_shrinks_per_key)
+        else:   # a new behaviour: the explorers that show it earn a larger share
+            self.shares.found.update(n for n in f.behaviour_pipelines() if n in self.shares.explorers)
         if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
             pending = self.deferred[t.origin][0]
             pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]

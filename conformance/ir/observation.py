@@ -89,6 +89,9 @@ class Observation(BaseModel):
     grads: dict[str, Any] | None = None       # input id -> nested list
     grads2: dict[str, Any] | None = None      # second order, when asked
     residuals: list[Residual] | None = None
+    # values a policy asked to save that the pipeline recomputes instead (eager SAC: what its cache holds as
+    # to recompute); None where not observed
+    recomputed_against_policy: list[Residual] | None = None
     values: dict[str, Any] | None = None      # every node's value (the reference records them)
     custom_rules: dict[str, CustomRuleLog] = Field(default_factory=dict)
     # effect kind -> how often the program's effects of that kind ran during the differentiation

@@ -308,7 +308,12 @@ SPECS: dict[str, Spec] = {s.name: s for s in [
 
 # Added automatically to every run.
 REFERENCES = tuple(n for n, s in SPECS.items() if s.added_with == _ALL)
-DEFAULT_PIPELINES = tuple(n for n, s in SPECS.items() if s.default)
+# The core set (Spec.default): run on every program of a default campaign, at their families' shares.
+CORE_PIPELINES = tuple(n for n, s in SPECS.items() if s.default)
+# The default campaign: every registered rival. Those outside the core set explore: each runs on an adaptive
+# share of the time (engine.search.Shares), which grows with the new findings it shows.
+DEFAULT_PIPELINES = tuple(n for n, s in SPECS.items() if s.role == RIVAL)
+EXPLORERS = tuple(n for n in DEFAULT_PIPELINES if n not in CORE_PIPELINES)
 
 _extra: dict[str, "Pipeline"] = {}   # test-only pipelines (mutants, fault injection)
 _extra_specs: dict[str, Spec] = {}

@@ -178,9 +178,13 @@ def script(prog, inputs, finding) -> str:
     check, pipe, ref = finding.check, finding.pipeline, finding.reference
     if prog.diff.batch or prog.diff.cotangents != "ones" or prog.diff.aux:
         raise ReproError("per-example, seeded-cotangent or auxiliary-output programs have no short form (use --full)")
+    # a value the policy asks SAC to save that it recomputes: the backward's op counts with and without checkpoint
+    recount = check == "residuals" and ref == "policy" and finding.error_type == "recomputed_against_policy"
     if check == "error":
         others = [p for p in finding.detail.get("status_differs_from") or [] if registry.framework_of(p) == "torch"]
         ref = others[-1] if others else None
+    elif recount:
+        ref = registry.baseline_of(pipe) or "torch:none"
     elif check not in ("residuals", "custom_rule", "gradient") or not registry.runs_in(ref, "torch"):
         raise ReproError(f"the {check} check against {ref} has no short form (use --full)")
     sides = [(p, settings(p, "torch", finding)) for p in ([ref] if ref else []) + [pipe]]
@@ -212,7 +216,7 @@ def script(prog, inputs, finding) -> str:
         probe=probe,
         remat_helper="remat" in vary,
         prefer=rival["prefer"],
-        hooks=("respect" if check == "residuals" or (option and option[1] in ("save_on_cpu", "user"))
+        hooks=("respect" if (check == "residuals" and not recount) or (option and option[1] in ("save_on_cpu", "user"))
                else "bypass" if option and option[1] == "user_bypassed" else ""),
         compile_inside=rival["backend"] if rival["compile_inside"] else None,
         reentrant=reentrant,
@@ -271,7 +275,21 @@ def script(prog, inputs, finding) -> str:
         pre += ["", "", "def grads(loss, xs):   # reentrant checkpoint rejects torch.autograd.grad",
                 "    for x in xs:", "        x.grad = None", "    if loss.requires_grad:", "        loss.backward()",
                 "    return [torch.zeros_like(x) if x.grad is None else x.grad for x in xs]"]
-    if check == "residuals":
+    if recount:
+        pre += ["", "", "class CountOps(TorchDispatchMode):   # the aten ops run while it is active, by op",
+                "    def __init__(self):", "        super().__init__()", "        self.n = Counter()", "",
+                "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):",
+                "        self.n[str(func.overloadpacket)] += 1", "        return func(*args, **(kwargs or {}))"]
+        body = head + [f"    loss = {forward}", "    with CountOps() as ops:   # the backward, recompute included",
+                       f"        torch.autograd.grad(loss, {xs_name})",
+                       "    print('  ops the backward ran:', dict(sorted(ops.n.items())))", "    return ops.n", "", "",
+                       f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}",
+                       f"ASKED = {sorted(finding.detail.get('ops') or [])!r}   # ops its policy marks to save, "
+                       "which SAC's cache held as to recompute",
+                       "extra = {op: rival[op] - reference[op] for op in ASKED if rival[op] > reference[op]}"]
+        verdict = ('raise SystemExit(f"REPRODUCES: the backward recomputes {extra}, which the policy marks to save" '
+                   'if extra else 0)   # 0: fixed')
+    elif check == "residuals":
         pre.append("SAVED = []   # what the forward saves for backward (saved_tensors_hooks)")
         body = head + [
             "    SAVED.clear()",
@@ -364,8 +382,10 @@ def script(prog, inputs, finding) -> str:
     imports = []
     for cond, line in (
         ("re.search(" in code_all, "import re"),
+        ("Counter(" in "\n".join(pre), "from collections import Counter"),
         ("partial(" in code_all, "from functools import partial"),
         (True, "import torch"),
+        ("TorchDispatchMode" in "\n".join(pre), "from torch.utils._python_dispatch import TorchDispatchMode"),
     ):
         if cond:
             imports.append(line)
@@ -387,7 +407,9 @@ def script(prog, inputs, finding) -> str:
         lit = f"torch.tensor({array_text(inputs[i.id], i.dtype)}, dtype=torch.{i.dtype}" + (
             ", requires_grad=True)" if i.diff else ")   # not differentiated")
         ins.append(f"{e.n[i.id]} = {lit}")
-    sentence = {"residuals": "{P} saves other tensors for backward than {R} (a saved_tensors_hooks listing).",
+    sentence = {"residuals": ("{P} recomputes in the backward what its policy marks to save (the backward's aten "
+                              "ops counted with and without checkpoint)." if recount else
+                              "{P} saves other tensors for backward than {R} (a saved_tensors_hooks listing)."),
                 "custom_rule": "The autograd.Function's backward gets other cotangents under {P} than under {R}.",
                 "gradient": "{P} computes gradients that differ from {R} beyond the tolerance.",
                 "error": ""}[check].format(P=pipe, R=ref) or error_sentence(finding, ref)

@@ -114,14 +114,53 @@ def policy_fn(p, names: list[str], prefer: bool = False, calls: list | None = No
 
 
 def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = None, state: str | None = None,
-               allow_mutation: bool = False):
+               allow_mutation: bool = False, sac_log: list | None = None):
     """A region's SAC context_fn: one policy_fn for every call, or a stateful one made afresh for each
     checkpoint call (its state counts that call's policy calls); `allow_mutation`, SAC's
-    allow_cache_entry_mutation (its check that a cached tensor was not mutated, off)."""
+    allow_cache_entry_mutation (its check that a cached tensor was not mutated, off). With `sac_log` (eager
+    runs), each checkpoint call's caching mode is logged beside what its policy asked (logged_contexts)."""
     kw = {"allow_cache_entry_mutation": True} if allow_mutation else {}
+    if sac_log is not None:
+        return lambda: logged_contexts(policy_fn(p, names, prefer, calls, state), sac_log, **kw)
     if state:
         return lambda: create_selective_checkpoint_contexts(policy_fn(p, names, prefer, calls, state), **kw)
     return functools.partial(create_selective_checkpoint_contexts, policy_fn(p, names, prefer, calls), **kw)
+
+
+SAVING = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+_SAC_RECOMPUTE = getattr(torch.utils.checkpoint, "_RECOMPUTE", None)   # SAC's mark of a call it recomputes
+
+
+def logged_contexts(fn, sac_log: list, **kw):
+    """SAC's contexts for one checkpoint call, logged as (its caching mode, [(op, the output of each call its
+    policy asked to save, else None)]): what SAC then cached is in the mode's storage (unhonoured_saves)."""
+    asked: list = []
+
+    def logged(ctx, op, *args, **kwargs):
+        d = fn(ctx, op, *args, **kwargs)
+        asked.append((op, ctx.op_output if d in SAVING else None))
+        return d
+    caching, cached = create_selective_checkpoint_contexts(logged, **kw)
+    sac_log.append((caching, asked))
+    return caching, cached
+
+
+def unhonoured_saves(sac_log: list) -> list[tuple[str, Any]]:
+    """(aten op, output) of every op call a policy asked SAC to save that SAC's cache holds as to recompute
+    (the k-th call of an op is its storage's k-th entry): read after the forward, before the backward."""
+    out = []
+    for mode, asked in sac_log if _SAC_RECOMPUTE is not None else []:
+        seen: dict = {}
+        for op, output in asked:
+            k = seen[op] = seen.get(op, -1) + 1
+            if output is None:
+                continue
+            store = getattr(mode, "storage", None)   # (another torch's layout: nothing read)
+            calls = store.get(op) if isinstance(store, dict) else None
+            if isinstance(calls, dict) and calls.get(k) is _SAC_RECOMPUTE:
+                out.append((str(getattr(op, "overloadpacket", op)), output))
+    sac_log.clear()
+    return out
 
 
 class Lowering(Interpreter):
@@ -139,7 +178,7 @@ class Lowering(Interpreter):
 
     def __init__(self, prog: Program, remat: bool, custom: bool = True, prefer: bool = False,
                  record: dict | None = None, policy_calls: list | None = None, diff_residuals: bool = False,
-                 options: dict | None = None):
+                 options: dict | None = None, sac_log: list | None = None):
         self.prog, self.remat, self.custom, self.prefer, self.record = prog, remat, custom, prefer, record
         # checkpoint options (CHECKPOINT_OPTIONS' keys): reentrant, checks_off, compile_inside
         self.options = {**CHECKPOINT_OPTIONS, **(options or {})}
@@ -159,7 +198,7 @@ class Lowering(Interpreter):
                 self.function(s, path)
             elif isinstance(s, Checkpoint) and remat:
                 self._ctx_fns[path] = context_fn(s.policy, names, prefer, policy_calls, self.options["policy_state"],
-                                                 self.options["allow_mutation"])
+                                                 self.options["allow_mutation"], sac_log)
 
     def op(self, s: Op, args: list, nondiff):
         return OPS[s.op](args, s.params, nondiff)

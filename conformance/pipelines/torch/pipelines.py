@@ -45,7 +45,14 @@ from conformance.pipelines.torch import prelude
 from conformance.pipelines.torch import table as torch_table  # noqa: E402
 from conformance.pipelines.torch.capture import SavedRecorder, memory_kind  # noqa: E402
 from conformance.pipelines.torch.compile import inductor_partitioner, recording_aot_backend, torch_settings  # noqa: E402
-from conformance.pipelines.torch.lowering import SAC_THROUGH_HOOKS, Lowering, node_values, numpy_of, tensor
+from conformance.pipelines.torch.lowering import (  # noqa: E402
+    SAC_THROUGH_HOOKS,
+    Lowering,
+    node_values,
+    numpy_of,
+    tensor,
+    unhonoured_saves,
+)
 
 
 def _tolist(x) -> Any:
@@ -271,7 +278,11 @@ class TorchBase(Pipeline):
         dtypes = {i.id: i.dtype for i in program.inputs}
         calls: list = []
         sp = self.spec
-        low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=self._options())
+        # eager SAC: each checkpoint call's cache beside what its policy asked to save (item: MUST_SAVE honoured)
+        sac_log = [] if self.remat and not (self.compile or sp.export or sp.reentrant or sp.compile_inside) else None
+        unhonoured: list = []
+        low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=self._options(),
+                       sac_log=sac_log)
 
         cts, n_loss = output_cotangents(program), loss_outputs(program)   # the rest: auxiliary outputs
 
@@ -341,6 +352,8 @@ class TorchBase(Pipeline):
                       if sp.hooks == "disabled" else contextlib.nullcontext() if no_capture else rec.recording(hooks),
                       torch.utils.checkpoint.set_checkpoint_early_stop(not sp.early_stop_off)):
                     loss, outs = fn(*c, *d)
+                if sac_log is not None:   # what SAC's cache holds, before the backward consumes it
+                    unhonoured += unhonoured_saves(sac_log)
                 if any(isinstance(v, FakeTensor) for v in (loss, *outs)):
                     raise RuntimeError(FAKE_OUTPUT)
                 stage = "backward"
@@ -371,6 +384,12 @@ class TorchBase(Pipeline):
                     obs.flags["residuals_unobserved"] = (
                         f"torch {torch.__version__}: SAC's cache bypasses saved-tensor hooks"
                     )
+                if sac_log is not None and obs.residuals is not None:   # asked to save, recomputed by SAC
+                    outs_ = [o for _, out in unhonoured for o in (out if isinstance(out, (tuple, list)) else [out])
+                             if isinstance(o, torch.Tensor)]
+                    obs.recomputed_against_policy = canonicalise([numpy_of(o) for o in outs_], values, index)
+                    if unhonoured:
+                        obs.flags["recomputed_ops"] = sorted({op for op, _ in unhonoured})
                 if rec.unread:   # saved for backward, never read (eager: no dead-code elimination)
                     obs.flags["saved_unread"] = [
                         r.describe() for r in canonicalise([numpy_of(s) for s in rec.unread], values, index)]

@@ -1,0 +1,71 @@
+"""Framework-side mutants (test-only): each changes what JAX or PyTorch itself does, as a new upstream bug
+would, so that the real pipelines, oracles, roots and `--known` must report it as new. Unlike the harness's
+mutants (tests/mutants.py), which misreport an observation, these patch the framework in every process of a
+run: `REMAT_FRAMEWORK_MUTANT=<name>` with tests/framework_mutants_site on PYTHONPATH applies one at
+interpreter start (tests/framework_mutants_site/sitecustomize.py), in the campaign, its isolated workers and a
+short repro's own process alike."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ENV = "REMAT_FRAMEWORK_MUTANT"
+SITE = Path(__file__).with_name("framework_mutants_site")
+
+
+def remat3_drops_dots():
+    """jax_remat3 never saves a dot_general's output, whatever the policy says (remat2 and no policy
+    unchanged): a policy that saves less for one kind of value."""
+    from jax._src import ad_checkpoint as ac
+    original = ac._remat3
+
+    def _remat3(f, *, policy, **kw):
+        if policy is not None:
+            inner = policy
+
+            def policy(prim, *avals, **params):
+                return False if prim.name == "dot_general" else inner(prim, *avals, **params)
+        return original(f, policy=policy, **kw)
+    ac._remat3 = _remat3
+
+
+def sac_recomputes_mul():
+    """Eager selective activation checkpointing recomputes every aten.mul output its policy marks MUST_SAVE:
+    the cache entry is dropped right after it is made (compiled SAC unchanged)."""
+    import torch
+    from torch.utils import checkpoint as ck
+    original = ck._CachingTorchDispatchMode.__torch_dispatch__
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = original(self, func, types, args, kwargs)
+        if getattr(func, "overloadpacket", None) is torch.ops.aten.mul and not ck._is_compiling(func, args, kwargs):
+            key = ck._sac_storage_key(func, args)
+            self.storage[key][self.func_counter[key] - 1] = ck._RECOMPUTE
+        return out
+    ck._CachingTorchDispatchMode.__torch_dispatch__ = __torch_dispatch__
+
+
+# name -> (patch, the campaign that shows it: its rivals and the swarm dimensions it requires)
+MUTANTS = {
+    "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"]),
+    "sac-recomputes-mul": (sac_recomputes_mul, ["torch:eager-sac"], ["checkpoint", "policy:everything"]),
+}
+
+
+def apply_from_env() -> None:
+    name = os.environ.get(ENV, "")
+    if name:
+        if name not in MUTANTS:
+            sys.exit(f"{ENV}: unknown framework mutant {name!r}; known: {', '.join(MUTANTS)}")
+        MUTANTS[name][0]()
+
+
+def env(name: str | None) -> dict[str, str]:
+    """A process environment with framework mutant `name` applied (None: none)."""
+    e = {k: v for k, v in os.environ.items() if k != ENV}
+    if name:
+        e[ENV] = name
+        e["PYTHONPATH"] = os.pathsep.join([str(SITE), str(SITE.parent.parent)]
+                                          + [p for p in e.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return e
