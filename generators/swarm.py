@@ -41,6 +41,7 @@ class Config:
     cond: bool = True         # lax.cond / lax.switch on a non-differentiated input (PyTorch: a Python if)
     swarm: bool = True        # False: every feature the config allows is available to every program
     require: tuple[str, ...] = ()   # swarm dimensions on in every program (where the config allows them)
+    exclude: tuple[str, ...] = ()   # swarm dimensions off in every program
     focus: tuple[str, ...] = ()     # features (FOCUS) that half of the programs aim at, one each
 
 
@@ -103,6 +104,8 @@ def _allowed(cfg: Config) -> dict[str, bool]:
     a["sequential_regions"] &= a["checkpoint"] and cfg.max_stmts >= 4
     for n in COMPOSITIONS:   # (each composes with a checkpoint region)
         a[n] &= a["checkpoint"]
+    for n in cfg.exclude:
+        a[n] = False
     if not cfg.custom_vjp:
         for n in ("custom_vjp", "symbolic_zeros", "optimize_remat", "nondiff_args", "rule_spellings", "residual_trees",
                   "perturbed_branch", "function_options"):

@@ -10,6 +10,9 @@ import os
 import sys
 from pathlib import Path
 
+from conformance.ir.policy import KINDS
+from generators.swarm import COMPOSITIONS
+
 ENV = "REMAT_FRAMEWORK_MUTANT"
 SITE = Path(__file__).with_name("framework_mutants_site")
 
@@ -30,26 +33,34 @@ def remat3_drops_dots():
     ac._remat3 = _remat3
 
 
-def sac_recomputes_mul():
-    """Eager selective activation checkpointing recomputes every aten.mul output its policy marks MUST_SAVE:
-    the cache entry is dropped right after it is made (compiled SAC unchanged)."""
-    import torch
+def sac_drops_first_save():
+    """Eager selective activation checkpointing recomputes the first op output of each checkpoint call that its
+    policy marks MUST_SAVE (an off-by-one in its cache: the entry is dropped right after it is made); compiled
+    SAC unchanged."""
     from torch.utils import checkpoint as ck
     original = ck._CachingTorchDispatchMode.__torch_dispatch__
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = original(self, func, types, args, kwargs)
-        if getattr(func, "overloadpacket", None) is torch.ops.aten.mul and not ck._is_compiling(func, args, kwargs):
-            key = ck._sac_storage_key(func, args)
-            self.storage[key][self.func_counter[key] - 1] = ck._RECOMPUTE
+        if func in ck.SAC_IGNORED_OPS or ck._is_compiling(func, args, kwargs) or getattr(self, "_dropped", False):
+            return out
+        key = ck._sac_storage_key(func, args)
+        k = self.func_counter[key] - 1
+        if self.storage[key].get(k) is not ck._RECOMPUTE:   # cached: the policy asked to save it
+            self.storage[key][k] = ck._RECOMPUTE
+            self._dropped = True
         return out
     ck._CachingTorchDispatchMode.__torch_dispatch__ = __torch_dispatch__
 
 
-# name -> (patch, the campaign that shows it: its rivals and the swarm dimensions it requires)
+# name -> (patch, the campaign that shows it: its rivals, the swarm dimensions it requires and those it leaves out)
 MUTANTS = {
-    "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"]),
-    "sac-recomputes-mul": (sac_recomputes_mul, ["torch:eager-sac"], ["checkpoint", "policy:everything"]),
+    "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"], []),
+    # (PyTorch runs none of the JAX-only compositions, nor custom_jvp: left out, not spent on unsupported programs;
+    # regions save everything or nothing)
+    "sac-drops-first-save": (sac_drops_first_save, ["torch:eager-sac"], ["checkpoint", "policy:everything"],
+                             [*COMPOSITIONS, "custom_jvp",
+                              *(f"policy:{k}" for k in KINDS if k not in ("nothing", "everything"))]),
 }
 
 

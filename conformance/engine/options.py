@@ -132,6 +132,9 @@ class Options(BaseModel):
         "generator: a swarm dimension on in every program (repeatable), e.g. --require scan --require cond; "
         "the rest are drawn as usual", swarm_dimension, "DIMENSION", repeat=True, resume=True)] = \
         Field(default_factory=list)
+    exclude: Annotated[list[str], Flag(
+        "generator: a swarm dimension off in every program (repeatable), e.g. --exclude effects; every other is "
+        "drawn as usual", swarm_dimension, "DIMENSION", repeat=True, resume=True)] = Field(default_factory=list)
     jobs: Annotated[int, Flag("searching worker processes (default: the machine's cores)",
                               positive(int, "--jobs"), unset=True)] = 1
     shard: Annotated[tuple[int, int], Flag(
@@ -183,15 +186,16 @@ class Options(BaseModel):
     def _pairs(cls, v):   # --share gives (family, fraction) pairs
         return dict(v) if isinstance(v, list) else v
 
-    @field_validator("require")
+    @field_validator("require", "exclude")
     @classmethod
-    def _canonical(cls, v):   # the dimensions on in every program: a set, recorded sorted
+    def _canonical(cls, v):   # the dimensions on (off) in every program: a set, recorded sorted
         return sorted(set(v))
 
     @property
     def config(self) -> Config:
         """The generator's configuration: `generator` where a caller gave one, else the flags'."""
-        return self.generator or Config(max_stmts=self.max_stmts, require=tuple(self.require))
+        return self.generator or Config(max_stmts=self.max_stmts, require=tuple(self.require),
+                                        exclude=tuple(self.exclude))
 
     def rounds(self) -> int:
         return -(-self.max_examples // self.round_size)

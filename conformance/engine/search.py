@@ -532,6 +532,7 @@ class Searcher:
             differed={"|".join(v.key()): detail_digest(v.detail) for v in j.verdicts
                       if v.status in ("fail", "expected")},
             saved={n: residuals_digest(o.residuals) for n, o in sorted(obs.items()) if o.residuals is not None},
+            seconds={n: round(sum(o.timings.values()), 4) for n, o in sorted(obs.items())},
             known_signatures=sigs, known_keys=known_keys, new=[list(v.key()) for v in new],
             expectations=dict(j.expectation_hits),
             errors={n: o.error.type for n, o in obs.items() if o.error is not None}).line()

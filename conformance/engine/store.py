@@ -110,6 +110,7 @@ class ResultRecord(BaseModel):
     # "check|pipeline|reference|error_type" -> detail_digest of each fail or expected verdict
     differed: dict[str, str] = Field(default_factory=dict)
     saved: dict[str, str] = Field(default_factory=dict)   # pipeline -> residuals_digest of what it saved
+    seconds: dict[str, float] = Field(default_factory=dict)   # pipeline -> the seconds it ran on the program
     known_signatures: list[str] = Field(default_factory=list)
     known_keys: list[list[Any]] = Field(default_factory=list)
     new: list[list[Any]] = Field(default_factory=list)

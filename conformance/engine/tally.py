@@ -25,6 +25,8 @@ class Tally:
     expectation_hits: dict[str, Counter] = field(default_factory=dict)        # entry id -> how it fired
     harness_errors: int = 0
     pipelines: list[str] = field(default_factory=list)                        # rows in the order first seen
+    seconds: Counter = field(default_factory=Counter)           # pipeline -> seconds it ran (records that say)
+    feature_seconds: Counter = field(default_factory=Counter)   # feature -> seconds of the programs that have it
 
     def add(self, rec: Any, row=lambda p: p) -> None:
         """Count one result record; `row` names a pipeline's row (a report's matrix cell)."""
@@ -50,6 +52,11 @@ class Tally:
                 cell = self.coverage.setdefault((ft, r), [0, 0])
                 cell[0] += 1
                 cell[1] += failed[r] > 0
+        secs = dict(_get(rec, "seconds", {}))
+        for p, sec in secs.items():
+            self.seconds[self._row(row(p))] += float(sec)
+        for ft in feats:
+            self.feature_seconds[ft] += sum(map(float, secs.values()))
         for eid, how in dict(_get(rec, "expectations", {})).items():
             self.expectation_hits.setdefault(eid, Counter())[how] += 1
         if any(str(e).startswith("HarnessError") for e in dict(_get(rec, "errors", {})).values()):
@@ -75,5 +82,7 @@ class Tally:
         for eid, c in other.expectation_hits.items():
             self.expectation_hits.setdefault(eid, Counter()).update(c)
         self.harness_errors += other.harness_errors
+        self.seconds.update(other.seconds)
+        self.feature_seconds.update(other.feature_seconds)
         for r in other.pipelines:
             self._row(r)

@@ -279,7 +279,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                               "status": _status(cnt, bool(ids)), "findings": ids})
     checks_ran = [{"pipeline": row, "check": check, "programs": ran_on[row], "ran": check_ran[(row, check)]}
                   for row in rows for check in CHECKS if (row, check) in grid]
-    coverage_rows = [{"feature": ft, "programs": n,
+    coverage_rows = [{"feature": ft, "programs": n, "seconds": round(tally.feature_seconds[ft], 1),
                       "cells": {row: coverage.get((ft, row), [0, 0]) for row in rows if ran_on[row]}}
                      for ft, n in sorted(tally.features.items())]
     shares = _shares(inputs, rows, ran_on, programs)
@@ -340,6 +340,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
         "residual_bytes": residual_bytes,
         "checks_ran": checks_ran,
         "ran_on": {row: ran_on[row] for row in rows},
+        "seconds": {row: round(tally.seconds[row], 1) for row in rows if tally.seconds[row]},
         "coverage": coverage_rows,
         "shares": shares,
         "behaviours": behaviours,

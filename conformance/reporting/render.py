@@ -230,8 +230,9 @@ def render_md(rep: dict) -> str:
     cell = {(g["pipeline"], g["check"]): g for g in rep["grid"]}
     ran_on = rep.get("ran_on", {})
     L += ["", "## Status by pipeline and check (verdict counts; finding ids)", ""]
-    L += _table(["pipeline", "programs run"] + checks,
-                [[f"`{r}`", ran_on.get(r, "-")]
+    secs = rep.get("seconds", {})
+    L += _table(["pipeline", "programs run", "seconds"] + checks,
+                [[f"`{r}`", ran_on.get(r, "-"), secs.get(r, "-")]
                  + [" ".join([_MARK[cell[(r, c)]["status"]]] + [",".join(cell[(r, c)]["findings"])]
                              + [f"{k}:{v}" for k, v in cell[(r, c)]["counts"].items()]).strip()
                     for c in checks] for r in rep["pipelines"]])
@@ -249,8 +250,8 @@ def render_md(rep: dict) -> str:
               + (f" whose values are all {'/'.join(x['dtypes'])}" if x["dtypes"] else "")
               + f", ran on {x['ran']} of {x['programs']}; sibling `{x['sibling']}`: {x['why']}" for x in rep["shares"]]
         L += [""]
-    L += _table(["feature", "programs"] + [f"`{p}`" for p in shown],
-                [[c["feature"], c["programs"]]
+    L += _table(["feature", "programs", "seconds"] + [f"`{p}`" for p in shown],
+                [[c["feature"], c["programs"], c.get("seconds", "-")]
                  + [f"{c['cells'][p][0]}/{c['cells'][p][1]}" if c["cells"].get(p, [0])[0] else "**0**" for p in shown]
                  for c in rep.get("coverage", [])])
     L += versions_markdown(rep.get("versions"))

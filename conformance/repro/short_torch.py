@@ -281,7 +281,7 @@ def script(prog, inputs, finding) -> str:
                 "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):",
                 "        self.n[str(func.overloadpacket)] += 1", "        return func(*args, **(kwargs or {}))"]
         body = head + [f"    loss = {forward}", "    with CountOps() as ops:   # the backward, recompute included",
-                       f"        torch.autograd.grad(loss, {xs_name})",
+                       f"        torch.autograd.grad(loss, {xs_name}, allow_unused=True)",
                        "    print('  ops the backward ran:', dict(sorted(ops.n.items())))", "    return ops.n", "", "",
                        f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}",
                        f"ASKED = {sorted(finding.detail.get('ops') or [])!r}   # ops its policy marks to save, "

@@ -132,8 +132,9 @@ _SAC_RECOMPUTE = getattr(torch.utils.checkpoint, "_RECOMPUTE", None)   # SAC's m
 
 
 def logged_contexts(fn, sac_log: list, **kw):
-    """SAC's contexts for one checkpoint call, logged as (its caching mode, [(op, the output of each call its
-    policy asked to save, else None)]): what SAC then cached is in the mode's storage (unhonoured_saves)."""
+    """SAC's contexts for one checkpoint call, logged as (its caching mode, its recompute mode, [(op, the output
+    of each call its policy asked to save, else None)]): what SAC cached is in the caching mode's storage, what
+    its recompute ran in the other mode's call counts (unhonoured_saves)."""
     asked: list = []
 
     def logged(ctx, op, *args, **kwargs):
@@ -141,23 +142,25 @@ def logged_contexts(fn, sac_log: list, **kw):
         asked.append((op, ctx.op_output if d in SAVING else None))
         return d
     caching, cached = create_selective_checkpoint_contexts(logged, **kw)
-    sac_log.append((caching, asked))
+    sac_log.append((caching, cached, asked))
     return caching, cached
 
 
 def unhonoured_saves(sac_log: list) -> list[tuple[str, Any]]:
-    """(aten op, output) of every op call a policy asked SAC to save that SAC's cache holds as to recompute
-    (the k-th call of an op is its storage's k-th entry): read after the forward, before the backward."""
+    """(aten op, output) of every op call a policy asked SAC to save that SAC recomputed: its cache holds the
+    call (the k-th of its op is its storage's k-th entry) as to recompute, and the backward's recompute reached
+    it (ran that op more than k times). Read after the backward."""
     out = []
-    for mode, asked in sac_log if _SAC_RECOMPUTE is not None else []:
+    for caching, cached, asked in sac_log if _SAC_RECOMPUTE is not None else []:
         seen: dict = {}
+        store = getattr(caching, "storage", None)   # (another torch's layout: nothing read)
+        ran = getattr(cached, "func_counter", None)
         for op, output in asked:
             k = seen[op] = seen.get(op, -1) + 1
-            if output is None:
+            if output is None or not isinstance(store, dict) or not isinstance(ran, dict):
                 continue
-            store = getattr(mode, "storage", None)   # (another torch's layout: nothing read)
-            calls = store.get(op) if isinstance(store, dict) else None
-            if isinstance(calls, dict) and calls.get(k) is _SAC_RECOMPUTE:
+            calls = store.get(op)
+            if isinstance(calls, dict) and calls.get(k) is _SAC_RECOMPUTE and ran.get(op, 0) > k:
                 out.append((str(getattr(op, "overloadpacket", op)), output))
     sac_log.clear()
     return out

@@ -352,13 +352,13 @@ class TorchBase(Pipeline):
                       if sp.hooks == "disabled" else contextlib.nullcontext() if no_capture else rec.recording(hooks),
                       torch.utils.checkpoint.set_checkpoint_early_stop(not sp.early_stop_off)):
                     loss, outs = fn(*c, *d)
-                if sac_log is not None:   # what SAC's cache holds, before the backward consumes it
-                    unhonoured += unhonoured_saves(sac_log)
                 if any(isinstance(v, FakeTensor) for v in (loss, *outs)):
                     raise RuntimeError(FAKE_OUTPUT)
                 stage = "backward"
                 with timed(t, "backward"):
                     grads = grad(loss, d)
+                if sac_log is not None:   # what SAC cached, and what its recompute ran
+                    unhonoured += unhonoured_saves(sac_log)
                 runs.append((loss, outs, grads))
             obs.loss = float(sum(r[0].detach().cpu() for r in runs))
             obs.outputs = [_tolist(per_example(r[1][k] for r in runs)) for k in range(len(program.outputs))]
