@@ -5,7 +5,7 @@ regions' policies decide on it, how the program is differentiated).
 
 A cause is one short line, the same for every program whose difference has that cause:
     recomputes a value named in a custom_vjp fwd [names:save]
-    saves a program input the loss does not read [boundary]
+    saves a value outside every region the loss does not read
     saves against its policy an op's output [nothing:recompute], second order (fwd_over_rev)
   verb      recomputes (the reference saves it), saves (the reference does not), saves against its
             policy (a value every enclosing policy says to recompute), recomputes against its policy (a
@@ -15,8 +15,10 @@ A cause is one short line, the same for every program whose difference has that 
             input, a cond branch's result, a dot's output, an op's output, an unmatched value; "the
             loss does not read" where no differentiated output depends on it
   decision  each enclosing region's policy, outermost first: what it read to decide (KindDecl.rule: names,
-            dots, everything, everything_but_names, custom, nothing) and its decision; `boundary` for a
-            value outside every region (a program input, a region's argument made outside it)
+            dots, everything, everything_but_names, custom, nothing) and its decision; a value outside every
+            region (a program input, a region's argument made outside it) is one cause whatever it is, as no
+            policy decides on it ("saves a value outside every region"), but for a loop's carry or slice
+            (`[boundary]`: the scan's own)
   diff      the differentiation where it is not plain reverse mode (second order's mode, per example)
 A class of equal values is described by the member a policy saves (else the most specific member): a
 name tag whose producer a policy saves is that op's output, as the policy decided. Where a pipeline
@@ -45,6 +47,8 @@ from conformance.ir.program import Program
 
 RECOMPUTES, SAVES, AGAINST_POLICY = "recomputes", "saves", "saves against its policy"
 RECOMPUTES_AGAINST_POLICY = "recomputes against its policy"
+BOUNDARY = "a value outside every region"   # (no policy decides on it: an input, a region's argument made outside)
+LOOP = 2   # (the rank of a loop's carry or slice: a scan's own boundary, told apart from the regions')
 _DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
 _INPUT = " (a program input)"   # (oracles.residuals: how an unnamed residual that is an input is told apart)
 
@@ -150,7 +154,7 @@ class _Program:
         if i in self.residuals:
             return 1, "a custom_vjp residual"
         if self.where.get(i) in ("carry", "slice"):
-            return 2, f"a loop {self.where[i]}"
+            return LOOP, f"a loop {self.where[i]}"
         if i in self.inputs:
             return 3, "a program input"
         if self.where.get(i) == "branch":
@@ -184,8 +188,11 @@ class _Program:
                          else (boundary, saved_by_policy))
         i = min(ids, key=lambda i: (not first(i), not second(i), self.value(i)[0], i))
         dead = "" if any(x in self.live for x in ids) else " the loss does not read"
-        chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(i)) or "boundary"
-        return f"{verb} {self.value(i)[1]}{dead} [{chain}]{self.diff()}"
+        chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(i))
+        rank, what = self.value(i)
+        if not chain and rank != LOOP:   # no policy decides: whatever the value is, one decision (a region's argument)
+            return f"{verb} {BOUNDARY}{dead}{self.diff()}"
+        return f"{verb} {what}{dead} [{chain or 'boundary'}]{self.diff()}"
 
     def diff(self) -> str:
         d = self.prog.diff
@@ -193,7 +200,7 @@ class _Program:
         return out + (", per example" if d.batch else "")
 
 
-_QUALIFIERS = re.compile(r" the loss does not read(?= \[)|, second order \([a-z_]+\)|, per example")
+_QUALIFIERS = re.compile(r" the loss does not read(?= \[|,|$)|, second order \([a-z_]+\)|, per example")
 
 
 def core(cause: str) -> str:
@@ -211,5 +218,5 @@ def causes(program: Program, detail: dict) -> list[str]:
     except (KeyError, IndexError, ValueError):
         return []
     if any(c.startswith(RECOMPUTES + " ") for c in found):   # what a recompute needs saved is its consequence
-        found = {c for c in found if not (c.startswith(SAVES + " ") and "[boundary]" in c)}
+        found = {c for c in found if not (c.startswith(SAVES + " ") and ("[boundary]" in c or BOUNDARY in c))}
     return sorted(found)

@@ -12,7 +12,7 @@ from conformance.engine.roots import evidence_root, root_key, stamp, with_causes
 from conformance.engine.search import known_finding, merge_finding, same_behaviour
 from conformance.ir.policy import Both, Dots, SaveOnlyNames, deciding_rule
 from conformance.ir.program import Program
-from oracles.residual_causes import causes
+from oracles.residual_causes import causes, core
 from tests.programs import op, prog, region
 
 # jax's seed: a value named inside a custom_vjp fwd, in a region saving only that name
@@ -61,9 +61,10 @@ def test_each_value_kind_and_each_policy_decision_is_a_cause_of_its_own():
     op_out = causes(p, {"extra_other": ["float64[3, 3]"], "saved": ["s:float64[3, 3]", "m:float64[3, 3]"],
                         "reference_saved": ["m:float64[3, 3]"]})
     assert op_out == ["saves an op's output [dots:recompute]"]
-    # a value saved alone at the boundary (nothing recomputed) is a cause; an unmatched value is one too
+    # a value outside every region saved alone (nothing recomputed) is a cause, whatever it is (no policy decides
+    # on it); an unmatched value is one too
     assert causes(p, {"extra_other": ["float64[3, 3] (a program input)"], "saved": ["x:float64[3, 3]"],
-                      "reference_saved": []}) == ["saves a program input [boundary]"]
+                      "reference_saved": []}) == ["saves a value outside every region"]
     assert causes(p, {"extra_other": ["float64[3, 3]"], "saved": ["?:float64[3, 3]"],
                       "reference_saved": []}) == ["saves an unmatched value"]
 
@@ -90,7 +91,14 @@ def test_a_new_cause_under_a_known_direction_is_not_swallowed():
     new.detail = {"causes": [dot]}
     stamp(new)
     assert known_finding([known, new], key, set(), {key}, f"{dot} + {NAMED_FWD}") is new
-    # a shrunk finding folds into one holding all its causes, never into one holding fewer
+    # the same decision shown at second order, or on a value the loss does not read, is the cause the shrunk
+    # program showed (the shrink may drop both): counted under it, not shrunk again and again
+    assert known_finding([known], key, set(), {key}, f"{NAMED_FWD}, second order (fwd_over_rev)") is known
+    dead = NAMED_FWD.replace(" [", " the loss does not read [")
+    assert known_finding([known], key, set(), {key}, dead) is known
+    assert core("saves a value outside every region the loss does not read, per example") == \
+        "saves a value outside every region"
+        # a shrunk finding folds into one holding all its causes, never into one holding fewer
     assert same_behaviour(known, _finding(SEED, SEED_DETAIL, pipeline="jax:remat3+cvjp3"))
     assert not same_behaviour(known, new) and not same_behaviour(new, known)
     findings = [known]

@@ -57,7 +57,7 @@ def cause_text(cause: str) -> str:
     for verb in ("saves", "recomputes"):
         if head.startswith(f"{verb} against its policy "):
             head = f"{verb} " + head.removeprefix(f"{verb} against its policy ")
-    if chain == "boundary":
+    if chain == "boundary":   # (a loop's carry or slice outside every region)
         return f"{head} (outside every checkpoint region){tail}"
     steps = [x.split(":", 1) for x in chain.split(" > ")]
     rule, decision = steps[-1]

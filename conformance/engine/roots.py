@@ -23,6 +23,7 @@ from conformance.ir.verdict import Triage
 from conformance.pipelines import registry
 from conformance.pipelines.registry import CompareMode
 from oracles.residual_causes import causes as cause_names
+from oracles.residual_causes import core
 
 DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 # Op families: which op shows a behaviour is a variant of it when the minimal program fails
@@ -151,27 +152,32 @@ def evidence_root(check: str, pipeline: str, reference: str, detail: dict) -> st
     return residual_direction(check, pipeline, reference, detail)
 
 
+def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
+    """The core of each cause a finding of `key`'s family holds (oracles.residual_causes.core: a cause shown at
+    second order or on a dead value is the cause its shrunk program shows), and the first finding holding it."""
+    fam = family_key(*key[:3])
+    held: dict[str, Finding] = {}
+    for f in findings:
+        if family_key(f.check, f.pipeline, f.reference) == fam:
+            for c in residual_causes(f.check, f.detail):
+                held.setdefault(core(c), f)
+    return held
+
+
 def covering_finding(findings: list[Finding], key: tuple, causes: list[str]) -> Finding | None:
     """The finding a residual difference with these causes is counted under: every cause is one of a finding
     of its family (pipeline twins, one reference family), and the finding holding its first cause stands
     for it. None while any cause is new: a new cause is never swallowed by a known direction."""
-    fam = family_key(*key[:3])
-    held = {}
-    for f in findings:
-        if family_key(f.check, f.pipeline, f.reference) == fam:
-            for c in residual_causes(f.check, f.detail):
-                held.setdefault(c, f)
-    if not causes or any(c not in held for c in causes):
+    held = _held(findings, key)
+    if not causes or any(core(c) not in held for c in causes):
         return None
-    return held[sorted(causes)[0]]
+    return held[core(sorted(causes)[0])]
 
 
 def new_causes(findings: list[Finding], key: tuple, causes: list[str]) -> list[str]:
     """The causes of a residual difference that no finding of its family holds yet, sorted."""
-    fam = family_key(*key[:3])
-    held = {c for f in findings if family_key(f.check, f.pipeline, f.reference) == fam
-            for c in residual_causes(f.check, f.detail)}
-    return sorted(c for c in causes if c not in held)
+    held = _held(findings, key)
+    return sorted(c for c in causes if core(c) not in held)
 
 
 # Checks whose label names what of a custom rule moved (a trace counter, a rule field): part of the root,

@@ -212,9 +212,9 @@ def same_behaviour(f: Finding, g: Finding) -> bool:
     one's shrunk program fails the other's verdict (siblings: pipeline variants). A residual difference
     with causes is one behaviour with `f` (the finding already held) when `f` holds each of `g`'s causes."""
     cf, cg = residual_causes(f.check, f.detail), residual_causes(g.check, g.detail)
-    if cf and cg:
+    if cf and cg:   # (by their cores: a cause shown at second order is the cause a first-order program shows)
         return (family_key(f.check, f.pipeline, f.reference) == family_key(g.check, g.pipeline, g.reference)
-                and set(cg) <= set(cf))
+                and set(map(core, cg)) <= set(map(core, cf)))
     if f.root and f.root == g.root or nested_roots(f, g):
         return True
     nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
@@ -235,7 +235,8 @@ def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
             if key not in g.reproduces:
                 g.reproduces.append(key)
         if (g.key() == f.key() and f.core_features() < g.core_features()
-                and set(residual_causes(f.check, f.detail)) == set(residual_causes(g.check, g.detail))):
+                and set(map(core, residual_causes(f.check, f.detail)))
+                == set(map(core, residual_causes(g.check, g.detail)))):
             # g's list already holds f's keys; a tracked behaviour stays tracked, and so do its
             # title and class
             f.count, f.reproduces, f.tracked, f.variants = g.count, g.reproduces, g.tracked, g.variants
