@@ -60,6 +60,10 @@ def op_families() -> list[str]:
 # from the declarations (each on with probability 1/2), so that new kinds and families are
 # swarmed without a change here.
 _HALF = (1, 2)
+# The composition round's dimensions (COMPOSITIONS), each in a quarter of the programs: drawn by default, at half
+# the usual rate (a default make run measured them at half or more of the programs' JAX time: effects record
+# eagerly, state and multi-output ops trace more)
+_QUARTER = (1, 4)
 _FEATURE_FLAGS = (
     ("checkpoint", (7, 8)), ("nesting", _HALF), ("prevent_cse", _HALF),
     ("custom_vjp", _HALF), ("symbolic_zeros", _HALF), ("optimize_remat", _HALF), ("nondiff_args", _HALF),
@@ -74,9 +78,9 @@ _LATE_FLAGS = (("rule_spellings", _HALF), ("residual_trees", _HALF), ("perturbed
                ("nested_jit", _HALF), ("loop_spellings", _HALF), ("cond", _HALF), ("cond_switch", _HALF),
                ("seeded_cotangents", _HALF), ("region_options", _HALF), ("aux_outputs", _HALF),
                ("rule_trees", _HALF), ("per_example", (1, 4)), ("function_options", _HALF),
-               ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _HALF),
-               ("effects", _HALF), (O.MULTI_OUTPUT, _HALF), (O.DATA_DEPENDENT, _HALF),
-               ("non_tensor_outputs", _HALF), (O.FUNC_TRANSFORMS, _HALF))
+               ("checkpoint_in_rules", _HALF), ("sequential_regions", (1, 4)), ("mutable_state", _QUARTER),
+               ("effects", _QUARTER), (O.MULTI_OUTPUT, _QUARTER), (O.DATA_DEPENDENT, _QUARTER),
+               ("non_tensor_outputs", _QUARTER), (O.FUNC_TRANSFORMS, _QUARTER))
 # The composition round's dimensions (a region's mutable state, effects, multi-output, data-dependent and
 # functional-transform op families, a region's non-tensor outputs): drawn by default like every other
 # dimension; with the swarm off (every feature on) still drawn, not forced into every program.

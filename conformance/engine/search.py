@@ -301,7 +301,7 @@ def round_settings(opts, r: int, phases=(Phase.generate, Phase.shrink)) -> setti
 # more and one that found nothing for long gets less; each share stays within [EXPLORE_FLOOR x the even split,
 # EXPLORE_CEILING] (none starved, none eating the run). At most EXPLORERS_PER_PROGRAM run on one program, those
 # furthest under their share first: the first programs spread them evenly.
-EXPLORE_SHARE = 0.12
+EXPLORE_SHARE = 0.1
 EXPLORE_CEILING = 0.05
 EXPLORE_FLOOR = 0.25
 EXPLORE_FIND_WEIGHT = 4.0
