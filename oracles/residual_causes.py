@@ -32,10 +32,13 @@ from dataclasses import dataclass
 
 from conformance.ir.nodes import (
     DERIVATIVE_CTX,
+    Checkpoint,
     Cond,
     CustomVJP,
+    Scan,
     base_id,
     checkpoint_name_of,
+    children,
     input_elements,
     live_values,
     primal_ops,
@@ -139,6 +142,19 @@ class _Program:
                 self.where.update({i: "carry" for i in s.carry})
                 self.where.update({i: "slice" for i in s.xs})
         self.ctx = {s.out: ctx for s, _, _, ctx in walk(prog.body) if hasattr(s, "out") and ctx not in DERIVATIVE_CTX}
+        self.loop_policies: dict[str, list] = {}   # a loop's carry or slice id -> the regions' policies around it
+
+        def visit(body, stack):
+            for st in body:
+                if isinstance(st, Checkpoint):
+                    visit(st.body, stack + [st.policy])
+                    continue
+                if isinstance(st, Scan):
+                    self.loop_policies.update({i: stack for i in st.carry + st.xs})
+                for _, b, ctx in children(st):
+                    if ctx not in DERIVATIVE_CTX:
+                        visit(b, stack)
+        visit(prog.body, [])
         differentiated = prog.outputs[:len(prog.outputs) - prog.diff.aux] if prog.diff.aux else prog.outputs
         self.live = live_values(prog.model_copy(update={"outputs": list(differentiated)}))
 
@@ -166,6 +182,8 @@ class _Program:
     def decisions(self, i: str) -> list[tuple[str, str]]:
         """(rule, decision) of each enclosing policy, outermost first; [] where no policy governs."""
         s = self.ops.get(i)
+        if s is None and self.loop_policies.get(i):   # a loop's carry or slice inside regions: what they decide
+            return [(deciding_rule(p, None, None), decide(p, None, None)) for p in self.loop_policies[i]]
         if s is None or not self.policies.get(i):
             return []
         batched = OPS[s.op].batched([self.types[a][0] for a in s.args])
