@@ -58,8 +58,12 @@ def tracked_keys() -> set[tuple]:
 
 
 def split_new(new: list[dict], tracked: set[tuple]) -> tuple[list[dict], list[dict]]:
-    """(variants of tracked keys: reported, findings of keys no open entry has: failures)."""
-    return ([f for f in new if finding_key(f) in tracked], [f for f in new if finding_key(f) not in tracked])
+    """(variants of tracked keys: reported, findings of keys no open entry has: failures). A residual difference
+    that names its causes is new by its causes, whatever its key: the campaign found no tracked root holding
+    them (issue 45: a new cause under a known direction fails the gate)."""
+    def variant(f):
+        return finding_key(f) in tracked and not (f["check"] == "residuals" and (f.get("detail") or {}).get("causes"))
+    return [f for f in new if variant(f)], [f for f in new if not variant(f)]
 
 
 def keep_variants(variants: list[dict], out: Path, dest: Path) -> list[Path]:
@@ -86,6 +90,8 @@ def test_new_keys_fail_and_variants_of_tracked_keys_are_reported(tmp_path):
     f = {"check": "residuals", "pipeline": "jax:remat3", "reference": "jax:remat2", "error_type": "other"}
     g = {**f, "pipeline": "jax:remat2:jit"}
     assert split_new([f, g], tracked) == ([f], [g])
+    caused = {**f, "detail": {"causes": ["recomputes a dot's output [dots:save]"]}}   # a new cause, a tracked key
+    assert split_new([caused], tracked) == ([], [caused])
     # a variant's entry is kept, named like a corpus entry, loadable as one
     entry = variant_path(sorted(n for n in variants() if n.startswith("residuals-jax_remat3-"))[0])
     (tmp_path / "o" / "corpus").mkdir(parents=True)
