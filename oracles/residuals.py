@@ -221,7 +221,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.status = "fail"
         v.error_type = "recomputed_against_policy"
         v.detail = {"recomputed_against_policy": describe(obs.recomputed_against_policy),
-                    "ops": list(obs.flags.get("recomputed_ops", [])), "saved": describe(obs.residuals)}
+                    "aten_ops": list(obs.flags.get("recomputed_ops", [])), "saved": describe(obs.residuals)}
         v.detail["causes"] = causes(program, v.detail)
         return v
     # (a partitioner may save any layout of what the backward reads: eager pipelines are checked)

@@ -55,7 +55,9 @@ def sac_drops_first_save():
 
 # name -> (patch, the campaign that shows it: its rivals, the swarm dimensions it requires and those it leaves out)
 MUTANTS = {
-    "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"], []),
+    # (the compositions left out: the dots the mutant drops are in plain regions)
+    "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"],
+                          list(COMPOSITIONS)),
     # (PyTorch runs none of the JAX-only compositions, nor custom_jvp: left out, not spent on unsupported programs;
     # regions save everything or nothing)
     "sac-drops-first-save": (sac_drops_first_save, ["torch:eager-sac"], ["checkpoint", "policy:everything"],

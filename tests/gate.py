@@ -33,10 +33,14 @@ FAMILY_SHARES = {"torch:compile": 0.4}
 
 def gate_command(gated: list[str], programs: int, seed: int, out: str, budget: float) -> list[str]:
     """The gate's campaign: every gated pipeline, and the references, on every program (a twin's
-    declared program share is lifted: registry.Share)."""
+    declared program share is lifted: registry.Share). The composition round's dimensions, drawn by default
+    campaigns, are left out of the gate's programs (`--exclude`): its snapshot keeps the programs it was
+    recorded with until what the gate would find among them is judged into the corpus."""
     from conformance.pipelines import registry
+    from generators.swarm import COMPOSITIONS
     full = [a for n in registry.shared_pipelines(registry.run_set(gated)) for a in ("--share", f"{n}=1")]
     full += [a for fam, x in FAMILY_SHARES.items() for a in ("--share", f"{fam}={x:g}")]
+    full += [a for d in COMPOSITIONS for a in ("--exclude", d)]
     return ["remat-conformance", "run", "--pipelines", ",".join(gated), *full, "--known", str(REG.relative_to(ROOT)),
             "--seed", str(seed), "--max-examples", str(programs), "--max-stmts", str(MAX_STMTS),
             "--shrink-steps", str(SHRINK_STEPS), "--shrink-seconds", "600", "--share-by", "programs",

@@ -284,7 +284,7 @@ class SharesStateAcrossCalls(TP.TorchSAC):
         from conformance.pipelines.torch import lowering as TL
         real = TL.context_fn
 
-        def shared(p, names, prefer=False, calls=None, state=None, allow_mutation=False):
+        def shared(p, names, prefer=False, calls=None, state=None, allow_mutation=False, sac_log=None):
             fn = TL.policy_fn(p, names, prefer, calls, state)
             return lambda: TL.create_selective_checkpoint_contexts(fn)
         TL.context_fn = shared

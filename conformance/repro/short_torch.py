@@ -284,7 +284,7 @@ def script(prog, inputs, finding) -> str:
                        f"        torch.autograd.grad(loss, {xs_name}, allow_unused=True)",
                        "    print('  ops the backward ran:', dict(sorted(ops.n.items())))", "    return ops.n", "", "",
                        f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}",
-                       f"ASKED = {sorted(finding.detail.get('ops') or [])!r}   # ops its policy marks to save, "
+                       f"ASKED = {sorted(finding.detail.get('aten_ops') or [])!r}   # ops its policy marks to save, "
                        "which SAC's cache held as to recompute",
                        "extra = {op: rival[op] - reference[op] for op in ASKED if rival[op] > reference[op]}"]
         verdict = ('raise SystemExit(f"REPRODUCES: the backward recomputes {extra}, which the policy marks to save" '
