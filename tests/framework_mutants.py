@@ -53,16 +53,19 @@ def sac_drops_first_save():
     ck._CachingTorchDispatchMode.__torch_dispatch__ = __torch_dispatch__
 
 
+def _other_policies(kind: str) -> list[str]:   # the policy dimensions but `kind`'s (regions: it or nothing)
+    return [f"policy:{k}" for k in KINDS if k not in ("nothing", kind)]
+
+
 # name -> (patch, the campaign that shows it: its rivals, the swarm dimensions it requires and those it leaves out)
 MUTANTS = {
-    # (the compositions left out: the dots the mutant drops are in plain regions)
+    # (regions save dots or nothing, no custom rules or compositions: the dots the mutant drops are in plain regions)
     "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"],
-                          list(COMPOSITIONS)),
+                          [*COMPOSITIONS, "custom_vjp", "custom_jvp", *_other_policies("dots")]),
     # (PyTorch runs none of the JAX-only compositions, nor custom_jvp: left out, not spent on unsupported programs;
     # regions save everything or nothing)
     "sac-drops-first-save": (sac_drops_first_save, ["torch:eager-sac"], ["checkpoint", "policy:everything"],
-                             [*COMPOSITIONS, "custom_jvp",
-                              *(f"policy:{k}" for k in KINDS if k not in ("nothing", "everything"))]),
+                             [*COMPOSITIONS, "custom_jvp", *_other_policies("everything")]),
 }
 
 
