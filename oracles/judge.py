@@ -195,7 +195,7 @@ class _Pair:
 
 
 def _same(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
-    return [residuals.compare(obs, ref, inputs=frozenset(i.id for i in c.program.inputs), program=c.program),
+    return [residuals.compare(obs, ref, program=c.program),
             compare_custom_rules(obs, ref, c.jvp_blocks),
             trace_counts.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline)),
             *([effects.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline))] if "effects" in c.feats

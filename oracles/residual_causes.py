@@ -35,6 +35,7 @@ from conformance.ir.nodes import (
     Checkpoint,
     Cond,
     CustomVJP,
+    Op,
     Scan,
     base_id,
     checkpoint_name_of,
@@ -42,7 +43,6 @@ from conformance.ir.nodes import (
     input_elements,
     live_values,
     primal_ops,
-    walk,
 )
 from conformance.ir.ops import NAME_FWD_OP, NAME_OPS, OPS
 from conformance.ir.policy import decide, deciding_rule
@@ -125,36 +125,31 @@ class _Program:
 
     def __init__(self, prog: Program):
         self.prog = prog
-        self.policies, self.exempt = prog.analysis().contexts
+        self.policies = prog.analysis().contexts[0]
         self.types = prog.types()
         self.ops = primal_ops(prog)
         self.inputs = {i.id for i in prog.inputs}
         self.where: dict[str, str] = {}     # value id -> carry, slice, branch
         self.residuals: set[str] = set()    # custom_vjp residual ids
-        for s, _, path, ctx in walk(prog.body):
-            if ctx in DERIVATIVE_CTX:
-                continue
-            if isinstance(s, CustomVJP):
-                self.residuals.update(s.residuals)
-            if isinstance(s, Cond):
-                self.where.update({r: "branch" for rs in s.branch_results for r in rs})
-            if hasattr(s, "carry"):
-                self.where.update({i: "carry" for i in s.carry})
-                self.where.update({i: "slice" for i in s.xs})
-        self.ctx = {s.out: ctx for s, _, _, ctx in walk(prog.body) if hasattr(s, "out") and ctx not in DERIVATIVE_CTX}
+        self.ctx: dict[str, str] = {}       # op output id -> the context it is computed in (main, fwd, primal)
         self.loop_policies: dict[str, list] = {}   # a loop's carry or slice id -> the regions' policies around it
 
-        def visit(body, stack):
+        def visit(body, stack, ctx):   # (one pass over the primal code; derivative rules hold no program values)
             for st in body:
-                if isinstance(st, Checkpoint):
-                    visit(st.body, stack + [st.policy])
-                    continue
-                if isinstance(st, Scan):
+                if isinstance(st, Op):
+                    self.ctx[st.out] = ctx
+                elif isinstance(st, CustomVJP):
+                    self.residuals.update(st.residuals)
+                elif isinstance(st, Cond):
+                    self.where.update({r: "branch" for rs in st.branch_results for r in rs})
+                elif isinstance(st, Scan):
+                    self.where.update({**{i: "carry" for i in st.carry}, **{i: "slice" for i in st.xs}})
                     self.loop_policies.update({i: stack for i in st.carry + st.xs})
-                for _, b, ctx in children(st):
-                    if ctx not in DERIVATIVE_CTX:
-                        visit(b, stack)
-        visit(prog.body, [])
+                inner = stack + [st.policy] if isinstance(st, Checkpoint) else stack
+                for _, b, c in children(st):
+                    if c not in DERIVATIVE_CTX:
+                        visit(b, inner, c or ctx)
+        visit(prog.body, [], "main")
         differentiated = prog.outputs[:len(prog.outputs) - prog.diff.aux] if prog.diff.aux else prog.outputs
         self.live = live_values(prog.model_copy(update={"outputs": list(differentiated)}))
 
@@ -196,6 +191,7 @@ class _Program:
         ids = list(dict.fromkeys(map(base_id, s.cls)))
         if not ids:
             return f"{verb} an unmatched value{self.diff()}"
+
         def saved_by_policy(i):
             return (self.decisions(i) or [("", "")])[-1][1] in ("save", "offload")
 

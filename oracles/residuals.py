@@ -50,8 +50,10 @@ def describe(res: list[Residual]) -> list[str]:
 
 def compare(obs: Observation, ref: Observation, named_only: bool = False,
             inputs: frozenset[str] = frozenset(), program: Program | None = None) -> Verdict:
-    """`inputs`: the program's input ids (an unnamed residual that is one is told apart). With the
-    `program`, a difference names its causes (oracles.residual_causes) in the detail."""
+    """`inputs`: the program's input ids (an unnamed residual that is one is told apart; the `program`'s by
+    default). With the `program`, a difference names its causes (oracles.residual_causes) in the detail."""
+    if program is not None and not inputs:
+        inputs = frozenset(i.id for i in program.inputs)
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
     if skip_unless(v, "residuals", obs, ref):
         return v

@@ -99,6 +99,9 @@ def family_key(check: str, pipeline: str, reference: str) -> tuple[str, str, str
     return check, pipeline_family(pipeline), VALUE_FAMILY if check == "gradient" else pipeline_family(reference)
 
 
+DIRECTIONS = ("saves less", "saves more")   # a residual difference's root where no value tells its cause
+
+
 def residual_direction(check: str, pipeline: str, reference: str, detail: dict) -> str | None:
     """How a rival's saved residuals depart from a reference that claims the same semantics (the
     whole saved set compared: CompareMode.SAME): it lacks something the reference saves
@@ -107,13 +110,14 @@ def residual_direction(check: str, pipeline: str, reference: str, detail: dict) 
     the policy kinds are. None: another check or comparison, or no saved set told apart."""
     if check != "residuals" or not any(m is CompareMode.SAME for _, m in registry.comparisons(pipeline, {reference})):
         return None
+    less, more = DIRECTIONS
     if detail.get("missing_named") or detail.get("missing_other"):
-        return "saves less"
+        return less
     if detail.get("extra_named") or detail.get("extra_other"):
-        return "saves more"
+        return more
     b, rb = detail.get("bytes"), detail.get("reference_bytes")
     if isinstance(b, int) and isinstance(rb, int) and b != rb:
-        return "saves more" if b > rb else "saves less"
+        return more if b > rb else less
     return None
 
 

@@ -41,6 +41,7 @@ from conformance.engine.findings import Finding, detail_digest, error_root, make
 from conformance.engine.reduce import candidates
 from conformance.engine.roots import (
     CAUSE_SEP,
+    DIRECTIONS,
     covering_finding,
     evidence_root,
     expectation_root,
@@ -160,7 +161,7 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     counters is known when each counter's is. A residual difference whose evidence names its causes
     (roots.evidence_root) is known only when each cause is (roots.covering_finding), whatever its key.
     None: a behaviour not known yet."""
-    if key[0] == "residuals" and root is not None and root not in ("saves less", "saves more"):
+    if key[0] == "residuals" and root is not None and root not in DIRECTIONS:
         return covering_finding(findings, key, root.split(CAUSE_SEP))
     for f in findings:
         if f.key() == tuple(key) and f.core_features() <= feats:

@@ -55,8 +55,9 @@ class Tally:
         secs = dict(_get(rec, "seconds", {}))
         for p, sec in secs.items():
             self.seconds[self._row(row(p))] += float(sec)
+        total = sum(map(float, secs.values()))
         for ft in feats:
-            self.feature_seconds[ft] += sum(map(float, secs.values()))
+            self.feature_seconds[ft] += total
         for eid, how in dict(_get(rec, "expectations", {})).items():
             self.expectation_hits.setdefault(eid, Counter())[how] += 1
         if any(str(e).startswith("HarnessError") for e in dict(_get(rec, "errors", {})).values()):

@@ -380,12 +380,13 @@ def script(prog, inputs, finding) -> str:
     body_src = "\n".join(body)
     code_all = defs + fsrc + body_src + verdict
     imports = []
+    pre_src = "\n".join(pre)
     for cond, line in (
         ("re.search(" in code_all, "import re"),
-        ("Counter(" in "\n".join(pre), "from collections import Counter"),
+        ("Counter(" in pre_src, "from collections import Counter"),
         ("partial(" in code_all, "from functools import partial"),
         (True, "import torch"),
-        ("TorchDispatchMode" in "\n".join(pre), "from torch.utils._python_dispatch import TorchDispatchMode"),
+        ("TorchDispatchMode" in pre_src, "from torch.utils._python_dispatch import TorchDispatchMode"),
     ):
         if cond:
             imports.append(line)
