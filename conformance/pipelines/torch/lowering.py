@@ -129,6 +129,7 @@ def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = N
 
 SAVING = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
 _SAC_RECOMPUTE = getattr(torch.utils.checkpoint, "_RECOMPUTE", None)   # SAC's mark of a call it recomputes
+SAC_CACHE_READABLE = _SAC_RECOMPUTE is not None   # (a torch without it: what SAC recomputed is not observed)
 
 
 def logged_contexts(fn, sac_log: list, **kw):

@@ -46,6 +46,7 @@ from conformance.pipelines.torch import table as torch_table  # noqa: E402
 from conformance.pipelines.torch.capture import SavedRecorder, memory_kind  # noqa: E402
 from conformance.pipelines.torch.compile import inductor_partitioner, recording_aot_backend, torch_settings  # noqa: E402
 from conformance.pipelines.torch.lowering import (  # noqa: E402
+    SAC_CACHE_READABLE,
     SAC_THROUGH_HOOKS,
     Lowering,
     node_values,
@@ -279,7 +280,8 @@ class TorchBase(Pipeline):
         calls: list = []
         sp = self.spec
         # eager SAC: each checkpoint call's cache beside what its policy asked to save (item: MUST_SAVE honoured)
-        sac_log = [] if self.remat and not (self.compile or sp.export or sp.reentrant or sp.compile_inside) else None
+        sac_log = [] if (SAC_CACHE_READABLE and self.remat
+                         and not (self.compile or sp.export or sp.reentrant or sp.compile_inside)) else None
         unhonoured: list = []
         low = Lowering(program, remat=self.remat, prefer=self.prefer, policy_calls=calls, options=self._options(),
                        sac_log=sac_log)
