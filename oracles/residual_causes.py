@@ -214,6 +214,16 @@ class _Program:
         return out + (", per example" if d.batch else "")
 
 
+def as_judged_by_policy(cause: str) -> str:
+    """A comparison's cause as the policy check names the same decision: a value a pipeline recomputes that its
+    policy saves (a reference saves it) is recomputed against its policy; one it saves that its policy recomputes
+    is saved against it."""
+    for verb, policy_verb in ((RECOMPUTES, RECOMPUTES_AGAINST_POLICY), (SAVES, AGAINST_POLICY)):
+        if cause.startswith(verb + " ") and not cause.startswith(policy_verb):
+            return policy_verb + cause[len(verb):]
+    return cause
+
+
 _QUALIFIERS = re.compile(r" the loss does not read(?= \[|,|$)|, second order \([a-z_]+\)|, per example")
 
 
@@ -231,6 +241,10 @@ def causes(program: Program, detail: dict) -> list[str]:
         found = {p.cause(verb, s) for verb, s in differing(detail, p.inputs)}
     except (KeyError, IndexError, ValueError):
         return []
+    if isinstance(detail, dict) and "recomputed_against_policy" in detail and not found:
+        # (a compiled backward whose values are not read: inductor's) the aten ops it recomputed
+        found = {f"{RECOMPUTES_AGAINST_POLICY} an {op} output [compiled backward]{p.diff()}"
+                 for op in detail.get("aten_ops") or []}
     if any(c.startswith(RECOMPUTES + " ") for c in found):   # what a recompute needs saved is its consequence
         found = {c for c in found if not (c.startswith(SAVES + " ") and ("[boundary]" in c or BOUNDARY in c))}
     return sorted(found)

@@ -167,7 +167,8 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
 
     The other way: a value the pipeline's policy asked it to save that it recomputes instead
     (Observation.recomputed_against_policy: what eager SAC's cache holds as to recompute after
-    an op its policy_fn marked MUST_SAVE or PREFER_SAVE) is a violation too."""
+    an op its policy_fn marked MUST_SAVE or PREFER_SAVE; what a torch.compile partitioner's backward
+    graph computes again of a node the policy marked MUST_SAVE) is a violation too."""
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference="policy", status="pass")
     if skip_unless(v, "residuals", obs):
         return v
@@ -219,10 +220,11 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.detail = {"saved_against_policy": describe(bad), "saved": describe(obs.residuals)}
         v.detail["causes"] = causes(program, v.detail)
         return v
-    if obs.recomputed_against_policy:   # asked to save, recomputed (eager SAC's cache: pipelines.torch)
+    if obs.recomputed_against_policy or obs.flags.get("recomputed_ops"):
+        # asked to save, recomputed (eager SAC's cache; a partitioner's backward graph: pipelines.torch)
         v.status = "fail"
         v.error_type = "recomputed_against_policy"
-        v.detail = {"recomputed_against_policy": describe(obs.recomputed_against_policy),
+        v.detail = {"recomputed_against_policy": describe(obs.recomputed_against_policy or []),
                     "aten_ops": list(obs.flags.get("recomputed_ops", [])), "saved": describe(obs.residuals)}
         v.detail["causes"] = causes(program, v.detail)
         return v

@@ -53,19 +53,43 @@ def sac_drops_first_save():
     ck._CachingTorchDispatchMode.__torch_dispatch__ = __torch_dispatch__
 
 
+def partitioner_ignores_must_save():
+    """torch.compile's min-cut partitioner reads every node a policy marks MUST_SAVE as PREFER_RECOMPUTE (a tag
+    lost in a graph pass): its backward graph computes again what it finds cheap to; eager SAC unchanged."""
+    import torch
+    from torch._functorch import partitioners
+    from torch.utils.checkpoint import CheckpointPolicy
+    original = partitioners.min_cut_rematerialization_partition
+
+    def min_cut_rematerialization_partition(joint_module, *args, **kwargs):
+        for n in joint_module.graph.nodes:
+            if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE and isinstance(n.meta.get("val"), torch.Tensor):
+                n.meta["recompute"] = CheckpointPolicy.PREFER_RECOMPUTE
+        return original(joint_module, *args, **kwargs)
+    partitioners.min_cut_rematerialization_partition = min_cut_rematerialization_partition
+
+
 def _other_policies(kind: str) -> list[str]:   # the policy dimensions but `kind`'s (regions: it or nothing)
     return [f"policy:{k}" for k in KINDS if k not in ("nothing", kind)]
 
 
-# name -> (patch, the campaign that shows it: its rivals, the swarm dimensions it requires and those it leaves out)
+# name -> (patch, the campaign that shows it: its rivals, the swarm dimensions it requires and those it leaves out,
+# and any other options of its run)
 MUTANTS = {
     # (regions save dots or nothing, no custom rules or compositions: the dots the mutant drops are in plain regions)
     "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"],
-                          [*COMPOSITIONS, "custom_vjp", "custom_jvp", *_other_policies("dots")]),
+                          [*COMPOSITIONS, "custom_vjp", "custom_jvp", *_other_policies("dots")], []),
     # (PyTorch runs none of the JAX-only compositions, nor custom_jvp: left out, not spent on unsupported programs;
     # regions save everything or nothing)
     "sac-drops-first-save": (sac_drops_first_save, ["torch:eager-sac"], ["checkpoint", "policy:everything"],
-                             [*COMPOSITIONS, "custom_jvp", *_other_policies("everything")]),
+                             [*COMPOSITIONS, "custom_jvp", *_other_policies("everything")], []),
+    # (the compiled half: the same campaign shape on torch.compile's aot_eager backend, first order and one
+    # example per program: aot_autograd runs no double backward, and the compiled family's share is a fifth)
+    "partitioner-ignores-must-save": (partitioner_ignores_must_save, ["torch:compile-aot_eager"],
+                                      ["checkpoint", "policy:everything"],
+                                      [*COMPOSITIONS, "custom_jvp", "second_order", "per_example",
+                                       *_other_policies("everything")],
+                                      ["--share", "torch:compile=1", "--max-examples", "30"]),
 }
 
 

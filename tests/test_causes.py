@@ -139,3 +139,23 @@ def test_every_corpus_variant_roots_under_its_own_root_and_no_two_roots_share_a_
     # the residual roots are keyed on causes, not on a direction two roots shared
     residual = {k for k in keys if k.startswith("residuals|jax:remat3|jax:remat2|")}
     assert residual and not {k for k in residual if k.endswith(("saves less", "saves more"))}
+
+
+def test_a_known_comparison_root_covers_the_policy_check_of_the_program_it_also_fails():
+    # the corpus's budget-0 root: compiled at activation_memory_budget=0, the named value a save_only_names policy
+    # keeps is recomputed (against eager SAC, which saves it); its program also fails the policy check (what the
+    # partitioner's backward graph recomputes of a MUST_SAVE node): one decision, one root
+    known = [with_causes(f) for f in load_known(["tests/regressions/torch-compile-budget0-drops-must-save.json"])]
+    (f,) = known
+    key = ("residuals", f.pipeline, "policy", "recomputed_against_policy")
+    assert list(key) in f.reproduces
+    prog_ = Program.model_validate(f.program)
+    detail = {"recomputed_against_policy": ["h/s['h']:float32[4]"], "aten_ops": ["rc.tag"], "saved": ["x:float32[4]"]}
+    detail["causes"] = causes(prog_, detail)
+    assert detail["causes"] == ["recomputes against its policy a value named in plain code [names:save]"]
+    root = evidence_root("residuals", f.pipeline, "policy", detail)
+    assert known_finding(known, key, set(f.features), {key, f.key()}, root) is f
+    # another value recomputed against the policy is a cause that root does not hold: new
+    other = {**detail, "causes": ["recomputes against its policy an op's output [names:save]"]}
+    assert known_finding(known, key, set(f.features), {key, f.key()},
+                         evidence_root("residuals", f.pipeline, "policy", other)) is None

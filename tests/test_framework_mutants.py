@@ -24,7 +24,7 @@ def _is_mutants(name: str, f: dict) -> bool:
     if name == "remat3-drops-dots":   # remat3 recomputes a dot its policy saves (remat2 saves it)
         return (f["check"] == "residuals" and f["pipeline"].startswith("jax:remat3")
                 and "recomputes a dot's output" in causes)
-    if name == "sac-drops-first-save":   # eager SAC recomputes what its policy marks MUST_SAVE
+    if name in ("sac-drops-first-save", "partitioner-ignores-must-save"):   # recomputes what is MUST_SAVE
         return (f["check"] == "residuals" and f["reference"] == "policy"
                 and f["error_type"] == "recomputed_against_policy")
     raise AssertionError(name)
@@ -32,13 +32,14 @@ def _is_mutants(name: str, f: dict) -> bool:
 
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_a_framework_mutant_is_a_new_finding_under_known_and_its_short_repro_shows_it(name, tmp_path):
-    _, rivals, require, exclude = MUTANTS[name]
+    _, rivals, require, exclude, options = MUTANTS[name]
     out = tmp_path / "run"
     cmd = [str(CLI), "run", "--pipelines", ",".join(rivals), "--known", str(ROOT / "tests" / "regressions"),
            "--seed", "3", "--budget", "240", "--max-examples", "80", "--max-stmts", "4", "--jobs", "1",
            "--no-isolate", "--quiet", "--out", str(out), *[a for d in require for a in ("--require", d)],
-           *[a for d in exclude for a in ("--exclude", d)]]
-    r = subprocess.run(cmd, cwd=ROOT, env=env(name), capture_output=True, text=True, timeout=900)
+           *[a for d in exclude for a in ("--exclude", d)], *options]
+    # (run from tmp_path: a partitioner that fails writes min_cut_failed_graph*.txt into its working directory)
+    r = subprocess.run(cmd, cwd=tmp_path, env=env(name), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     findings = json.loads((out / "findings.json").read_text())
     mine = [f for f in findings if _is_mutants(name, f)]

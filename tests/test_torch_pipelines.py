@@ -444,7 +444,8 @@ def test_option_pipelines_agree_with_eager_sac(name, make):
     mine = [v for v in j.verdicts if v.pipeline == name]
     # (but the bug the corpus tracks, residuals-torch_compile-aot_eager_budget-0-cbb41799: budget 0 saves
     # the graph's inputs only, dropping whatever the policy saves, under any saving policy)
-    tracked = {("residuals", "torch:compile-aot_eager:budget-0", "torch:eager-sac", "missing")}
+    tracked = {("residuals", "torch:compile-aot_eager:budget-0", "torch:eager-sac", "missing"),
+               ("residuals", "torch:compile-aot_eager:budget-0", "policy", "recomputed_against_policy")}
     assert variant_path("residuals-torch_compile-aot_eager_budget-0-cbb41799.json").is_file()
     new = [v for v in mine if v.status == "fail" and v.key() not in tracked]
     assert not new, [(v.key(), v.detail) for v in new]
@@ -509,7 +510,8 @@ def test_mutant_ignoring_the_budget_is_detected():
 def test_budget_zero_drops_a_must_save_that_lower_budgets_keep():
     """torch 2.14: choose_saved_values_set returns the graph inputs at budget 0 before any SAC
     MUST_SAVE is looked at (budgets in (0, 1) keep MUST_SAVE nodes): the named value the
-    policy saves is recomputed. The judge reports it against eager SAC (named class missing)."""
+    policy saves is recomputed. The judge reports it against eager SAC (named class missing) and
+    against the policy (its backward graph computes the MUST_SAVE node again)."""
     from oracles.expectations import Expectations
     from oracles.judge import judge
     prog = named_program()
@@ -518,8 +520,10 @@ def test_budget_zero_drops_a_must_save_that_lower_budgets_keep():
     obs = {n: P.get(n).run(prog, inp) for n in names}
     assert named_classes(obs["torch:compile-aot_eager:budget-0.5"]) == ["h/s"]
     assert named_classes(obs["torch:compile-aot_eager:budget-0"]) == []
-    fails = [v.key() for v in judge(prog, obs, Expectations.load()).failures()]
-    assert fails == [("residuals", "torch:compile-aot_eager:budget-0", "torch:eager-sac", "missing")], fails
+    fails = sorted(v.key() for v in judge(prog, obs, Expectations.load()).failures())
+    # (and against its policy: the backward graph computes the MUST_SAVE name tag again)
+    assert fails == [("residuals", "torch:compile-aot_eager:budget-0", "policy", "recomputed_against_policy"),
+                     ("residuals", "torch:compile-aot_eager:budget-0", "torch:eager-sac", "missing")], fails
 
 
 # ---- randomness ----------------------------------------------------------------------------------------

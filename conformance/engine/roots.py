@@ -22,8 +22,8 @@ from conformance.ir.program import Program
 from conformance.ir.verdict import Triage
 from conformance.pipelines import registry
 from conformance.pipelines.registry import CompareMode
+from oracles.residual_causes import as_judged_by_policy, core
 from oracles.residual_causes import causes as cause_names
-from oracles.residual_causes import core
 
 DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
 # Op families: which op shows a behaviour is a variant of it when the minimal program fails
@@ -165,6 +165,11 @@ def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
         if family_key(f.check, f.pipeline, f.reference) == fam:
             for c in residual_causes(f.check, f.detail):
                 held.setdefault(core(c), f)
+    for f in findings:   # a finding whose program fails this family's key too (its reproduces): its causes, as
+        # that key names them (a pipeline recomputing what a reference saves recomputes what its policy saves)
+        if any(len(k) >= 3 and family_key(*k[:3]) == fam for k in f.reproduces):
+            for c in residual_causes(f.check, f.detail):
+                held.setdefault(core(as_judged_by_policy(c) if fam[2] == "policy" else c), f)
     return held
 
 

@@ -10,6 +10,7 @@ from conformance.ir.ops import NAME_OP
 from conformance.ir.policy import NoPolicy, decide, thresholds
 from conformance.pipelines import registry
 from conformance.pipelines.torch import table as torch_table
+from conformance.repro.emit import Emitter
 from conformance.repro.emit_torch import TorchEmitter
 from conformance.repro.plan import ReproError, settings
 from conformance.repro.short_common import (
@@ -75,6 +76,10 @@ class ShortTorchEmitter(ShortDialect, TorchEmitter):
         # hooks: respect_saved_tensors_hooks=True on selective regions (or "False": SAC's cache bypasses them)
         self.probe, self.remat_helper, self.prefer, self.hooks = probe, remat_helper, prefer, hooks
         self.compile_inside, self.f64 = compile_inside, f64
+
+    def scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res):
+        """A vmap-spelled loop as the Python loop (a short form's pipeline never sets func_vmap: see _SIMPLE)."""
+        return Emitter.scan_loop(self, k, step, s, ind, init, xs, carry_res, ys_res)
 
     def region(self, s, path, ind, nd):
         if s.tree != "flat" or s.static_flag or s.extras:
@@ -183,8 +188,8 @@ def script(prog, inputs, finding) -> str:
     if check == "error":
         others = [p for p in finding.detail.get("status_differs_from") or [] if registry.framework_of(p) == "torch"]
         ref = others[-1] if others else None
-    elif recount:
-        ref = registry.baseline_of(pipe) or "torch:none"
+    elif recount:   # (compiled: the partitioner's own backward graph is read, no reference run)
+        ref = None if settings(pipe, "torch", finding)["backend"] else registry.baseline_of(pipe) or "torch:none"
     elif check not in ("residuals", "custom_rule", "gradient") or not registry.runs_in(ref, "torch"):
         raise ReproError(f"the {check} check against {ref} has no short form (use --full)")
     sides = [(p, settings(p, "torch", finding)) for p in ([ref] if ref else []) + [pipe]]
@@ -275,7 +280,28 @@ def script(prog, inputs, finding) -> str:
         pre += ["", "", "def grads(loss, xs):   # reentrant checkpoint rejects torch.autograd.grad",
                 "    for x in xs:", "        x.grad = None", "    if loss.requires_grad:", "        loss.backward()",
                 "    return [torch.zeros_like(x) if x.grad is None else x.grad for x in xs]"]
-    if recount:
+    if recount and rival["backend"]:
+        if rival["compile_inside"]:
+            raise ReproError(f"{pipe}: a partitioner's recompute in regions compiled one by one has no short form "
+                             "(use --full)")
+        pre += ["", "", "RECOMPUTED = []   # nodes the policy marks MUST_SAVE that the backward graph computes again",
+                "", "", "def partition(joint, inputs, **kw):   # torch.compile's min-cut partitioner, read",
+                "    asked = {n.name for n in joint.graph.nodes if 'ac_graph_id' in n.meta",
+                "             and n.meta.get('recompute') == CheckpointPolicy.MUST_SAVE",
+                "             and isinstance(n.meta.get('val'), torch.Tensor)}",
+                "    fw, bw = partitioners.min_cut_rematerialization_partition(joint, inputs, **kw)",
+                "    RECOMPUTED.extend(f'{n.name} ({n.target})' for n in bw.graph.nodes",
+                "                      if n.op == 'call_function' and n.name in asked)",
+                "    return fw, bw", "", "",
+                "def partitioned(gm, example_inputs):   # aot_eager, with the partitioner above",
+                "    return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: make_boxed_func(g),",
+                "                                 bw_compiler=lambda g, _: make_boxed_func(g), partition_fn=partition)"]
+        body = head + ["    RECOMPUTED.clear()", f"    torch.autograd.grad({forward}, {xs_name}, allow_unused=True)",
+                       "    print('  MUST_SAVE nodes the backward graph computes again:', RECOMPUTED)",
+                       "    return list(RECOMPUTED)", "", "", f"rival = run(backend=partitioned)   # {pipe}"]
+        verdict = ('raise SystemExit(f"REPRODUCES: the backward graph recomputes {rival}, which the policy marks '
+                   'MUST_SAVE" if rival else 0)   # 0: fixed')
+    elif recount:
         pre += ["", "", "class CountOps(TorchDispatchMode):   # the aten ops run while it is active, by op",
                 "    def __init__(self):", "        super().__init__()", "        self.n = Counter()", "",
                 "    def __torch_dispatch__(self, func, types, args=(), kwargs=None):",
@@ -387,10 +413,13 @@ def script(prog, inputs, finding) -> str:
         ("partial(" in code_all, "from functools import partial"),
         (True, "import torch"),
         ("TorchDispatchMode" in pre_src, "from torch.utils._python_dispatch import TorchDispatchMode"),
+        ("partitioners." in pre_src, "from torch._functorch import partitioners"),
+        ("aot_module_simplified(" in pre_src, "from torch._functorch.aot_autograd import aot_module_simplified"),
+        ("make_boxed_func(" in pre_src, "from functorch.compile import make_boxed_func"),
     ):
         if cond:
             imports.append(line)
-    cp = [x for x in ("CheckpointPolicy", "create_selective_checkpoint_contexts") if x in code_all]
+    cp = [x for x in ("CheckpointPolicy", "create_selective_checkpoint_contexts") if x in code_all + pre_src]
     if has_ck and "remat" not in vary:
         cp.insert(0, "checkpoint")
     if cp:
@@ -408,8 +437,10 @@ def script(prog, inputs, finding) -> str:
         lit = f"torch.tensor({array_text(inputs[i.id], i.dtype)}, dtype=torch.{i.dtype}" + (
             ", requires_grad=True)" if i.diff else ")   # not differentiated")
         ins.append(f"{e.n[i.id]} = {lit}")
-    sentence = {"residuals": ("{P} recomputes in the backward what its policy marks to save (the backward's aten "
-                              "ops counted with and without checkpoint)." if recount else
+    sentence = {"residuals": ("{P}'s partitioner recomputes in the backward graph what its policy marks MUST_SAVE "
+                              "(the joint graph's tags against the backward graph's nodes)." if recount and ref is None
+                              else "{P} recomputes in the backward what its policy marks to save (the backward's "
+                              "aten ops counted with and without checkpoint)." if recount else
                               "{P} saves other tensors for backward than {R} (a saved_tensors_hooks listing)."),
                 "custom_rule": "The autograd.Function's backward gets other cotangents under {P} than under {R}.",
                 "gradient": "{P} computes gradients that differ from {R} beyond the tolerance.",

@@ -6,6 +6,7 @@ import math
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 
@@ -31,6 +32,43 @@ def _saved_desc(fw, n_user) -> list:
     return out
 
 
+def _must_save(joint_gm) -> set[str]:
+    """The joint graph's tensor-valued nodes a region's policy marked MUST_SAVE (read before the partitioner runs:
+    what the policy asked, not what the partitioner made of it; a region's node: ac_graph_id; a multi-output node is
+    saved by its items)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+    return {n.name for n in joint_gm.graph.nodes if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE
+            and "ac_graph_id" in n.meta and isinstance(n.meta.get("val"), torch.Tensor)}
+
+
+def _recomputed(must_save: set[str], bw) -> list[list[str]]:
+    """[name, aten op] of each MUST_SAVE node the backward graph computes again (the partitioner keeps a joint
+    node's name in the graph it moves it to; a saved one is a placeholder there)."""
+    return [[n.name, str(getattr(n.target, "overloadpacket", n.target))] for n in bw.graph.nodes
+            if n.op == "call_function" and n.name in must_save]
+
+
+def _note_recomputed(rec: dict, bw, must_save: set[str]) -> None:
+    """Records what the backward recomputes against the policy; the backward compiler takes the names (the first
+    pending set its graph computes: aot_autograd hands it a copy of the partitioner's backward graph)."""
+    again = _recomputed(must_save, bw)
+    if again:
+        rec.setdefault("recomputed_must_save", []).extend(again)
+        rec.setdefault("_pending", []).append({name for name, _ in again})
+
+
+def _value_recording(g, names: set[str], rec: dict):
+    """The backward graph run node by node, keeping the value of each recomputed MUST_SAVE node (only when there
+    is one: what a partitioner recomputed against the policy, as values the oracle can name)."""
+    class Recording(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if n.name in names and isinstance(out, torch.Tensor):
+                rec.setdefault("recomputed_values", []).append(out.detach().clone())
+            return out
+    return lambda *args: Recording(g).run(*args)
+
+
 def recording_aot_backend(partition: str, rec: dict):
     from functorch.compile import make_boxed_func
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -38,15 +76,24 @@ def recording_aot_backend(partition: str, rec: dict):
     base = {"min_cut": min_cut_rematerialization_partition, "default": default_partition}[partition]
 
     def part(joint_gm, joint_inputs, *, num_fwd_outputs, **kw):
+        must_save = _must_save(joint_gm)
         fw, bw = base(joint_gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
         rec.setdefault("partitioner_saved", []).append(_saved_desc(fw, num_fwd_outputs))
+        _note_recomputed(rec, bw, must_save)
         return fw, bw
+
+    def bw_compiler(g, example_inputs):
+        computed = {n.name for n in g.graph.nodes if n.op == "call_function"}
+        pending = rec.get("_pending", [])
+        names = next((p for p in pending if p <= computed), None)
+        if names:
+            pending.remove(names)
+        return make_boxed_func(_value_recording(g, names, rec) if names else g)
 
     def backend(gm, example_inputs):
         return aot_module_simplified(gm, example_inputs,
                                      fw_compiler=lambda g, e: make_boxed_func(g),
-                                     bw_compiler=lambda g, e: make_boxed_func(g),
-                                     partition_fn=part)
+                                     bw_compiler=bw_compiler, partition_fn=part)
     return backend
 
 
@@ -60,8 +107,10 @@ class RecordingPartitioner(CustomPartitionerFn):
 
     def __call__(self, gm, joint_inputs, **kwargs):
         from torch._functorch.partitioners import min_cut_rematerialization_partition
+        must_save = _must_save(gm)
         fw, bw = min_cut_rematerialization_partition(gm, joint_inputs, **kwargs)
         self.rec.setdefault("partitioner_saved", []).append(_saved_desc(fw, kwargs["num_fwd_outputs"]))
+        _note_recomputed(self.rec, bw, must_save)   # (inductor compiles the backward: ops only, no values)
         return fw, bw
 
     def uuid(self):

@@ -392,6 +392,13 @@ class TorchBase(Pipeline):
                     obs.recomputed_against_policy = canonicalise([numpy_of(o) for o in outs_], values, index)
                     if unhonoured:
                         obs.flags["recomputed_ops"] = sorted({op for op, _ in unhonoured})
+                crec = getattr(self, "_rec", {}) if self.compile else {}
+                if crec.get("recomputed_must_save") and obs.residuals is not None:   # a partitioner's recompute
+                    # of a MUST_SAVE node (its values where the backward ran node by node: aot_eager; inductor
+                    # compiles the backward, so only its ops are known)
+                    obs.recomputed_against_policy = canonicalise(
+                        [numpy_of(v) for v in crec.get("recomputed_values", [])], values, index)
+                    obs.flags["recomputed_ops"] = sorted({op for _, op in crec["recomputed_must_save"]})
                 if rec.unread:   # saved for backward, never read (eager: no dead-code elimination)
                     obs.flags["saved_unread"] = [
                         r.describe() for r in canonicalise([numpy_of(s) for s in rec.unread], values, index)]
