@@ -53,6 +53,25 @@ def sac_drops_first_save():
     ck._CachingTorchDispatchMode.__torch_dispatch__ = __torch_dispatch__
 
 
+def remat3_traces_regions_twice():
+    """jax_remat3 stages each checkpoint region twice (the first staging's results dropped): every rule in a
+    region (a custom_vjp's function and fwd, a callback) runs twice under remat3, values and residuals unchanged."""
+    from functools import wraps
+
+    from jax._src import ad_checkpoint as ac
+    original = ac._remat3
+
+    def _remat3(f, **kw):
+        staged = original(f, **kw)
+
+        @wraps(f)
+        def twice(*args, **kwargs):   # (a fresh function: JAX's trace cache would reuse the first staging)
+            original(wraps(f)(lambda *a, **k: f(*a, **k)), **kw)(*args, **kwargs)
+            return staged(*args, **kwargs)
+        return twice
+    ac._remat3 = _remat3
+
+
 def partitioner_ignores_must_save():
     """torch.compile's min-cut partitioner reads every node a policy marks MUST_SAVE as PREFER_RECOMPUTE (a tag
     lost in a graph pass): its backward graph computes again what it finds cheap to; eager SAC unchanged."""
@@ -83,6 +102,9 @@ MUTANTS = {
     # regions save everything or nothing)
     "sac-drops-first-save": (sac_drops_first_save, ["torch:eager-sac"], ["checkpoint", "policy:everything"],
                              [*COMPOSITIONS, "custom_jvp", *_other_policies("everything")], []),
+    # (a custom_vjp in a region, no policy needed; first order: one trace count per rule)
+    "remat3-traces-regions-twice": (remat3_traces_regions_twice, ["jax:remat3"], ["checkpoint", "custom_vjp"],
+                                    [*COMPOSITIONS, "custom_jvp", "second_order"], []),
     # (the compiled half: the same campaign shape on torch.compile's aot_eager backend, first order and one
     # example per program: aot_autograd runs no double backward, and the compiled family's share is a fifth)
     "partitioner-ignores-must-save": (partitioner_ignores_must_save, ["torch:compile-aot_eager"],

@@ -69,6 +69,13 @@ def pipeline_family(name: str) -> str:
     return _TORCH_COMPILE.sub("torch:compile", name)
 
 
+def rule_variant(name: str) -> str:
+    """The custom-rule implementation a pipeline runs its rules with (jax: +cvjp3, +cjvp3, or the default one):
+    a rule check's root seen under one does not stand for another's (the twins of one family run other code)."""
+    m = _JAX_VARIANT.match(name)
+    return (m.group(2) or "") if m else ""
+
+
 def is_variant_feature(feature: str) -> bool:
     return (feature.startswith("policy:") or feature in DTYPES or feature in OP_FAMILIES or feature in SPELLINGS
             or feature.startswith("op:"))

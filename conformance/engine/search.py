@@ -42,6 +42,7 @@ from conformance.engine.reduce import candidates
 from conformance.engine.roots import (
     CAUSE_SEP,
     DIRECTIONS,
+    RULE_CHECKS,
     covering_finding,
     evidence_root,
     expectation_root,
@@ -56,6 +57,7 @@ from conformance.engine.roots import (
     root_features,
     root_key,
     root_label,
+    rule_variant,
 )
 from conformance.engine.store import ResultRecord
 from conformance.ir.observation import residual_digest
@@ -182,7 +184,8 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     # eager and :jit, remat3 and remat3+cvjp3...) whose root features the program has, and that
     # has seen this label (a label seen for the first time is shrunk once, then folds in by its
     # root); an error, one that raised the same in the family; a residual difference, one that
-    # departs the same way (roots.evidence_root).
+    # departs the same way (roots.evidence_root); a rule check, one seen under the same rule
+    # implementation (roots.rule_variant: remat3's own custom_vjp is not custom_vjp3's).
     fam = family_key(*key[:3])
     for f in findings:
         if family_key(f.check, f.pipeline, f.reference) != fam:
@@ -192,7 +195,8 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
                 return f
         elif (key[0] != "error" and root_label(key[0], key[3]) in {root_label(key[0], x) for x in labels_seen(f)}
               and set(root_features(f.features)) <= read_as_root(feats)
-              and any(k[0] == key[0] and k[1] in pipelines_seen(f) for k in failing | {tuple(key)})):
+              and any(k[0] == key[0] and k[1] in pipelines_seen(f) for k in failing | {tuple(key)})
+              and (key[0] not in RULE_CHECKS or rule_variant(key[1]) in set(map(rule_variant, pipelines_seen(f))))):
             return f
     if key[0] == "trace_count" and "+" in key[3]:
         # several counters grew (bwd_calls+fwd_traces+primal_traces): known when known findings
