@@ -254,8 +254,10 @@ GENERATOR: dict[str, dict] = {
     # (second order: the mutant's dropped residual also fails there, as an error, shrunk first)
     # (a policy that saves names, a scan over xs: 13 programs to the first scan saving a named value per
     # iteration at seed 3, where without them 57 were checked, about 175 s of the suite's time with the shrink)
+    # (float32 only: a 16-bit program the dropped residual makes raise was shrunk first, 290 steps of the test's 640)
     "jax:mutant-drop-iteration-residual": {"require": ("scan", "scan_xs", "checkpoint", "family:name",
-                                                       "policy:save_only_names"), "second_order": False},
+                                                       "policy:save_only_names"), "second_order": False,
+                                           "dtypes": ("float32",)},
     # (a region saving names: found in the 3rd program at seed 3 instead of the 37th, both)
     "jax:mutant-drop-named-residual": {"require": ("checkpoint", "family:name", "policy:save_only_names")},
     "jax:mutant-extra-named-residual": {"require": ("checkpoint", "family:name", "policy:save_only_names")},
