@@ -97,21 +97,22 @@ def _other_policies(kind: str) -> list[str]:   # the policy dimensions but `kind
 MUTANTS = {
     # (regions save dots or nothing, no custom rules or compositions: the dots the mutant drops are in plain regions)
     "remat3-drops-dots": (remat3_drops_dots, ["jax:remat3"], ["checkpoint", "family:matmul", "policy:dots"],
-                          [*COMPOSITIONS, "custom_vjp", "custom_jvp", *_other_policies("dots")], []),
+                          [*COMPOSITIONS, "custom_vjp", "custom_jvp", *_other_policies("dots")],
+                          ["--max-examples", "40"]),
     # (PyTorch runs none of the JAX-only compositions, nor custom_jvp: left out, not spent on unsupported programs;
     # regions save everything or nothing)
     "sac-drops-first-save": (sac_drops_first_save, ["torch:eager-sac"], ["checkpoint", "policy:everything"],
-                             [*COMPOSITIONS, "custom_jvp", *_other_policies("everything")], []),
+                             [*COMPOSITIONS, "custom_jvp", *_other_policies("everything")], ["--max-examples", "40"]),
     # (a custom_vjp in a region, no policy needed; first order: one trace count per rule)
     "remat3-traces-regions-twice": (remat3_traces_regions_twice, ["jax:remat3"], ["checkpoint", "custom_vjp"],
-                                    [*COMPOSITIONS, "custom_jvp", "second_order"], []),
+                                    [*COMPOSITIONS, "custom_jvp", "second_order"], ["--max-examples", "40"]),
     # (the compiled half: the same campaign shape on torch.compile's aot_eager backend, first order and one
     # example per program: aot_autograd runs no double backward, and the compiled family's share is a fifth)
     "partitioner-ignores-must-save": (partitioner_ignores_must_save, ["torch:compile-aot_eager"],
                                       ["checkpoint", "policy:everything"],
                                       [*COMPOSITIONS, "custom_jvp", "second_order", "per_example",
                                        *_other_policies("everything")],
-                                      ["--share", "torch:compile=1", "--max-examples", "30"]),
+                                      ["--share", "torch:compile=1", "--max-examples", "20"]),
 }
 
 
