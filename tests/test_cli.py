@@ -203,3 +203,12 @@ def test_run_known_refuses_what_is_not_a_corpus(tmp_path):
         r = run("run", "--pipelines", "jax:remat3", "--budget", "1", "--known", str(path), "--out", str(tmp_path / "o"))
         assert r.returncode == 2 and says in r.stderr and str(path.name) in r.stderr, (path, r.stderr)
         assert not (tmp_path / "o").exists()   # refused before anything is written
+
+
+def test_the_default_set_explores_and_no_explore_keeps_to_the_core_set():
+    from conformance.cli.main import parse_pipelines
+    from conformance.pipelines import registry as reg
+    explored, core = set(parse_pipelines(None)), set(parse_pipelines(None, explore=False))
+    assert set(reg.EXPLORERS) <= explored
+    assert not set(reg.EXPLORERS) & core   # (--no-explore: the explorers left out, not run on every program)
+    assert set(reg.CORE_PIPELINES) <= core

@@ -102,11 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------------------
-def parse_pipelines(spec: str | None) -> list[str]:
-    """The run's pipelines: the named rivals (default: the registry's default set) and the
-    references the registry says they need. A framework that is not installed is refused."""
+def parse_pipelines(spec: str | None, explore: bool = True) -> list[str]:
+    """The run's pipelines: the named rivals (default: the registry's default set; without `explore`, its core
+    set: the explorers are left out, not run on every program) and the references the registry says they need.
+    A framework that is not installed is refused."""
     if spec is None:
-        rivals = list(reg.DEFAULT_PIPELINES)
+        rivals = list(reg.DEFAULT_PIPELINES if explore else reg.CORE_PIPELINES)
     else:
         rivals = [s.strip() for s in spec.split(",")]
         if any(not s for s in rivals):
@@ -142,7 +143,8 @@ def _run(args) -> int:
 
     if os.environ.get("REMAT_CONFORMANCE_PLUGINS"):   # test-only pipelines (fault injection, mutants)
         load_plugins()
-    names = parse_pipelines(args.pipelines)
+    explore = args.explore if args.explore is not None else args.pipelines is None
+    names = parse_pipelines(args.pipelines, explore)
     expectations = Expectations.load(args.expectations)
     known = load_known(args.known)
     if args.device == "cuda":
@@ -154,7 +156,6 @@ def _run(args) -> int:
         raise UsageError(str(e)) from None
     jobs = args.jobs or max(1, os.cpu_count() or 1)
     isolate = _isolate(args)
-    explore = args.explore if args.explore is not None else args.pipelines is None
     opts = options_from_args(args, pipelines=names, jobs=jobs, isolate=isolate, explore=explore,
                              memory_limit=_memory_limit(jobs) if isolate else None,
                              expectations=str(expectations.source))
