@@ -211,3 +211,18 @@ def test_a_shrink_that_ends_in_a_known_behaviour_closes_its_key(tmp_path):
     send(a.model_copy(update={"program_hash": "ef" * 8}))   # a again: nothing new
     assert camp.shrinks_per_key[a.key()] == 3 and camp.shrinks_per_key[b.key()] == 0
     assert len(camp.findings) == 2
+
+
+def test_an_explorer_runs_again_only_when_its_share_holds_its_next_program():
+    from conformance.pipelines import registry as reg
+    costly, other = reg.EXPLORERS[0], reg.EXPLORERS[1]
+    sh = Shares([costly, other], explore=True)
+    assert sh._explore(100.0)   # neither has run: the first programs spread them
+    sh.explorer_spent[other], sh.explorer_runs[other] = 50.0, 1   # far over any share: out of the way
+    sh.explorer_spent[costly], sh.explorer_runs[costly] = 3.0, 1
+    cap = sh.explorer_shares()[costly] * 100.0
+    assert 3.0 < cap < 6.0      # under its share, but one more program of its mean cost would take it over
+    assert sh._explore(100.0) == []
+    prog = SimpleNamespace(features=lambda: {"sin"}, content_hash=lambda: "0" * 16, types=lambda: {})
+    sh.account(prog, {costly: SimpleNamespace(timings={"forward": 0.0})})   # a second, cheap run: mean 1.5 s
+    assert sh.explorer_runs[costly] == 2 and sh._explore(100.0) == [costly]

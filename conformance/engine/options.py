@@ -152,7 +152,8 @@ class Options(BaseModel):
         resume=True)] = "time"
     explore: Annotated[bool | None, Flag(
         "run the pipelines outside the core set on an adaptive share of the time, more for those that find "
-        "new behaviours (default: on without --pipelines, off when --pipelines names the rivals)",
+        "new behaviours (default: on without --pipelines, off when --pipelines names the rivals; off without "
+        "--pipelines: the core set only)",
         negatable=True, resume=True)] = None
     round_size: Annotated[int, Flag("programs per seeded round", positive(int, "--round-size"), resume=True)] = 40
     max_shrinks_per_key: Annotated[int, Flag("shrinks of one key (check, pipeline, reference, error type) at most",

@@ -305,7 +305,8 @@ def round_settings(opts, r: int, phases=(Phase.generate, Phase.shrink)) -> setti
 # findings a pipeline showed) / (1 + what it spent, in EXPLORE_UNIT), so that a pipeline finding new causes gets
 # more and one that found nothing for long gets less; each share stays within [EXPLORE_FLOOR x the even split,
 # EXPLORE_CEILING] (none starved, none eating the run). At most EXPLORERS_PER_PROGRAM run on one program, those
-# furthest under their share first: the first programs spread them evenly.
+# furthest under their share first: the first programs spread them evenly. An explorer runs again only when its
+# share holds what it has spent plus its mean cost per program (inductor's seconds per compile would overshoot it).
 EXPLORE_SHARE = 0.1
 EXPLORE_CEILING = 0.05
 EXPLORE_FLOOR = 0.25
@@ -337,6 +338,7 @@ class Shares:
         self.programs = 0
         self.explorers = [n for n in names if n in registry.EXPLORERS] if explore else []
         self.explorer_spent: Counter = Counter()
+        self.explorer_runs: Counter = Counter()
         self.found: Counter = Counter()
 
     def explorer_shares(self) -> dict[str, float]:
@@ -351,8 +353,11 @@ class Shares:
 
     def _explore(self, elapsed: float) -> list[str]:
         shares = self.explorer_shares()
+        def next_cost(n):   # what it has spent, and what one more program is likely to cost it
+            runs = self.explorer_runs[n]
+            return self.explorer_spent[n] * (1 + 1 / runs) if runs else 0.0
         under = [(self.explorer_spent[n] / (shares[n] * elapsed), k, n) for k, n in enumerate(self.explorers)
-                 if self.explorer_spent[n] <= shares[n] * elapsed]
+                 if next_cost(n) <= shares[n] * elapsed]
         return [n for _, _, n in sorted(under)[:EXPLORERS_PER_PROGRAM]]
 
     def select(self, prog: Program, names: list[str]) -> list[str]:
@@ -389,6 +394,7 @@ class Shares:
             cost = sum(o.timings.values()) if self.by == "time" else 1
             if n in self.explorers:
                 self.explorer_spent[n] += cost
+                self.explorer_runs[n] += 1
             elif n in self.family and self.by == "time":
                 self.spent[self.family[n]] += cost
         for fam in fams:
