@@ -48,13 +48,11 @@ def _recomputed(must_save: set[str], bw) -> list[list[str]]:
             if n.op == "call_function" and n.name in must_save]
 
 
-def _note_recomputed(rec: dict, bw, must_save: set[str]) -> None:
-    """Records what the backward recomputes against the policy; the backward compiler takes the names (the first
-    pending set its graph computes: aot_autograd hands it a copy of the partitioner's backward graph)."""
+def _note_recomputed(rec: dict, bw, must_save: set[str]) -> set[str]:
+    """Records what the backward recomputes against the policy; returns the recomputed nodes' names."""
     again = _recomputed(must_save, bw)
-    if again:
-        rec.setdefault("recomputed_must_save", []).extend(again)
-        rec.setdefault("_pending", []).append({name for name, _ in again})
+    rec.setdefault("recomputed_must_save", []).extend(again)
+    return {name for name, _ in again}
 
 
 def _value_recording(g, names: set[str], rec: dict):
@@ -79,7 +77,9 @@ def recording_aot_backend(partition: str, rec: dict):
         must_save = _must_save(joint_gm)
         fw, bw = base(joint_gm, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kw)
         rec.setdefault("partitioner_saved", []).append(_saved_desc(fw, num_fwd_outputs))
-        _note_recomputed(rec, bw, must_save)
+        again = _note_recomputed(rec, bw, must_save)
+        if again:   # for the backward compiler: the first pending set its graph computes (aot_autograd hands it a
+            rec.setdefault("_pending", []).append(again)   # copy of the partitioner's backward graph)
         return fw, bw
 
     def bw_compiler(g, example_inputs):
