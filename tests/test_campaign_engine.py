@@ -218,7 +218,7 @@ def test_an_explorer_runs_again_only_when_its_share_holds_its_next_program():
     costly, other = reg.EXPLORERS[0], reg.EXPLORERS[1]
     sh = Shares([costly, other], explore=True)
     assert sh._explore(100.0)   # neither has run: the first programs spread them
-    sh.explorer_spent[other], sh.explorer_runs[other] = 50.0, 1   # far over any share: out of the way
+    sh.explorer_spent[other], sh.explorer_runs[other] = 6.0, 1   # over its ceiling (5%): out of the way
     sh.explorer_spent[costly], sh.explorer_runs[costly] = 3.0, 1
     cap = sh.explorer_shares()[costly] * 100.0
     assert 3.0 < cap < 6.0      # under its share, but one more program of its mean cost would take it over
@@ -226,3 +226,41 @@ def test_an_explorer_runs_again_only_when_its_share_holds_its_next_program():
     prog = SimpleNamespace(features=lambda: {"sin"}, content_hash=lambda: "0" * 16, types=lambda: {})
     sh.account(prog, {costly: SimpleNamespace(timings={"forward": 0.0})})   # a second, cheap run: mean 1.5 s
     assert sh.explorer_runs[costly] == 2 and sh._explore(100.0) == [costly]
+
+
+def test_explorers_together_stay_within_their_share_first_runs_included():
+    from conformance.pipelines import registry as reg
+    from conformance.engine.search import EXPLORE_SHARE
+    sh = Shares(list(reg.EXPLORERS[:3]), explore=True)
+    ran = reg.EXPLORERS[0]
+    sh.explorer_spent[ran], sh.explorer_runs[ran] = EXPLORE_SHARE * 100.0 + 1.0, 1   # one warm-up over the whole share
+    assert sh._explore(100.0) == []   # the two never run wait, though a first run is free of its own share
+    assert sh._explore(200.0)         # until the share has grown past what was spent
+
+
+def test_each_searcher_explores_its_own_part_of_the_explorers():
+    from conformance.pipelines import registry as reg
+    names = list(reg.CORE_PIPELINES) + list(reg.EXPLORERS)
+    parts = [Shares(names, explore=True, part=(i, 3)).explorers for i in range(3)]
+    assert sorted(sum(parts, [])) == sorted(reg.EXPLORERS)                # every explorer, by one searcher each
+    assert not set(parts[0]) & set(parts[1]) and all(parts)
+    assert Shares(names, explore=True).explorers == list(reg.EXPLORERS)   # one searcher: all of them
+    prog = SimpleNamespace(features=lambda: {"checkpoint"}, content_hash=lambda: "0" * 16, types=lambda: {})
+    chosen = Shares(names, explore=True, part=(0, 3)).select(prog, names)
+    assert not set(chosen) & (set(parts[1]) | set(parts[2]))   # another searcher's explorers are not its rivals
+
+
+def test_a_shrink_never_brings_in_a_construct_the_original_lacked():
+    from conformance.engine.search import Target, shrink_constructs
+    # a wrong gradient of a ref written in a region in a fori_loop (the program a make run shrank into
+    # checkpoint_name_fwd's root before this rule)
+    original = {"checkpoint", "checkpoint_in_scan", "fori_loop", "region_state", "state_write", "switch", "float16",
+                "policy:dots", "op:sin"}
+    t = Target(key=("gradient", "jax:remat3", "jax:none", ""), program=None, seed=0, verdict=None, observations={},
+               original_size=20, origin=("h", 0), started=0.0, constructs=shrink_constructs(original))
+    prog = lambda *f: SimpleNamespace(features=lambda: set(f))   # noqa: E731
+    assert not t.admits(prog("checkpoint", "names", "names_fwd", "op:name_fwd", "policy:save_only_names"))
+    assert not t.admits(prog("checkpoint", "region_state", "state_accumulate"))
+    assert t.admits(prog("checkpoint", "region_state", "state_write", "float32", "policy:nothing", "op:neg"))
+    assert t.admits(prog("checkpoint", "scan", "cond", "checkpoint_in_scan", "region_state"))   # plain spellings
+    assert t.admits(prog("checkpoint", "region_state", "nondiff_input", "sequential_regions"))   # left by deletions

@@ -103,7 +103,8 @@ def _searcher_main(conn, cfg: dict) -> None:
         if ev["ev"] == "finding":
             merge_finding(findings, Finding.model_validate(ev["finding"]))
 
-    searcher = Searcher(opts, executor, expectations, emit, findings, seen, spk, should_stop, cfg.get("versions"))
+    searcher = Searcher(opts, executor, expectations, emit, findings, seen, spk, should_stop, cfg.get("versions"),
+                        part=tuple(cfg.get("part", (0, 1))))
     try:
         while not state["stop"]:
             if not inbox:
@@ -130,7 +131,8 @@ class _Slot:
     def __init__(self, ctx, index: int, cfg: dict):
         self.index = index
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_searcher_main, args=(child, cfg), daemon=True,
+        part = {"part": (index, cfg["options"]["jobs"])}   # which explorers it runs (search.Shares)
+        self.proc = ctx.Process(target=_searcher_main, args=(child, {**cfg, **part}), daemon=True,
                                 name=f"remat-conformance-searcher-{index}")
         with _main_not_reimported():
             self.proc.start()

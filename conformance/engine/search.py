@@ -306,7 +306,9 @@ def round_settings(opts, r: int, phases=(Phase.generate, Phase.shrink)) -> setti
 # more and one that found nothing for long gets less; each share stays within [EXPLORE_FLOOR x the even split,
 # EXPLORE_CEILING] (none starved, none eating the run). At most EXPLORERS_PER_PROGRAM run on one program, those
 # furthest under their share first: the first programs spread them evenly. An explorer runs again only when its
-# share holds what it has spent plus its mean cost per program (inductor's seconds per compile would overshoot it).
+# share holds what it has spent plus its mean cost per program (inductor's seconds per compile would overshoot it),
+# and none runs while the explorers together are over EXPLORE_SHARE (first runs included: a backend's warm-up
+# is seconds). With several searchers, each explores its own part of the explorers (Shares `part`).
 EXPLORE_SHARE = 0.1
 EXPLORE_CEILING = 0.05
 EXPLORE_FLOOR = 0.25
@@ -327,7 +329,7 @@ class Shares:
     `names` run on adaptive shares of their own (EXPLORE_SHARE; `found` credits a pipeline's new findings)."""
 
     def __init__(self, names: list[str], shares: dict[str, float] | None = None, by: str = "time",
-                 explore: bool = False):
+                 explore: bool = False, part: tuple[int, int] = (0, 1)):
         self.shares = {**registry.FAMILY_SHARES, **(shares or {})}
         self.family = {n: registry.family_of(n) for n in names}
         self.by = by
@@ -336,7 +338,12 @@ class Shares:
         self.skipped: Counter = Counter()
         self.start = time.monotonic()
         self.programs = 0
-        self.explorers = [n for n in names if n in registry.EXPLORERS] if explore else []
+        # searcher i of n explores every n-th explorer from the i-th: each explorer's first runs (its imports, its
+        # backend's warm-up) are paid once per campaign, not once per searcher
+        explorers = [n for n in names if n in registry.EXPLORERS] if explore else []
+        i, n = part
+        self.explorers = explorers[i::n] if len(explorers) >= n else explorers
+        self.others_explore = set(explorers) - set(self.explorers)   # another searcher's part
         self.explorer_spent: Counter = Counter()
         self.explorer_runs: Counter = Counter()
         self.found: Counter = Counter()
@@ -352,6 +359,8 @@ class Shares:
         return {n: min(EXPLORE_CEILING, max(EXPLORE_FLOOR * even, EXPLORE_SHARE * w[n] / total)) for n in w}
 
     def _explore(self, elapsed: float) -> list[str]:
+        if sum(self.explorer_spent.values()) > EXPLORE_SHARE * elapsed:   # first runs too stay within the whole share
+            return []
         shares = self.explorer_shares()
         def next_cost(n):   # what it has spent, and what one more program is likely to cost it
             runs = self.explorer_runs[n]
@@ -365,7 +374,8 @@ class Shares:
         feats = prog.features()
         rivals = []
         for n in names:
-            if registry.is_reference(n) or registry.role_of(n) == registry.REFERENCE or n in self.explorers:
+            if (registry.is_reference(n) or registry.role_of(n) == registry.REFERENCE or n in self.explorers
+                    or n in self.others_explore):
                 continue
             fam = self.family[n]
             share = self.shares.get(fam, 1.0)
@@ -403,6 +413,21 @@ class Shares:
             self.covered.setdefault(fam, Counter()).update(prog.features())
 
 
+# A shrink keeps the constructs behind its failure: a candidate with a construct (roots.root_features) the original
+# program lacked shows another cause, not a smaller program of this one (a wrong gradient of a ref written in a
+# region, shrunk by Hypothesis into checkpoint_name_fwd's, was folded under that root). Exempt: what deleting
+# statements leaves behind (an input no longer differentiated, a random value no longer read, regions now adjacent),
+# and the plain spelling of a loop the original spelled otherwise.
+SHRINK_MAY_ADD = frozenset({"nondiff_input", "dead_random", "sequential_regions"})
+SHRINK_READS_AS = {"fori_loop": "scan", "while_loop": "scan", "vmap": "scan"}
+
+
+def shrink_constructs(features) -> frozenset[str]:
+    """The constructs of a program's features as a shrink compares them (spellings read as their construct)."""
+    fs = read_as_root(features)
+    return frozenset(root_features(fs)) | {SHRINK_READS_AS[f] for f in fs if f in SHRINK_READS_AS}
+
+
 @dataclass
 class Target:
     key: tuple
@@ -419,6 +444,12 @@ class Target:
     # a residual difference: the cause the shrink keeps (the first no finding holds, its core: qualifiers such as
     # second order may go); a reduction that loses it shows another cause, not a smaller program of this one
     cause: str | None = None
+    constructs: frozenset = frozenset()   # the original program's (shrink_constructs)
+
+    def admits(self, prog: Program) -> bool:
+        """Whether a candidate keeps to the original's constructs (SHRINK_MAY_ADD apart); one that does not is not
+        run."""
+        return set(root_features(prog.features())) - SHRINK_MAY_ADD <= self.constructs
 
     def failure(self, j) -> Verdict | None:
         """The verdict of judgement `j` that fails the target's way: its key; for a residual difference with a
@@ -431,13 +462,14 @@ class Target:
 
 class Searcher:
     def __init__(self, opts, executor, expectations, emit: Callable[[dict], None], findings: list[Finding],
-                 seen: set, shrinks_per_key: Counter, should_stop: Callable[[], bool], versions: dict | None = None):
+                 seen: set, shrinks_per_key: Counter, should_stop: Callable[[], bool], versions: dict | None = None,
+                 part: tuple[int, int] = (0, 1)):
         self.opts, self.executor, self.expectations, self.emit = opts, executor, expectations, emit
         self.findings, self.seen, self.shrinks_per_key = findings, seen, shrinks_per_key
         self.should_stop = should_stop
         self.versions = versions or {}
         self.shares = Shares(opts.pipelines, getattr(opts, "shares", None), getattr(opts, "share_by", "time"),
-                             bool(getattr(opts, "explore", False)))
+                             bool(getattr(opts, "explore", False)), part)
         self.coverage = Coverage(opts)
         self.target: Target | None = None
         self.halted = False
@@ -568,7 +600,8 @@ class Searcher:
         causes = residual_causes(v.check, v.detail)
         self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
                              original_size=prog.size(), origin=h, started=time.monotonic(),
-                             cause=(new_causes(self.findings, v.key(), causes) or causes or [None])[0])
+                             cause=(new_causes(self.findings, v.key(), causes) or causes or [None])[0],
+                             constructs=shrink_constructs(prog.features()))
         self._emit_shrink(force=True)
         _found()
 
@@ -597,6 +630,9 @@ class Searcher:
             if t.tried[h]:
                 _found()
             return
+        if not t.admits(prog):   # another construct: another cause (not run)
+            t.tried[h] = False
+            return
         t.steps += 1
         _, obs, j = self.evaluate(prog, seed, needed_pipelines(t.key, self.opts.pipelines))
         self._emit_shrink()
@@ -619,7 +655,7 @@ class Searcher:
                 if t.steps >= limit or time.monotonic() >= deadline or self.should_stop(grace=budget):
                     return
                 h = (cand.content_hash(), t.seed)
-                if h in t.tried and not t.tried[h]:
+                if (h in t.tried and not t.tried[h]) or not t.admits(cand):
                     continue
                 t.steps += 1
                 _, obs, j = self.evaluate(cand, t.seed, names)
