@@ -229,8 +229,8 @@ def test_an_explorer_runs_again_only_when_its_share_holds_its_next_program():
 
 
 def test_explorers_together_stay_within_their_share_first_runs_included():
-    from conformance.pipelines import registry as reg
     from conformance.engine.search import EXPLORE_SHARE
+    from conformance.pipelines import registry as reg
     sh = Shares(list(reg.EXPLORERS[:3]), explore=True)
     ran = reg.EXPLORERS[0]
     sh.explorer_spent[ran], sh.explorer_runs[ran] = EXPLORE_SHARE * 100.0 + 1.0, 1   # one warm-up over the whole share
