@@ -168,3 +168,20 @@ def test_a_root_seen_through_two_of_its_variants_is_one_tracked_behaviour(tmp_pa
     rep = build([RunData(dir=tmp_path / "o", info=None, findings=c.findings)], with_repro=False)
     tracked = [x for x in rep["findings"] if x["tracked"]]
     assert [(x["tracked"], x["count"]) for x in tracked] == [(slug, 3)]
+
+
+def test_an_explorer_alone_on_a_program_is_known_by_the_raise_its_root_was_seen_with():
+    """An explorer runs on a program without its core twin; its raise is the tracked root's where the root was seen
+    under that explorer (a make run shrank torch-compile-rng-in-recompute-region again, 23 runs, from
+    torch:compile-aot_eager:dynamic, whose family keeps its option, alone on the program)."""
+    from conformance.engine.findings import error_root
+    from conformance.engine.roots import stamp
+    from conformance.engine.search import known_finding
+    known = [stamp(f.model_copy(deep=True)) for f in load_known(["tests/regressions"])]
+    rng = next(f for f in known if f.tracked.startswith("torch-compile-rng-in-recompute-region"))
+    key = ("error", "torch:compile-aot_eager:dynamic", "expectations", "BackendCompilerFailed")
+    assert key[1] in set(rng.variants["pipelines"])
+    assert known_finding(known, key, set(rng.features) | {"vmap"}, {key}, error_root(rng.detail)) is rng
+    other = ("error", "torch:compile-aot_eager:stateful", "expectations", "BackendCompilerFailed")   # never seen there
+    assert other[1] not in set(rng.variants["pipelines"])
+    assert known_finding(known, other, {"checkpoint"}, {other}, error_root(rng.detail)) is None

@@ -174,8 +174,8 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     if root is not None:
         raising = [f for f in findings if (f.check, f.reference, f.error_type) == (key[0], key[2], key[3])
                    and error_root(f.detail) == root]
-        for f in raising:
-            if f.pipeline == key[1]:
+        for f in raising:   # the same raise where the finding was seen (an explorer alone on a program: its twin
+            if f.pipeline == key[1] or key[1] in pipelines_seen(f):   # did not run to fail beside it)
                 return f
         for f in raising:
             if f.key() in failing:
