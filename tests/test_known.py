@@ -170,7 +170,7 @@ def test_a_root_seen_through_two_of_its_variants_is_one_tracked_behaviour(tmp_pa
     assert [(x["tracked"], x["count"]) for x in tracked] == [(slug, 3)]
 
 
-def test_an_explorer_alone_on_a_program_is_known_by_the_raise_its_root_was_seen_with():
+def test_an_explorer_alone_on_a_program_is_known_by_the_raise_of_its_pipeline():
     """An explorer runs on a program without its core twin; its raise is the tracked root's where the root was seen
     under that explorer (a make run shrank torch-compile-rng-in-recompute-region again, 23 runs, from
     torch:compile-aot_eager:dynamic, whose family keeps its option, alone on the program)."""
@@ -182,6 +182,8 @@ def test_an_explorer_alone_on_a_program_is_known_by_the_raise_its_root_was_seen_
     key = ("error", "torch:compile-aot_eager:dynamic", "expectations", "BackendCompilerFailed")
     assert key[1] in set(rng.variants["pipelines"])
     assert known_finding(known, key, set(rng.features) | {"vmap"}, {key}, error_root(rng.detail)) is rng
-    other = ("error", "torch:compile-aot_eager:stateful", "expectations", "BackendCompilerFailed")   # never seen there
-    assert other[1] not in set(rng.variants["pipelines"])
-    assert known_finding(known, other, {"checkpoint"}, {other}, error_root(rng.detail)) is None
+    stateful = ("error", "torch:compile-aot_eager:stateful", "expectations", "BackendCompilerFailed")   # an option
+    assert stateful[1] not in set(rng.variants["pipelines"])   # it was never seen under: its pipeline's raise still
+    assert known_finding(known, stateful, {"checkpoint"}, {stateful}, error_root(rng.detail)) is rng
+    eager = ("error", "torch:eager-sac", "expectations", "BackendCompilerFailed")   # another pipeline: not it
+    assert known_finding(known, eager, {"checkpoint"}, {eager}, error_root(rng.detail)) is None

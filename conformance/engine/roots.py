@@ -69,6 +69,11 @@ def pipeline_family(name: str) -> str:
     return _TORCH_COMPILE.sub("torch:compile", name)
 
 
+def option_free(name: str) -> str:
+    """A pipeline's name without its options (torch:export-strict:reentrant -> torch:export-strict)."""
+    return ":".join(name.split(":")[:2])
+
+
 def rule_variant(name: str) -> str:
     """The custom-rule implementation a pipeline runs its rules with (jax: +cvjp3, +cjvp3, or the default one):
     a rule check's root seen under one does not stand for another's (the twins of one family run other code)."""

@@ -51,6 +51,8 @@ from conformance.engine.roots import (
     merge_variants,
     nested_roots,
     new_causes,
+    option_free,
+    pipeline_family,
     pipelines_seen,
     read_as_root,
     residual_causes,
@@ -174,8 +176,9 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     if root is not None:
         raising = [f for f in findings if (f.check, f.reference, f.error_type) == (key[0], key[2], key[3])
                    and error_root(f.detail) == root]
-        for f in raising:   # the same raise where the finding was seen (an explorer alone on a program: its twin
-            if f.pipeline == key[1] or key[1] in pipelines_seen(f):   # did not run to fail beside it)
+        for f in raising:   # the same raise where the finding was seen, or under an option of its pipeline (an
+            if f.pipeline == key[1] or key[1] in pipelines_seen(f) or (   # explorer alone on a program: its twin
+                    pipeline_family(option_free(key[1])) == pipeline_family(option_free(f.pipeline))):   # did not run)
                 return f
         for f in raising:
             if f.key() in failing:
