@@ -264,3 +264,18 @@ def test_a_shrink_never_brings_in_a_construct_the_original_lacked():
     assert t.admits(prog("checkpoint", "region_state", "state_write", "float32", "policy:nothing", "op:neg"))
     assert t.admits(prog("checkpoint", "scan", "cond", "checkpoint_in_scan", "region_state"))   # plain spellings
     assert t.admits(prog("checkpoint", "region_state", "nondiff_input", "sequential_regions"))   # left by deletions
+
+
+def test_of_the_explorers_never_run_the_cheapest_family_runs_first():
+    from conformance.pipelines import registry as reg
+    compiled = next(n for n in reg.EXPLORERS if reg.family_of(n) == "torch:compile")
+    eager = next(n for n in reg.EXPLORERS if reg.family_of(n) == "torch:eager")
+    core_compiled = next(n for n in reg.CORE_PIPELINES if reg.family_of(n) == "torch:compile")
+    core_eager = next(n for n in reg.CORE_PIPELINES if reg.family_of(n) == "torch:eager")
+    sh = Shares([core_compiled, core_eager, compiled, eager], explore=True)
+    prog = SimpleNamespace(features=lambda: {"sin"}, content_hash=lambda: "0" * 16, types=lambda: {})
+    sh.account(prog, {core_compiled: SimpleNamespace(timings={"forward": 2.0}),
+                      core_eager: SimpleNamespace(timings={"forward": 0.01})})
+    assert sh._explore(100.0) == [eager]
+    sh.account(prog, {eager: SimpleNamespace(timings={"forward": 0.01})})
+    assert sh._explore(100.0) == [compiled]   # now the one never run

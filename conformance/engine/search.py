@@ -176,9 +176,12 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     if root is not None:
         raising = [f for f in findings if (f.check, f.reference, f.error_type) == (key[0], key[2], key[3])
                    and error_root(f.detail) == root]
+        for f in raising:
+            if f.pipeline == key[1]:
+                return f
         for f in raising:   # the same raise where the finding was seen, or under an option of its pipeline (an
-            if f.pipeline == key[1] or key[1] in pipelines_seen(f) or (   # explorer alone on a program: its twin
-                    pipeline_family(option_free(key[1])) == pipeline_family(option_free(f.pipeline))):   # did not run)
+            if key[1] in pipelines_seen(f) or (   # explorer alone on a program: its twin did not run)
+                    pipeline_family(option_free(key[1])) == pipeline_family(option_free(f.pipeline))):
                 return f
         for f in raising:
             if f.key() in failing:
@@ -350,6 +353,8 @@ class Shares:
         self.explorer_spent: Counter = Counter()
         self.explorer_runs: Counter = Counter()
         self.found: Counter = Counter()
+        self.family_cost: Counter = Counter()   # the core pipelines' cost per family, and their runs
+        self.family_runs: Counter = Counter()
 
     def explorer_shares(self) -> dict[str, float]:
         """Each explorer's share now (EXPLORE_SHARE split by weight, within its floor and ceiling)."""
@@ -368,9 +373,15 @@ class Shares:
         def next_cost(n):   # what it has spent, and what one more program is likely to cost it
             runs = self.explorer_runs[n]
             return self.explorer_spent[n] * (1 + 1 / runs) if runs else 0.0
-        under = [(self.explorer_spent[n] / (shares[n] * elapsed), k, n) for k, n in enumerate(self.explorers)
-                 if next_cost(n) <= shares[n] * elapsed]
-        return [n for _, _, n in sorted(under)[:EXPLORERS_PER_PROGRAM]]
+
+        def first_cost(n):   # before its first run: what its family's core pipelines cost a program so far
+            fam = self.family[n]
+            return self.family_cost[fam] / self.family_runs[fam] if self.family_runs[fam] else 0.0
+        # furthest under its share first; among those never run, the cheapest family first (an eager explorer's
+        # first run is milliseconds, a compiled one's seconds: the whole share is not spent before the cheap run)
+        under = [(self.explorer_spent[n] / (shares[n] * elapsed), 0.0 if self.explorer_runs[n] else first_cost(n), k, n)
+                 for k, n in enumerate(self.explorers) if next_cost(n) <= shares[n] * elapsed]
+        return [n for *_, n in sorted(under)[:EXPLORERS_PER_PROGRAM]]
 
     def select(self, prog: Program, names: list[str]) -> list[str]:
         elapsed = max(time.monotonic() - self.start, 1.0) if self.by == "time" else self.programs + 1
@@ -410,6 +421,9 @@ class Shares:
                 self.explorer_runs[n] += 1
             elif n in self.family and self.by == "time":
                 self.spent[self.family[n]] += cost
+            if n in self.family and n not in self.explorers:
+                self.family_cost[self.family[n]] += cost
+                self.family_runs[self.family[n]] += 1
         for fam in fams:
             if self.by == "programs":
                 self.spent[fam] += 1
