@@ -108,7 +108,10 @@ class ShortJaxEmitter(ShortDialect, JaxEmitter):
         if s.spelling == "custom_gradient":
             src = [f"@jax.custom_gradient   # custom rule {path}", f"def {b}({sig}):"]
             src += self.count("    ", b, "fwd") + fwd_body
-            src += [f"    def {b}_vjp({', '.join(cts)}):"] + self.count("        ", b, "bwd")
+            # (its vjp takes the outputs' cotangent as one value: a tuple where the rule returns several)
+            src += [f"    def {b}_vjp({cts[0] if len(cts) == 1 else 'cts'}):"] + self.count("        ", b, "bwd")
+            if len(cts) > 1:
+                src.append(f"        {self.tuple_(cts)} = cts")
             src += ["    " + x for x in bwd] + [f"        return {self.tuple_(ret)}",
                                                 f"    return {self.seq(results)}, {b}_vjp", ""]
             self.defs.append("\n".join(src))
