@@ -52,6 +52,25 @@ def test_an_error_roots_on_what_it_raised_or_on_its_features_when_nothing_was_ra
     assert root_key(none) == "error|jax:remat3|expectations|none:custom_vjp+symbolic_zeros"
 
 
+def test_an_error_root_blanks_what_a_message_says_of_one_programs_values_and_folds_options():
+    """The same raise is one root whatever values it names (torch's fake tensors and symbol kinds), whatever the
+    harness noted raised before hooks were left disabled, and under an option of the pipeline."""
+    def err(pipeline, message, feats=("checkpoint",)):
+        return _finding("error", pipeline, "expectations", "E", feats, {"got": {"type": "E", "message": message}})
+    pending = "Pending unbacked symbols {%s} not in returned outputs [%s] .\nDid you accidentally call item()?"
+    a = err("torch:export-strict", pending % ("u1", "FakeTensor(..., size=(3, 1), grad_fn=<ExpandBackward0>), "
+                                                    "FakeTensor(..., size=(3,), requires_grad=True)"))
+    b = err("torch:export-strict:reentrant", pending % ("zuf0", "FakeTensor(..., size=(1, 4), requires_grad=True)"),
+            ("checkpoint", "cast"))
+    assert root_key(a) == root_key(b)
+    hooks = "after this run saved-tensor hooks stay disabled (it raised %s first)"
+    assert root_key(err("torch:compile-aot_eager", hooks % "BackendCompilerFailed")) == root_key(
+        err("torch:compile-inductor", hooks % "InternalTorchDynamoError"))
+    # another raise, or the same raise under another pipeline, is another root
+    assert root_key(a) != root_key(err("torch:export-strict", "Pending something else {u1}"))
+    assert root_key(a) != root_key(err("torch:export-nonstrict", pending % ("u1", "FakeTensor(...)")))
+
+
 def test_folding_records_each_variant_with_counts_and_first_seen():
     findings: list[Finding] = []
     a = stamp(_finding(label="other", features=("checkpoint", "policy:nothing")))

@@ -165,6 +165,14 @@ def observations_problem(detail: dict) -> tuple[str, str] | None:
     return None
 
 
+# What a message says about one program's values rather than what went wrong, blanked in an error's root: a list of
+# torch's fake tensors, a torch symbol's kind (u: unbacked int, zuf: unbacked float, s: size), and the harness's own
+# note of what raised before saved-tensor hooks were left disabled (whatever raised, the hooks stay off: one cause).
+_ROOT_VALUE_NAMES = {"fakes": "[FakeTensor...]", "sym": "<symbol>", "first": ""}
+_ROOT_VALUES = re.compile(r"(?P<fakes>\[FakeTensor\(.*?\)\])|(?P<sym>\b(?:zuf|zf|zb|u|s)N\b)"
+                          r"|(?P<first> \(it raised [\w.]+ first\))")
+
+
 def error_root(detail: dict) -> str | None:
     """What an error finding raised, as the root of its behaviour: the type and the first two
     lines of the message, numbers and addresses blanked (`float32[2]` and `float32[2,2]` read
@@ -174,7 +182,8 @@ def error_root(detail: dict) -> str | None:
     if not isinstance(got, dict) or not isinstance(got.get("message"), str):
         return None
     lines = [x.strip() for x in got["message"].strip().splitlines() if x.strip()][:2]
-    text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))[:240]
+    text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))
+    text = _ROOT_VALUES.sub(lambda m: next(v for k, v in _ROOT_VALUE_NAMES.items() if m.group(k)), text)[:240]
     if len(text) >= 12:
         return f"{got.get('type', '')}: {text}"
     # a message too short to tell roots apart (a bare AssertionError): where the framework raised it

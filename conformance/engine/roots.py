@@ -219,6 +219,8 @@ def root_key(f: Finding) -> str:
     what = raised if raised is not None else "+".join(root_features(f.features))
     if f.check == "error" and raised is None:   # an error where none was expected, of no raise evidence
         what = f"{f.error_type or 'none'}:{what}"
+    elif f.check == "error":   # the same raise under an option of the pipeline is one root (as --known reads it)
+        pfam = pipeline_family(option_free(f.pipeline))
     elif f.check in RULE_CHECKS and raised is None:   # which of the rule's counts or fields moved, and where
         what = f"{f.error_type or '-'}:{what}"
     return f"{check}|{pfam}|{rfam}|{what}"

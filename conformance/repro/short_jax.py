@@ -239,7 +239,7 @@ def script(prog, inputs, finding) -> str:
                          "order, without auxiliary outputs, every batched input differentiated (use --full)")
     pflags, pset = _flags(pipe, finding)
     sides = _sides(finding, pset)
-    prog = dead_code_removed(prog)
+    prog = dead_code_removed(prog, check)
     has_ck = any(isinstance(s, Checkpoint) for s, _, _, _ in walk(prog.body))
     no_remat = has_ck and not all(s[3]["remat"] for s in sides)
     f64 = pset["f64"]

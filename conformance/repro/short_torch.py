@@ -207,7 +207,7 @@ def script(prog, inputs, finding) -> str:
     option = _option(rival)
     if option and check in ("residuals", "custom_rule"):
         raise ReproError(f"the {check} check of {pipe} has no short form (use --full)")
-    prog = dead_code_removed(prog)
+    prog = dead_code_removed(prog, check)
     has_ck = any(isinstance(s, Checkpoint) for s, _, _, _ in walk(prog.body))
     vary = {k for k in ("backend", "memory_budget", "f64", "remat") if len({str(st[k]) for _, st in sides}) > 1
             or (k == "backend" and rival["backend"] and not rival["compile_inside"])}
