@@ -168,7 +168,8 @@ class _Program:
             return LOOP, f"a loop {self.where[i]}"
         if i in self.inputs:
             return 3, "a program input"
-        if self.where.get(i) == "branch":
+        if self.where.get(i) == "branch" and not (s is not None and self.policies.get(i)):
+            # (an op a region's policy decides on is that op's output, wherever its value flows next)
             return 4, "a cond branch's result"
         if s is not None and OPS[s.op].dot:
             return 5, "a dot's output"

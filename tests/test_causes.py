@@ -69,6 +69,22 @@ def test_each_value_kind_and_each_policy_decision_is_a_cause_of_its_own():
                       "reference_saved": []}) == ["saves an unmatched value"]
 
 
+def test_an_op_a_region_decides_on_is_its_output_even_as_a_cond_branchs_result():
+    """remat3 recomputing tanh's output that an offloading policy keeps is one cause whether or not the region sits
+    in a cond branch whose result it is (a 30-minute campaign split the two)."""
+    region_ = region(["v"], [op("cos", ["v"], "c"), op("tanh", ["c"], "t")], ["t"],
+                     {"kind": "offload_ops", "ops": ["tanh"]})
+    inputs = [{"id": "x", "shape": [], "dtype": "float32", "diff": True},
+              {"id": "p", "shape": [2], "dtype": "float32", "diff": False}]
+    plain = prog([op("sin", ["x"], "v"), region_], inputs=inputs, outputs=["t"])
+    in_cond = prog([op("sin", ["x"], "v"), {"kind": "cond", "args": ["p", "x", "v"], "branches": [[region_], []],
+                                            "branch_results": [["t"], ["v"]], "results": ["s"]}],
+                   inputs=inputs, outputs=["s"])
+    detail = {"missing_other": ["float32[]"], "reference_saved": ["t:float32[]", "v:float32[]"],
+              "saved": ["v:float32[]"]}
+    assert causes(plain, detail) == causes(in_cond, detail) == ["recomputes an op's output [custom:offload]"]
+
+
 def test_save_from_both_policies_is_read_as_the_sub_policy_that_decided():
     both = Both(a=SaveOnlyNames(names=["a"]), b=Dots())
     assert deciding_rule(both, "name", "a") == "names"

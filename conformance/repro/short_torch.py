@@ -34,6 +34,10 @@ tag.register_fake(lambda x, name: torch.empty_like(x))
 tag.register_autograd(lambda ctx, g: (g, None), setup_context=lambda ctx, inputs, output: None)'''
 
 
+# as the harness differentiates: an input the loss does not read gets a zero gradient, not an error
+AS_HARNESS = ", allow_unused=True, materialize_grads=True"
+
+
 def _packets() -> dict[str, list[tuple[str, bool]]]:
     return torch_table.kinds_of()
 
@@ -47,21 +51,31 @@ def policy_fn(policy, names: list[str], fn: str, prefer: bool) -> str:
     ds = {pk: {decide(policy, op, None, b, None) for op, b in kinds} for pk, kinds in _packets().items()}
     ds = {pk: "save" if "save" in d else "offload" if "offload" in d else "recompute" for pk, d in ds.items()}
     named = {n: decide(policy, NAME_OP, n, False, None) for n in names}
-    if "offload" in set(ds.values()) | set(named.values()) | {default}:
-        raise ReproError("an offloading policy has no short form (use --full)")
-    other = "recompute" if default == "save" else "save"
-    odd = sorted(pk for pk, d in ds.items() if d != default)
-    odd_names = sorted(n for n, d in named.items() if d != default)
-    word = {"save": "SAVE", "recompute": "RECOMPUTE"}
+    word = {"save": "SAVE", "recompute": "RECOMPUTE", "offload": "CPU_OFFLOAD"}
+    by_packet: dict[str, list[str]] = {}   # each decision other than the default, and the packets it takes
+    for pk, d in sorted(ds.items()):
+        if d != default:
+            by_packet.setdefault(d, []).append(pk)
+    by_name: dict[str, list[str]] = {}
+    for n, d in sorted(named.items()):
+        if d != default:
+            by_name.setdefault(d, []).append(n)
     lines = [f"def {fn}(ctx, op, *args, **kwargs):   # {policy.kind}"]
-    if odd_names:
-        lines += ["    if op.overloadpacket is torch.ops.rc.tag:",
-                  f"        return {pol}{word[other]} if args[1] in {tuple(odd_names)!r} else {pol}{word[default]}"]
-    if odd:
-        lines.append(
-            f"    return {pol}{word[other]} if op.overloadpacket in ({', '.join(odd)},) else {pol}{word[default]}"
-        )
+    if by_name:
+        lines.append("    if op.overloadpacket is torch.ops.rc.tag:")
+        if len(by_name) == 1:
+            [(d, ns)] = by_name.items()
+            lines.append(f"        return {pol}{word[d]} if args[1] in {tuple(ns)!r} else {pol}{word[default]}")
+        else:
+            lines += [f"        if args[1] in {tuple(ns)!r}:\n            return {pol}{word[d]}"
+                      for d, ns in by_name.items()]
+            lines.append(f"        return {pol}{word[default]}")
+    if len(by_packet) == 1:
+        [(d, pks)] = by_packet.items()
+        lines.append(f"    return {pol}{word[d]} if op.overloadpacket in ({', '.join(pks)},) else {pol}{word[default]}")
     else:
+        lines += [f"    if op.overloadpacket in ({', '.join(pks)},):\n        return {pol}{word[d]}"
+                  for d, pks in by_packet.items()]
         lines.append(f"    return {pol}{word[default]}")
     return "\n".join(lines)
 
@@ -166,10 +180,21 @@ def _option(st: dict) -> tuple[str, str] | None:
     return on[0] if on else None
 
 
+# A side's partitioner: min-cut is torch.compile's own (the backend by name); AOTAutograd's default one, the backend
+# function the short form defines (DEFAULT_PARTITION)
+PARTITIONED = {"min_cut": None, "default": "aot_eager_default_partition"}
+DEFAULT_PARTITION = [
+    "def aot_eager_default_partition(gm, example_inputs):   # aot_eager with AOTAutograd's default partitioner",
+    "    return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: make_boxed_func(g),",
+    "                                 bw_compiler=lambda g, _: make_boxed_func(g),",
+    "                                 partition_fn=partitioners.default_partition)"]
+
+
 def _side_args(st: dict, vary: set) -> str:
     parts = []
     if "backend" in vary:
-        parts.append(f"backend={st['backend']!r}")
+        named = PARTITIONED[st["partitioner"]] if st["backend"] == "aot_eager" else None
+        parts.append(f"backend={named or repr(st['backend'])}")
     if "memory_budget" in vary:
         parts.append(f"budget={st['memory_budget']!r}")
     if "f64" in vary:
@@ -194,7 +219,7 @@ def script(prog, inputs, finding) -> str:
         raise ReproError(f"the {check} check against {ref} has no short form (use --full)")
     sides = [(p, settings(p, "torch", finding)) for p in ([ref] if ref else []) + [pipe]]
     for p, st in sides:
-        if any(st.get(k) for k in _SIMPLE) or st.get("policy_state") or st["partitioner"] != "min_cut":
+        if any(st.get(k) for k in _SIMPLE) or st.get("policy_state") or st["partitioner"] not in PARTITIONED:
             raise ReproError(f"{p}: its checkpoint options have no short form (use --full)")
     rival = sides[-1][1]
     reentrant = rival["reentrant"]
@@ -250,12 +275,14 @@ def script(prog, inputs, finding) -> str:
     head += [f"    xs = {xs}"] if "f64" in vary else []
     args = "*xs" if "f64" in vary else d
     xs_name = "xs" if "f64" in vary else f"[{d}]"
-    grad_line = f"torch.autograd.grad(({fn})({args}), {xs_name})" if "backend" in vary else \
-        f"torch.autograd.grad(f({args}), {xs_name})"
+    grad_line = f"torch.autograd.grad(({fn})({args}), {xs_name}{AS_HARNESS})" if "backend" in vary else \
+        f"torch.autograd.grad(f({args}), {xs_name}{AS_HARNESS})"
     if "backend" in vary:
         head.append(f"    fn = {fn}")
-        grad_line = f"torch.autograd.grad(fn({args}), {xs_name})"
+        grad_line = f"torch.autograd.grad(fn({args}), {xs_name}{AS_HARNESS})"
     pre = []
+    if any(PARTITIONED[st["partitioner"]] and st["backend"] == "aot_eager" for _, st in sides):
+        pre += ["", ""] + DEFAULT_PARTITION
     forward = f"{'fn' if 'backend' in vary else 'f'}({args})"   # the forward: its loss
     if option:
         def call(p, st):
@@ -271,12 +298,12 @@ def script(prog, inputs, finding) -> str:
                    else "torch.utils.checkpoint.set_checkpoint_early_stop(False)")
             head += [f"    with ({ctx} if option else torch.enable_grad()):", f"        loss = {forward}"]
             forward = "loss"
-        grad_line = f"torch.autograd.grad({forward}, {xs_name})"
+        grad_line = f"torch.autograd.grad({forward}, {xs_name}{AS_HARNESS})"
     else:
         def call(p, st):
             return f"run({_side_args(st, vary)})   # {p}"
     if reentrant:   # reentrant checkpoint rejects torch.autograd.grad: .backward(), then each input's .grad
-        grad_line = grad_line.replace("torch.autograd.grad(", "grads(")
+        grad_line = grad_line.replace(AS_HARNESS, "").replace("torch.autograd.grad(", "grads(")
         pre += ["", "", "def grads(loss, xs):   # reentrant checkpoint rejects torch.autograd.grad",
                 "    for x in xs:", "        x.grad = None", "    if loss.requires_grad:", "        loss.backward()",
                 "    return [torch.zeros_like(x) if x.grad is None else x.grad for x in xs]"]
@@ -321,7 +348,7 @@ def script(prog, inputs, finding) -> str:
             "    SAVED.clear()",
             "    with torch.autograd.graph.saved_tensors_hooks(lambda t: SAVED.append(t) or t, lambda t: t):",
             f"        loss = {'fn' if 'backend' in vary else 'f'}({args})",
-            f"    torch.autograd.grad(loss, {xs_name})",
+            f"    torch.autograd.grad(loss, {xs_name}{AS_HARNESS})",
         ]
         if names:
             body += [
@@ -358,7 +385,7 @@ def script(prog, inputs, finding) -> str:
         body = head + ([f"    loss = {loss}   # (no grad_fn: every output non-differentiable, the gradients are 0)"]
                        if loss != "loss" else []) + [
                        (f"    g = grads(loss, {xs_name})" if reentrant else
-                        f"    g = torch.autograd.grad(loss, {xs_name}) if loss.requires_grad else "
+                        f"    g = torch.autograd.grad(loss, {xs_name}{AS_HARNESS}) if loss.requires_grad else "
                         f"[torch.zeros_like(x) for x in {xs_name}]"),
                        "    print([a.tolist() for a in g])", "    return [a.double() for a in g]", "", "",
                        f"reference = {call(*sides[0])}", f"rival = {call(*sides[1])}",
@@ -415,7 +442,7 @@ def script(prog, inputs, finding) -> str:
         ("TorchDispatchMode" in pre_src, "from torch.utils._python_dispatch import TorchDispatchMode"),
         ("partitioners." in pre_src, "from torch._functorch import partitioners"),
         ("aot_module_simplified(" in pre_src, "from torch._functorch.aot_autograd import aot_module_simplified"),
-        ("make_boxed_func(" in pre_src, "from functorch.compile import make_boxed_func"),
+        ("make_boxed_func(" in pre_src, "from torch._functorch.aot_autograd import make_boxed_func"),
     ):
         if cond:
             imports.append(line)

@@ -127,7 +127,10 @@ def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = N
     return functools.partial(create_selective_checkpoint_contexts, policy_fn(p, names, prefer, calls), **kw)
 
 
-SAVING = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE)
+# What a policy asks SAC to keep for the backward: save, or (documented: "saved during the forward pass, offloaded to
+# CPU, and reloaded") CPU offload, where this torch has it
+SAVING = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE) + tuple(
+    getattr(CheckpointPolicy, k) for k in ("MUST_CPU_OFFLOAD", "PREFER_CPU_OFFLOAD") if hasattr(CheckpointPolicy, k))
 _SAC_RECOMPUTE = getattr(torch.utils.checkpoint, "_RECOMPUTE", None)   # SAC's mark of a call it recomputes
 SAC_CACHE_READABLE = _SAC_RECOMPUTE is not None   # (a torch without it: what SAC recomputed is not observed)
 
