@@ -66,6 +66,9 @@ def test_an_error_root_blanks_what_a_message_says_of_one_programs_values_and_fol
     hooks = "after this run saved-tensor hooks stay disabled (it raised %s first)"
     assert root_key(err("torch:compile-aot_eager", hooks % "BackendCompilerFailed")) == root_key(
         err("torch:compile-inductor", hooks % "InternalTorchDynamoError"))
+    # JAX names one effect of a set, in the order it iterates them: Write<...> in one run, Read<...> in the next
+    effect = "`JaxprInputEffect` %s<Var(id=140608785327888):bfloat16[]> does not have a corresponding jaxpr input."
+    assert root_key(err("jax:remat3", effect % "Write")) == root_key(err("jax:remat3", effect % "Read"))
     # another raise, or the same raise under another pipeline, is another root
     assert root_key(a) != root_key(err("torch:export-strict", "Pending something else {u1}"))
     assert root_key(a) != root_key(err("torch:export-nonstrict", pending % ("u1", "FakeTensor(...)")))

@@ -114,3 +114,13 @@ def test_cli_repro_is_short_by_default_and_full_on_request(tmp_path):
     s, f = short.read_text(), full.read_text()
     assert code_lines(s) <= MAX_LINES < code_lines(f)
     assert "raise SystemExit(" in s and "def check_residuals" in f
+
+
+def test_an_errors_short_repro_keeps_ops_nothing_reads():
+    """Tracing runs an op whose value nothing reads, and it may be what raises (a torch.func.grad in a compiled
+    region): an error's short repro keeps it; other checks' drop it."""
+    from conformance.repro.short_common import dead_code_removed
+    from tests.programs import op, prog, region
+    p = prog([region(["x"], [op("sin", ["x"], "a"), op("cos", ["x"], "c")], ["c"], {"kind": "nothing"})])
+    assert [s.op for s in dead_code_removed(p, "error").body[0].body] == ["sin", "cos"]
+    assert [s.op for s in dead_code_removed(p, "gradient").body[0].body] == ["cos"]

@@ -183,7 +183,8 @@ def error_root(detail: dict) -> str | None:
         return None
     lines = [x.strip() for x in got["message"].strip().splitlines() if x.strip()][:2]
     text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))
-    text = _ROOT_VALUES.sub(lambda m: next(v for k, v in _ROOT_VALUE_NAMES.items() if m.group(k)), text)[:240]
+    text = _ROOT_VALUES.sub(lambda m: next(v for k, v in _ROOT_VALUE_NAMES.items() if m.group(k)), text)
+    text = _effects_unordered(text)[:240]
     if len(text) >= 12:
         return f"{got.get('type', '')}: {text}"
     # a message too short to tell roots apart (a bare AssertionError): where the framework raised it
@@ -199,6 +200,15 @@ DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also
 _MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing",
                   "Suspected Python Code Location:", "Dimension numbers:")   # (XLA: the harness's files and lines;
 # a debug dump whose link XLA spells either way)
+
+
+def _effects_unordered(text: str) -> str:
+    """JAX's effects on refs as a set, not in the order it iterated them: a set's elements sorted ({WriteEffect(...),
+    ReadEffect(...)}, either way round), and the one effect it names of a set (`JaxprInputEffect` Write<Var...> or
+    Read<Var...> for one program) as Effect<Var...>."""
+    text = re.sub(r"\{((?:\w+\(Var\(id=[?N]\)[^{}]*?\), )+\w+\(Var\(id=[?N]\)[^{}]*?\))\}",
+                  lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", text)
+    return re.sub(r"\b(?:Read|Write|Accum)(?=<Var\(id=)", "Effect", text)
 
 
 def what_differed(detail):
@@ -218,9 +228,7 @@ def what_differed(detail):
         detail = re.sub(r"\bid=\d+", "id=?", detail)   # a Python object's id (JAX prints Var(id=...))
         # a source location (JAX names the harness's own files: their checkout path and lines vary)
         detail = re.sub(r"(?:/[^\s:'\"()]+/)?([\w.]+\.py):\d+(?::\d+)?", r"\1:?", detail)
-        # a set's elements in the order it prints them (JAX: {WriteEffect(...), ReadEffect(...)}, either way round)
-        detail = re.sub(r"\{((?:\w+\(Var\(id=\?\)[^{}]*?\), )+\w+\(Var\(id=\?\)[^{}]*?\))\}",
-                        lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", detail)
+        detail = _effects_unordered(detail)
         return " ".join(re.sub(r"0x(?:[0-9a-fA-F]+|\u2026)", "0x?", detail).split())
     return detail
 
