@@ -52,31 +52,25 @@ def policy_fn(policy, names: list[str], fn: str, prefer: bool) -> str:
     ds = {pk: "save" if "save" in d else "offload" if "offload" in d else "recompute" for pk, d in ds.items()}
     named = {n: decide(policy, NAME_OP, n, False, None) for n in names}
     word = {"save": "SAVE", "recompute": "RECOMPUTE", "offload": "CPU_OFFLOAD"}
-    by_packet: dict[str, list[str]] = {}   # each decision other than the default, and the packets it takes
-    for pk, d in sorted(ds.items()):
-        if d != default:
-            by_packet.setdefault(d, []).append(pk)
-    by_name: dict[str, list[str]] = {}
-    for n, d in sorted(named.items()):
-        if d != default:
-            by_name.setdefault(d, []).append(n)
+    def others(decisions):   # each decision other than the default, and what takes it
+        out: dict[str, list[str]] = {}
+        for k, d in sorted(decisions.items()):
+            if d != default:
+                out.setdefault(d, []).append(k)
+        return out
+
+    def returns(ind, test, groups):   # `return X if test else default`, or one `if` per decision
+        if len(groups) == 1:
+            [(d, ks)] = groups.items()
+            return [f"{ind}return {pol}{word[d]} if {test(ks)} else {pol}{word[default]}"]
+        return [f"{ind}if {test(ks)}:\n{ind}    return {pol}{word[d]}" for d, ks in groups.items()] + [
+            f"{ind}return {pol}{word[default]}"]
     lines = [f"def {fn}(ctx, op, *args, **kwargs):   # {policy.kind}"]
+    by_name = others(named)
     if by_name:
         lines.append("    if op.overloadpacket is torch.ops.rc.tag:")
-        if len(by_name) == 1:
-            [(d, ns)] = by_name.items()
-            lines.append(f"        return {pol}{word[d]} if args[1] in {tuple(ns)!r} else {pol}{word[default]}")
-        else:
-            lines += [f"        if args[1] in {tuple(ns)!r}:\n            return {pol}{word[d]}"
-                      for d, ns in by_name.items()]
-            lines.append(f"        return {pol}{word[default]}")
-    if len(by_packet) == 1:
-        [(d, pks)] = by_packet.items()
-        lines.append(f"    return {pol}{word[d]} if op.overloadpacket in ({', '.join(pks)},) else {pol}{word[default]}")
-    else:
-        lines += [f"    if op.overloadpacket in ({', '.join(pks)},):\n        return {pol}{word[d]}"
-                  for d, pks in by_packet.items()]
-        lines.append(f"    return {pol}{word[default]}")
+        lines += returns("        ", lambda ns: f"args[1] in {tuple(ns)!r}", by_name)
+    lines += returns("    ", lambda pks: f"op.overloadpacket in ({', '.join(pks)},)", others(ds))
     return "\n".join(lines)
 
 
