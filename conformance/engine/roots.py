@@ -74,6 +74,12 @@ def option_free(name: str) -> str:
     return ":".join(name.split(":")[:2])
 
 
+def raise_family(name: str) -> str:
+    """The pipelines one raise is one root under: a family, its options folded (the same KeyError under
+    torch:export-strict and torch:export-strict:reentrant is one root, in root_key as under --known)."""
+    return pipeline_family(option_free(name))
+
+
 def rule_variant(name: str) -> str:
     """The custom-rule implementation a pipeline runs its rules with (jax: +cvjp3, +cjvp3, or the default one):
     a rule check's root seen under one does not stand for another's (the twins of one family run other code)."""
@@ -220,7 +226,7 @@ def root_key(f: Finding) -> str:
     if f.check == "error" and raised is None:   # an error where none was expected, of no raise evidence
         what = f"{f.error_type or 'none'}:{what}"
     elif f.check == "error":   # the same raise under an option of the pipeline is one root (as --known reads it)
-        pfam = pipeline_family(option_free(f.pipeline))
+        pfam = raise_family(f.pipeline)
     elif f.check in RULE_CHECKS and raised is None:   # which of the rule's counts or fields moved, and where
         what = f"{f.error_type or '-'}:{what}"
     return f"{check}|{pfam}|{rfam}|{what}"

@@ -51,9 +51,8 @@ from conformance.engine.roots import (
     merge_variants,
     nested_roots,
     new_causes,
-    option_free,
-    pipeline_family,
     pipelines_seen,
+    raise_family,
     read_as_root,
     residual_causes,
     root_features,
@@ -179,9 +178,10 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
         for f in raising:
             if f.pipeline == key[1]:
                 return f
-        for f in raising:   # the same raise where the finding was seen, or under an option of its pipeline (an
-            if key[1] in pipelines_seen(f) or (   # explorer alone on a program: its twin did not run)
-                    pipeline_family(option_free(key[1])) == pipeline_family(option_free(f.pipeline))):
+        # the same raise where the finding was seen, or in its pipeline's raise family (an explorer alone on a
+        # program: its twin did not run)
+        for f in raising:
+            if key[1] in pipelines_seen(f) or raise_family(key[1]) == raise_family(f.pipeline):
                 return f
         for f in raising:
             if f.key() in failing:

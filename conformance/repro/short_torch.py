@@ -184,11 +184,15 @@ DEFAULT_PARTITION = [
     "                                 partition_fn=partitioners.default_partition)"]
 
 
+def _backend_fn(st: dict) -> str | None:
+    """The backend function a side's script defines (AOTAutograd's default partitioner), else None."""
+    return PARTITIONED[st["partitioner"]] if st["backend"] == "aot_eager" else None
+
+
 def _side_args(st: dict, vary: set) -> str:
     parts = []
     if "backend" in vary:
-        named = PARTITIONED[st["partitioner"]] if st["backend"] == "aot_eager" else None
-        parts.append(f"backend={named or repr(st['backend'])}")
+        parts.append(f"backend={_backend_fn(st) or repr(st['backend'])}")
     if "memory_budget" in vary:
         parts.append(f"budget={st['memory_budget']!r}")
     if "f64" in vary:
@@ -275,7 +279,7 @@ def script(prog, inputs, finding) -> str:
         head.append(f"    fn = {fn}")
         grad_line = f"torch.autograd.grad(fn({args}), {xs_name}{AS_HARNESS})"
     pre = []
-    if any(PARTITIONED[st["partitioner"]] and st["backend"] == "aot_eager" for _, st in sides):
+    if any(_backend_fn(st) for _, st in sides):
         pre += ["", ""] + DEFAULT_PARTITION
     forward = f"{'fn' if 'backend' in vary else 'f'}({args})"   # the forward: its loss
     if option:
