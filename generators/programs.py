@@ -18,6 +18,7 @@ is read, so deleting an item leaves later choices meaning what they meant.
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import reject
 from hypothesis import strategies as st
 
 from conformance.ir import ops as O
@@ -577,7 +578,12 @@ def _flat_ops(body) -> list:
 
 @st.composite
 def programs(draw, cfg: Config | None = None) -> Program:
-    return validate(_Gen(draw, cfg or Config()).program())
+    cfg = cfg or Config()
+    prog = validate(_Gen(draw, cfg).program())
+    if cfg.lacks and not prog.features().isdisjoint(cfg.lacks):
+        reject()   # a feature the installed release cannot express (its swarm dimension, where it is the only one,
+        # is off: Options.config)
+    return prog
 
 
 def input_values(prog: Program, seed: int) -> dict[str, np.ndarray]:

@@ -43,6 +43,7 @@ class Config:
     require: tuple[str, ...] = ()   # swarm dimensions on in every program (where the config allows them)
     exclude: tuple[str, ...] = ()   # swarm dimensions off in every program
     focus: tuple[str, ...] = ()     # features (FOCUS) that half of the programs aim at, one each
+    lacks: tuple[str, ...] = ()     # features the installed releases cannot express: no program has them
 
 
 # custom_vjp spellings (the first is the plain one); the swarm's rule_spellings turns the others on

@@ -18,6 +18,7 @@ from conformance import __version__
 from conformance.cli import devices as devices_command
 from conformance.cli import matrix as matrix_command
 from conformance.cli import recheck as recheck_command
+from conformance.cli import releases as releases_command
 from conformance.cli import report as report_command
 from conformance.cli import repro as repro_command
 from conformance.cli.progress import Progress
@@ -97,15 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("pipelines", help="list pipelines with framework versions and devices")
     for m in PLUGGED:
         m.configure_parser(sub)
-        COMMANDS[m.COMMAND] = m.main
+        for c in getattr(m, "COMMANDS", (getattr(m, "COMMAND", None),)):
+            COMMANDS[c] = m.main
     return p
 
 
 # ---------------------------------------------------------------------------------------
-def parse_pipelines(spec: str | None, explore: bool = True) -> list[str]:
+def parse_pipelines(spec: str | None, explore: bool = True, skipped: dict | None = None) -> list[str]:
     """The run's pipelines: the named rivals (default: the registry's default set; without `explore`, its core
     set: the explorers are left out, not run on every program) and the references the registry says they need.
-    A framework that is not installed is refused."""
+    A rival the installed releases cannot run (its framework absent, an API it runs with lacking) is left out and
+    put in `skipped` with the reason; where every named one is, or the references' framework is absent, refused."""
     if spec is None:
         rivals = list(reg.DEFAULT_PIPELINES if explore else reg.CORE_PIPELINES)
     else:
@@ -115,7 +118,13 @@ def parse_pipelines(spec: str | None, explore: bool = True) -> list[str]:
         for s in rivals:
             if s not in reg.known_names():
                 raise UsageError(f"--pipelines: unknown pipeline {s!r}; known: {', '.join(reg.known_names())}")
-    names = reg.run_set(rivals)
+    out = {r: why for r in rivals if (why := reg.unavailable(r))}
+    if skipped is not None:
+        skipped.update(out)
+    if rivals and len(out) == len(rivals):
+        raise UsageError("--pipelines: this environment runs none of them: "
+                         + "; ".join(f"{k}: {v}" for k, v in list(out.items())[:3]))
+    names = reg.run_set([r for r in rivals if r not in out])
     for n in names:
         try:
             reg.get(n)
@@ -144,7 +153,12 @@ def _run(args) -> int:
     if os.environ.get("REMAT_CONFORMANCE_PLUGINS"):   # test-only pipelines (fault injection, mutants)
         load_plugins()
     explore = args.explore if args.explore is not None else args.pipelines is None
-    names = parse_pipelines(args.pipelines, explore)
+    skipped: dict[str, str] = {}
+    names = parse_pipelines(args.pipelines, explore, skipped)
+    if skipped and not args.quiet:
+        print(f"skipped {len(skipped)} pipeline(s) these releases cannot run:", file=sys.stderr)
+        for k, v in skipped.items():
+            print(f"  {k}: {v}", file=sys.stderr)
     expectations = Expectations.load(args.expectations)
     known = load_known(args.known)
     if args.device == "cuda":
@@ -161,7 +175,7 @@ def _run(args) -> int:
                              expectations=str(expectations.source))
     versions = reg.versions_of(names)
     run_info = {"schema_version": 1, "harness": __version__, "options": opts.recorded(), "versions": versions,
-                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "skipped_pipelines": skipped}
     if args.resume:
         try:
             prev = store.read_run()
@@ -305,8 +319,8 @@ def cmd_pipelines(args) -> int:
 
 
 COMMANDS = {"run": cmd_run, "replay": cmd_replay, "pipelines": cmd_pipelines}
-# Modules that add a subcommand: each has COMMAND, configure_parser(subparsers) and main(args) -> int.
-PLUGGED = [report_command, repro_command, recheck_command, matrix_command, devices_command]
+# Modules that add subcommands: each has COMMAND (or COMMANDS), configure_parser(subparsers) and main(args) -> int.
+PLUGGED = [report_command, repro_command, recheck_command, matrix_command, devices_command, releases_command]
 
 
 def main(argv=None) -> int:

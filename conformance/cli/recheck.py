@@ -158,6 +158,14 @@ def main(args) -> int:
             print(f"== {CLASS_HEADINGS.get(heading, heading)}", flush=True)
         fixed = "|".join(finding.key()) in fixed_keys
         r = recheck_entry(prog, inputs, finding, fixed, args.device or finding.device, expectations)
+        if r["status"] == "fixed":   # fixed with the installed release of the finding's framework
+            fw = registry.framework_of(finding.pipeline)
+            r["fixed_in"] = f"{fw} {installed_versions().get(fw, '?')}"
+            was = (finding.releases.answers if finding.releases else {}) or {}
+            seen = [v for v, a in was.items() if a == "reproduces"]
+            r["why"] = "; ".join([f"fixed in {r['fixed_in']}"]
+                                 + ([f"reproduced up to {seen[-1]} when bisected"] if seen else [])
+                                 + ([f"first found on {finding.versions[fw]}"] if finding.versions.get(fw) else []))
         rows.append({"entry": p.name, "key": list(finding.key()), "listed_fixed": fixed,
                      "first_found_on": finding.versions, **about, **r})
         print(f"{p.name}: {r['status']}" + (f" ({r['why']})" if r.get("why") else ""), flush=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -51,6 +51,35 @@ class Seen(BaseModel):
 VARIANT_DIMENSIONS = ("pipelines", "labels", "policies", "constructs", "features")
 
 
+class ReleaseRange(BaseModel):
+    """What `bisect --all --write` found of a root: its short repro's answer on each release tried."""
+    model_config = ConfigDict(extra="forbid")
+    framework: Literal["jax", "torch"]
+    range: list[str] = Field(min_length=2, max_length=2)   # the releases bisected over, oldest first
+    answers: dict[str, Literal["reproduces", "does not", "cannot run"]]
+    first_seen: str | None = None    # the oldest release tried where it reproduces
+    last_good: str | None = None     # the release before first_seen that does not reproduce (a regression)
+    fixed_in: str | None = None      # the first release after the last that reproduces which does not
+    verdict: str
+    at: str                          # the day it was bisected
+
+    @property
+    def regression(self) -> bool:
+        return self.last_good is not None
+
+    def sentence(self) -> str:
+        """What an issue text says of it."""
+        if self.fixed_in:
+            return f"Fixed in {self.framework} {self.fixed_in} (reproduces in {self.first_seen}; bisected {self.at})."
+        if self.last_good:
+            return (f"Regression in {self.framework} {self.first_seen} ({self.last_good} is good; bisected over "
+                    f"{self.range[0]}..{self.range[1]} on {self.at}).")
+        if self.first_seen:
+            return (f"Present since the first release tried ({self.framework} {self.first_seen}; bisected over "
+                    f"{self.range[0]}..{self.range[1]} on {self.at}).")
+        return f"{self.verdict} (bisected {self.at})."
+
+
 class Finding(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = SCHEMA_VERSION
@@ -86,6 +115,7 @@ class Finding(BaseModel):
     title: str = ""
     variants: dict[str, dict[str, Seen]] = Field(default_factory=dict)
     triage: Triage | None = None
+    releases: ReleaseRange | None = None   # a tracked root's bisection over releases (its corpus file's)
 
     def behaviour_pipelines(self) -> list[str]:
         """Where this behaviour reproduces: its own pipeline and its siblings'."""
@@ -127,6 +157,7 @@ class CorpusRoot(BaseModel):
     reference_why: str = ""          # what the reference is and why it is the reference
     replaces: list[str] = Field(default_factory=list)   # the corpus entries it was regrouped from
     variants: list[CorpusVariant] = Field(min_length=1)
+    releases: ReleaseRange | None = None   # the releases it was bisected over (`bisect --all --write`)
 
     def representative(self) -> CorpusVariant:
         return self.variants[0]

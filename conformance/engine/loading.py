@@ -158,7 +158,7 @@ def _load_root(path: str, obj: dict, limits):
             raise UsageError(f"{path}: {field}: must match {TOKEN.pattern}")
     out = []
     for v, (prog, inputs, finding) in zip(root.variants, loaded):
-        finding = finding.model_copy(update={"title": root.title, "triage": root.triage})
+        finding = finding.model_copy(update={"title": root.title, "triage": root.triage, "releases": root.releases})
         out.append((v.name, prog, inputs, finding))
     return root, out
 

@@ -9,6 +9,7 @@ from typing import Annotated, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from conformance.ir.features import FEATURE_FOCUS, lacking_features
 from conformance.pipelines.registry import FAMILY_SHARES, SPECS
 from generators.programs import Config
 from generators.swarm import swarm_dimensions
@@ -195,8 +196,15 @@ class Options(BaseModel):
     @property
     def config(self) -> Config:
         """The generator's configuration: `generator` where a caller gave one, else the flags'."""
-        return self.generator or Config(max_stmts=self.max_stmts, require=tuple(self.require),
-                                        exclude=tuple(self.exclude))
+        if self.generator:
+            return self.generator
+        lacks = sorted(lacking_features({SPECS[n].framework for n in self.pipelines if n in SPECS}))
+        # a swarm dimension every feature of which the releases lack is off
+        dims = {f for f in lacks if f in swarm_dimensions()} | {
+            d for d in {d for f in lacks for d in FEATURE_FOCUS.get(f, ())}
+            if all(f in lacks for f, focus in FEATURE_FOCUS.items() if d in focus)}
+        return Config(max_stmts=self.max_stmts, require=tuple(self.require),
+                      exclude=tuple(sorted(set(self.exclude) | dims)), lacks=tuple(lacks))
 
     def rounds(self) -> int:
         return -(-self.max_examples // self.round_size)

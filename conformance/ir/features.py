@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from conformance.ir import ops as O
+from conformance.ir import releases
 from conformance.ir.nodes import (
     Checkpoint,
     Cond,
@@ -41,7 +42,7 @@ FEATURES: dict[str, Feature] = {
     "region_pytree": Feature("a region whose function takes and returns its values as one tuple or dict",
                              focus=("region_options",)),
     "static_argnames": Feature("a region's static argument declared by name (static_argnames) and passed by keyword",
-                               focus=("region_options",)),
+                               focus=("region_options",), needs=("jax.checkpoint(static_argnames=)",)),
     "static_argnums_negative": Feature("a region's static argument declared by a negative index (static_argnums=(-1,))",
                                        focus=("region_options",)),
     "static_argnum_missing": Feature("a region declares a static argument index that no argument has",
@@ -50,9 +51,11 @@ FEATURES: dict[str, Feature] = {
                                          "int; PyTorch: a string too)", focus=("non_tensor_outputs",)),
     "static_unhashable": Feature("a region's static argument is unhashable (a list)", focus=("region_options",)),
     "region_state": Feature("a region closes over mutable state (a jax.new_ref) and reads it",
-                            focus=("mutable_state",)),
-    "state_write": Feature("a region writes the mutable state it closes over", focus=("mutable_state",)),
-    "state_accumulate": Feature("a region adds to the mutable state it closes over (+=)", focus=("mutable_state",)),
+                            focus=("mutable_state",), needs=("jax.new_ref",)),
+    "state_write": Feature("a region writes the mutable state it closes over", focus=("mutable_state",),
+                           needs=("jax.new_ref",)),
+    "state_accumulate": Feature("a region adds to the mutable state it closes over (+=)", focus=("mutable_state",),
+                                needs=("jax.new_ref",)),
     "func_transform_in_checkpoint": Feature("jax.grad / torch.func.grad inside a checkpoint region",
                                             focus=(O.FUNC_TRANSFORMS,)),
     "effect:<kind>": Feature("an effect of this kind (callback, ordered, io, io_ordered)"),
@@ -66,7 +69,7 @@ FEATURES: dict[str, Feature] = {
     "offload_in_both": Feature("a both(p, q) policy one of whose parts offloads"),
     "policy:<kind>": Feature("a region uses this policy kind (everything, nothing, dots, ...)"),
     "op:<op>": Feature("the program uses this op (for expectations; not part of signatures)"),
-    "names": Feature("checkpoint_name used"),
+    "names": Feature("checkpoint_name used", needs=("torch.library.custom_op",)),   # (PyTorch: the tag op)
     "dup_names": Feature("the same name on several values"),
     "unread_name": Feature("a named value that nothing reads"),
     "dead_random": Feature("a random op whose value the outputs do not depend on (torch.compile drops it, and later "
@@ -76,7 +79,7 @@ FEATURES: dict[str, Feature] = {
     "custom_vjp_in_checkpoint": Feature("a custom_vjp block inside a checkpoint region",
                                         focus=("custom_vjp", "checkpoint")),
     "symbolic_zeros": Feature("custom_vjp with symbolic_zeros=True"),
-    "optimize_remat": Feature("custom_vjp with optimize_remat=True"),
+    "optimize_remat": Feature("custom_vjp with optimize_remat=True", needs=("defvjp(optimize_remat=)",)),
     "optimize_remat_symbolic_zeros": Feature("one custom_vjp block with both optimize_remat and symbolic_zeros"),
     "sz_fwd_remat": Feature("a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
                             "(remat3 must rematerialise that fwd)"),
@@ -106,7 +109,8 @@ FEATURES: dict[str, Feature] = {
     "bwd_none": Feature("a custom_vjp bwd rule that returns None (a zero cotangent) for some argument"),
     "custom_gradient": Feature("a custom rule spelled with jax.custom_gradient (remat=False)"),
     "rule_remat": Feature("a custom rule with a rematerialisation rule: defremat or custom_gradient(remat=True) "
-                          "(needs jax_custom_vjp3 and jax_remat3)"),
+                          "(needs jax_custom_vjp3 and jax_remat3)", needs=("custom_vjp.defremat",
+                                                                          "jax.custom_gradient(remat=)")),
     "custom_jvp": Feature("a custom_jvp block"),
     "custom_jvp_in_checkpoint": Feature("a custom_jvp block inside a checkpoint region",
                                         focus=("custom_jvp", "checkpoint")),
@@ -160,6 +164,21 @@ FEATURE_DOC: dict[str, str] = {k: f.doc for k, f in FEATURES.items()}
 # feature -> the swarm dimensions a program needs on to have it (a campaign round aims at features
 # earlier rounds did not generate: conformance.engine.search.Coverage), declaration order
 FEATURE_FOCUS: dict[str, tuple[str, ...]] = {k: f.focus for k, f in FEATURES.items() if f.focus}
+# feature -> the release APIs it is written with (conformance.ir.releases), policy kinds included
+FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
+    **{k: f.needs for k, f in {**O.FEATURES, **FEATURES}.items() if f.needs},
+    **{f"policy:{k}": d.needs for k, d in KINDS.items() if d.needs},
+    "effect:io_ordered": ("io_callback(ordered=True) under jax.grad",)}
+
+
+def lacking_features(frameworks, versions: dict[str, str] | None = None) -> dict[str, list[str]]:
+    """Feature -> the APIs of these frameworks it needs that the releases (default: the installed ones) lack."""
+    out = {}
+    for f, needs in FEATURE_NEEDS.items():
+        lack = releases.lacking([n for n in needs if releases.APIS[n].framework in frameworks], versions)
+        if lack:
+            out[f] = lack
+    return out
 
 def known_features() -> set[str]:
     """Every feature name a program can have: the vocabulary with its patterns expanded."""

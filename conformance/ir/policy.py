@@ -177,6 +177,8 @@ class KindDecl:
     # what the kind reads to decide, as a residual difference's cause names it (names, dots, everything,
     # everything_but_names, custom, nothing); `both` is read as the sub-policy that decided (deciding_rule)
     rule: str = "custom"
+    needs: tuple[str, ...] = ()   # the release APIs its spellings use (conformance.ir.releases); offloading adds
+                                  # PyTorch's CPU-offload policy values
 
     @property
     def kind(self) -> str:
@@ -186,8 +188,10 @@ class KindDecl:
 KINDS: dict[str, KindDecl] = {}
 
 
-def _kind(model, decide, fields=(), offloads=False, region_only=False, on_shapes=False, rule="custom"):
-    k = KindDecl(model, decide, fields, offloads, region_only, on_shapes, rule)
+def _kind(model, decide, fields=(), offloads=False, region_only=False, on_shapes=False, rule="custom", needs=()):
+    needs = tuple(needs) + (("checkpoint offload to pinned_host on the CPU", "CheckpointPolicy.MUST_CPU_OFFLOAD")
+                            if offloads else ())
+    k = KindDecl(model, decide, fields, offloads, region_only, on_shapes, rule, needs)
     KINDS[k.kind] = k
 
 
@@ -201,21 +205,21 @@ _kind(DotsNoBatch, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) e
       rule="dots")
 _kind(SaveAnyNamesButThese,
       lambda p, op, name, b, n: "save" if name is not None and name not in p.names else "recompute", ("names",),
-      rule="names")
+      rule="names", needs=("checkpoint_policies.save_any_names_but_these",))
 _kind(SaveAnythingExceptNames,
       lambda p, op, name, b, n: "recompute" if name is not None and name in p.names else "save", ("names",),
-      rule="everything_but_names")
+      rule="everything_but_names", needs=("checkpoint_policies.save_anything_except_these_names",))
 _kind(Ops, lambda p, op, name, b, n: "save" if _alike(op) & set(p.ops) else "recompute", ("ops",), rule="custom")
 _kind(OffloadDotsNoBatch, lambda p, op, name, b, n: "offload" if _is_dot_no_batch(op, b) else "recompute",
-      offloads=True, on_shapes=True, rule="dots")
+      offloads=True, on_shapes=True, rule="dots", needs=("checkpoint_policies.offload_dot_with_no_batch_dims",))
 _kind(SaveAndOffloadNames, lambda p, op, name, b, n: (
     "save" if name is not None and name in p.saved else
     "offload" if name is not None and name in p.offloaded else "recompute"), ("saved", "offloaded"), offloads=True,
-    rule="names")
+    rule="names", needs=("checkpoint_policies.save_and_offload_only_these_names",))
 _kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.elements else "recompute",
       ("elements",), on_shapes=True, rule="custom")
 _kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"),
-      rule="both")
+      rule="both", needs=("checkpoint_policies.save_from_both_policies",))
 _kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) else "recompute", on_shapes=True,
       rule="dots")
 _kind(NoPolicy, lambda p, op, name, b, n: "recompute", region_only=True, rule="nothing")

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from conformance.ir import releases
+from conformance.ir.features import FEATURE_NEEDS
 from conformance.ir.observation import ErrorInfo, Observation
 from conformance.ir.program import Program
 
@@ -38,6 +40,9 @@ def error_info(e: BaseException, stage: str) -> ErrorInfo:
     return ErrorInfo(type=type(e).__name__, message=message[:4000], stage=stage, where=where)
 
 
+_PROBED: dict[str, dict[str, bool]] = {}   # framework -> API -> whether the imported release has it
+
+
 class Pipeline:
     """One registry entry made runnable. `spec` (a conformance.pipelines.Spec) holds its settings."""
 
@@ -49,9 +54,28 @@ class Pipeline:
     def framework(self) -> str:
         return self.spec.framework
 
+    def namespace(self) -> dict:
+        """The framework's modules, for the release probes (conformance.ir.releases)."""
+        return {}
+
+    def _lacking(self, names) -> list[str]:
+        got = _PROBED.setdefault(self.framework, {})
+        for n in names:
+            if n not in got:
+                got[n] = not releases.probe_lacking([n], self.namespace())
+        return [n for n in names if not got[n]]
+
     def available(self) -> tuple[bool, str]:
-        """(usable here, why not)."""
-        return True, ""
+        """(usable here, why not): whether this release has every API the pipeline runs with."""
+        lack = self._lacking(self.spec.needs)
+        return (False, releases.why(lack)) if lack else (True, "")
+
+    def cannot_express(self, program: Program) -> str | None:
+        """Why this release cannot express the program (a feature written with an API it lacks), or None."""
+        needs = [n for f in sorted(program.features()) for n in FEATURE_NEEDS.get(f, ())
+                 if releases.APIS[n].framework == self.framework]
+        lack = self._lacking(list(dict.fromkeys(needs)))
+        return releases.why(lack) if lack else None
 
     def versions(self) -> dict[str, str]:
         return {}

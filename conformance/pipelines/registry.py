@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from conformance import __version__
+from conformance.ir import releases
 
 if TYPE_CHECKING:   # the registry is data: importing it loads no pipeline code
     from conformance.pipelines.base import Pipeline
@@ -159,6 +160,23 @@ class Spec:
     @property
     def flags(self) -> dict[str, bool]:
         return dict(JAX_VARIANT_FLAGS[self.variant]) if self.framework == "jax" else {}
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """The release APIs (conformance.ir.releases) the pipeline runs with, whatever the program."""
+        if self.framework == "jax":
+            return (tuple(f for f, on in self.flags.items() if on) + (("jax.shard_map",) if self.shard_map else ())
+                    + (("jax.make_mesh(axis_types=)",) if self.shard_map or self.sharded else ()))
+        out = []
+        if self.remat and not self.reentrant:   # a policy is a selective-checkpoint context
+            out.append("torch.utils.checkpoint.create_selective_checkpoint_contexts")
+        if self.memory_budget < 1:
+            out.append("torch._functorch.config.activation_memory_budget")
+        if self.export:
+            out.append("torch.export.export(strict=)")
+        if self.allow_mutation:
+            out.append("create_selective_checkpoint_contexts(allow_cache_entry_mutation=)")
+        return tuple(out)
 
 
 # The `:jit` twins: no corpus root, and no root of two 30-minute default campaigns, was detected by
@@ -423,6 +441,16 @@ def comparisons(name: str, present) -> list[tuple[str, CompareMode]]:
         if ref is not None and ref != name:
             out.append((ref, c.mode))
     return out
+
+
+def unavailable(name: str) -> str | None:
+    """Why the installed releases cannot run a pipeline (its framework absent, an API it runs with lacking), or
+    None; read from the packages' metadata, no framework imported."""
+    s = spec(name)
+    if releases.installed(s.framework) is None:
+        return f"{s.framework} is not installed"
+    lack = releases.lacking(s.needs)
+    return releases.why(lack) if lack else None
 
 
 def run_set(rivals: list[str]) -> list[str]:

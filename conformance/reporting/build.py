@@ -157,6 +157,8 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
         "original_size": f.original_size,
         "expectation": f.expectation,
         "tracked": f.tracked,
+        "releases": f.releases.model_dump() if f.releases else None,
+        "releases_text": f.releases.sentence() if f.releases else None,
         "versions": f.versions,
         "flags": f.flags,
         "device": f.device,
@@ -253,7 +255,9 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                          "run_dir": str(dir_of[k])})
     # new roots before tracked ones (`run --known`); bugs first (then questions, documented
     # behaviours, harness limits); within a class by check
-    findings.sort(key=lambda x: (x["tracked"] is not None, x["class_rank"], CHECK_RANK.get(x["check"], 9),
+    # (a tracked root bisected to a regression before a long-standing one)
+    findings.sort(key=lambda x: (x["tracked"] is not None, not (x["releases"] or {}).get("last_good"), x["class_rank"],
+                                 CHECK_RANK.get(x["check"], 9),
                                  x["status"] != "new", -x["count"], x["signature"]))
     for i, x in enumerate(findings, 1):
         x["id"] = f"F{i}"

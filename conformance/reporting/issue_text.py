@@ -28,6 +28,7 @@ from conformance.engine.describe import (
 from conformance.engine.findings import decode_inputs
 from conformance.engine.loading import corpus_entry_stem, load_corpus_root
 from conformance.ir.program import Program
+from conformance.ir.releases import CANNOT_RUN
 from conformance.pipelines import registry
 from conformance.repro import short
 from conformance.repro.plan import ReproError
@@ -56,12 +57,12 @@ def _squeeze(src: str) -> list[str]:
 
 def issue_markdown(prog, inputs, f, cells: list[str] | None = None, *, reference_why: str = "",
                    variants: dict | None = None, entry: str | None = None, root: str | None = None,
-                   programs: int | None = None) -> str:
+                   programs: int | None = None, releases=None) -> str:
     """The issue text of finding `f` (its program `prog` and `inputs`): under 80 lines.
     `reference_why`: a corpus root's own words for why its reference is the reference;
     `variants`: the root's variants (default: the finding's); `entry`: the corpus file a
     maintainer's harness reads (default: the campaign's corpus entry of the finding); `root` and
-    `programs`: the corpus root's slug and how many programs it holds."""
+    `programs`: the corpus root's slug and how many programs it holds; `releases`: its bisection (ReleaseRange)."""
     exp, act = expected_actual(f)
     fw = registry.framework_of(f.pipeline)
     fw = fw if fw in registry.FRAMEWORKS else "jax"
@@ -83,13 +84,16 @@ def issue_markdown(prog, inputs, f, cells: list[str] | None = None, *, reference
         f"- Versions: {vs or 'unknown'}; device: {f.device}; flags: {flags}",
         f"- Variants seen: {variants_text(variants if variants is not None else variants_of(f))}",
         f"- Seen: {seen}",
+        "- Releases: " + (releases.sentence() if releases
+                          else f"not bisected yet (`remat-conformance bisect {entry}`)"),
         f"- Class: {triage_text(t)}",
         f"- Harness: `remat-conformance repro {entry}` (signature `{f.signature}`)", "",
     ]
     src, why_not = short_repro_or_reason(prog, inputs, f)
     if src is not None:
         body = _squeeze(src)
-        head = f"## Repro ({fw} and numpy only; exit status 1 while the behaviour reproduces, 0 once fixed)"
+        head = (f"## Repro ({fw} and numpy only; exit status 1 while the behaviour reproduces, 0 once fixed, "
+                f"{CANNOT_RUN} where the release cannot run it)")
         if len(lines) + len(body) + 4 <= MAX_ISSUE_LINES:
             return "\n".join(lines + [head, "", "```python", *body, "```"]) + "\n"
         why_not = f"the short repro is {len(body)} lines, too long to inline"
@@ -101,7 +105,8 @@ def issue_markdown(prog, inputs, f, cells: list[str] | None = None, *, reference
 
 
 def issue_text_or_reason(f, cells: list[str] | None = None, *, reference_why: str = "", variants: dict | None = None,
-                         entry: str | None = None, root: str | None = None, programs: int | None = None) -> str:
+                         entry: str | None = None, root: str | None = None, programs: int | None = None,
+                         releases=None) -> str:
     """What `issue.md` holds for a finding as a campaign holds it (program and encoded inputs): its
     issue text for a bug or a question; for a documented behaviour or a harness limit, one line
     saying why there is none (wants_issue tells a caller that would rather not write it). A text
@@ -111,7 +116,7 @@ def issue_text_or_reason(f, cells: list[str] | None = None, *, reference_why: st
     try:
         return issue_markdown(Program.model_validate(f.program), decode_inputs(f.inputs) if f.inputs else None,
                               f, cells, reference_why=reference_why, variants=variants, entry=entry, root=root,
-                              programs=programs)
+                              programs=programs, releases=releases)
     except Exception as e:  # noqa: BLE001 - a report text, never a reason to lose a finding
         return f"# {f.signature}\n\nThe issue text could not be written: {type(e).__name__}: {e}\n"
 
@@ -128,4 +133,4 @@ def corpus_issue_text(path) -> str:
     if root is None:
         return issue_text_or_reason(f, entry=name)
     return issue_text_or_reason(f, reference_why=root.reference_why, variants=root_variants(v[3] for v in variants),
-                                entry=name, root=root.root, programs=len(variants))
+                                entry=name, root=root.root, programs=len(variants), releases=root.releases)

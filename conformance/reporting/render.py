@@ -136,7 +136,8 @@ def _md_finding(x: dict) -> str:
     return (f"- **{x['id']}** {x['status']}: **{_md(x.get('title', ''))}**"
             + (f" (tracked as `{x['tracked']}`)" if x.get("tracked") else "") + "\n"
             f"  - class: {_triage_md(x)}\n"
-            f"  - variants: {_md(x.get('variants_text', ''))}\n"
+            + (f"  - releases: {_md(x['releases_text'])}\n" if x.get("releases_text") else "")
+            + f"  - variants: {_md(x.get('variants_text', ''))}\n"
             f"  - [{x['check']}] `{x['pipeline']}` vs `{x['reference']}`"
             f"{' (' + x['error_type'] + ')' if x['error_type'] else ''}, {x['count']} program(s){first}{shrunk}; "
             f"features: {', '.join(x['features'])}; flags: `{json.dumps(x['flags'], sort_keys=True)}`; "

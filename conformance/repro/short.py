@@ -3,14 +3,14 @@ framework code (functions, jax.checkpoint / torch.utils.checkpoint with its poli
 rules as jax.custom_vjp / torch.autograd.Function), its exact inputs, the finding's pipeline
 and its reference side by side with the framework's own evidence (print_saved_residuals, a
 saved_tensors_hooks listing, a counter in the rule, the exception, both gradients), then the
-verdict: exit 1 while the behaviour reproduces, 0 once it is fixed. It imports only the
-framework and numpy. The generic script (conformance.repro.script) is `repro --full`."""
+verdict: exit 1 while the behaviour reproduces, 0 once it is fixed, 3 where the release cannot run it.
+It imports only the framework and numpy. The generic script (conformance.repro.script) is `repro --full`."""
 from __future__ import annotations
 
 from conformance.pipelines import registry
 from conformance.repro import short_jax, short_torch
 from conformance.repro.plan import ReproError
-from conformance.repro.short_common import code_lines
+from conformance.repro.short_common import code_lines, release_guard
 from generators.programs import input_values
 
 __all__ = ["short_repro", "code_lines", "ReproError"]
@@ -29,4 +29,4 @@ def short_repro(prog, inputs, finding, framework: str | None = None) -> str:
                          f"framework ({own}); the {fw} counterpart is `repro --full --framework {fw}`")
     if inputs is None:
         inputs = input_values(prog, 0)
-    return (short_jax if fw == "jax" else short_torch).script(prog, inputs, finding)
+    return release_guard((short_jax if fw == "jax" else short_torch).script(prog, inputs, finding), fw)

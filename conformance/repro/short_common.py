@@ -8,8 +8,10 @@ import textwrap
 
 import numpy as np
 
+from conformance.ir import releases
 from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, walk
 from conformance.ir.ops import EFFECT_OP
+from conformance.ir.releases import CANNOT_RUN
 from conformance.repro.plan import ReproError
 from conformance.repro.script import doc_text
 
@@ -71,7 +73,8 @@ def header(finding, sentence: str) -> str:
     vs = ", ".join(f"{k} {v}" for k, v in sorted(finding.versions.items()) if k in ("jax", "jaxlib", "torch"))
     if vs:
         lines.append(f"Seen with {vs}.")
-    lines.append("Exit status: 1 while the behaviour reproduces, 0 once it is fixed.")
+    lines.append(f"Exit status: 1 while the behaviour reproduces, 0 once it is fixed, {CANNOT_RUN} where this release "
+                 "cannot run the check (an API it lacks, a failure before the check).")
     return "#!/usr/bin/env python3\n" + "\n".join("# " + doc_text(x) for x in lines)
 
 
@@ -217,3 +220,23 @@ class ShortDialect:
     def seq(xs):   # one value bare, several as a tuple
         return xs[0] if len(xs) == 1 else "(" + ", ".join(xs) + ")"
 
+
+def release_guard(src: str, framework: str) -> str:
+    """The script with its release guard: any exception outside the check exits CANNOT_RUN (installed before
+    the imports, which may name what a release lacks), and each API it uses is probed after them (one the
+    check would catch as the behaviour's own exception, e.g. an unknown keyword, must not read as fixed)."""
+    lines = src.split("\n")
+    first = next(i for i, x in enumerate(lines) if x.startswith(("import ", "from ")))
+    hook = ["import os", "import sys",
+            f"sys.excepthook = lambda *e: (sys.__excepthook__(*e), sys.stdout.flush(), os._exit({CANNOT_RUN}))"
+            f"   # {CANNOT_RUN}: cannot run here"]
+    last = max(i for i, x in enumerate(lines) if x.startswith(("import ", "from ")))
+    probes = []
+    for name in releases.used_by(src, framework):
+        api = releases.APIS[name]
+        probes += [f"if not ({api.probe}):",
+                   f"    print('CANNOT RUN: {framework}', {framework}.__version__, "
+                   f"{'lacks ' + name + ' (first in ' + api.since + ')'!r})",
+                   f"    sys.exit({CANNOT_RUN})"]
+    imports = lines[first:last + 1] + (["import inspect"] if "inspect." in "".join(probes) else [])
+    return "\n".join(lines[:first] + hook + imports + ([""] + probes if probes else []) + lines[last + 1:])

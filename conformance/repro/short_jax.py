@@ -366,7 +366,8 @@ def _run_head(name, remat=False, sharded=False, placed=""):
            f"{', placed=False' if placed else ''}):"]
     if remat:
         out += ["    global REMAT", "    REMAT = remat"]
-    out += ["    for k, v in flags.items(): jax.config.update(k, v)"]   # one line: the flags are not the program
+    # one line: the flags are not the program (a release without a flag runs as if it were off)
+    out += ["    for k, v in flags.items(): (v or hasattr(jax.config, k)) and jax.config.update(k, v)"]
     if sharded:   # the program inside shard_map over the CPU devices, everything replicated
         out.append("    fn = jax.shard_map(f, mesh=MESH, in_specs=P(), out_specs=P()) if sharded else f")
     if placed:

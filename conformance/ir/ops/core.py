@@ -89,6 +89,7 @@ class Feature(NamedTuple):
     have it (a campaign round that aims at it turns them on; none: it is not aimed at)."""
     doc: str
     focus: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()   # the release APIs it is written with (conformance.ir.releases)
 
 
 FEATURES: dict[str, Feature] = {}      # the op table's features (conformance.ir.features adds the others)
@@ -101,8 +102,8 @@ def define(name: str, arity: int, family: str, infer, **kw) -> OpDecl:
     return d
 
 
-def feature(name: str, doc: str, *focus: str) -> str:
-    FEATURES[name] = Feature(doc, focus)
+def feature(name: str, doc: str, *focus: str, needs: tuple[str, ...] = ()) -> str:
+    FEATURES[name] = Feature(doc, focus, needs)
     FEATURE_DOC[name] = doc
     return name
 
@@ -408,7 +409,8 @@ define(NAME_OP, 1, "name", _infer_name, params=("name",), vjp=vjp_unary(lambda d
 define(NAME_FWD_OP, 1, "name", _infer_name, params=("name",), vjp=vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
        pseudo="checkpoint_name_fwd({x}, {name})", in_fwd_only=True,
        features=(feature("names_fwd", "checkpoint_name_fwd in a custom rule's primal code (custom_vjp fwd, "
-                                      "custom_jvp body)"),), tangent="identity")
+                                      "custom_jvp body)", needs=("jax.ad_checkpoint.checkpoint_name_fwd",)),),
+       tangent="identity")
 define(
     "add",
     2,

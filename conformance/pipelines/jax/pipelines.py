@@ -61,11 +61,13 @@ _cpu_devices()
 # program; jax_remat3 is part of the in-memory jit key, so each flag setting would compile it
 # again, where the disk cache compiles it once.
 _CACHE_DIR = xla_cache.cache_dir()
-if _CACHE_DIR:
+if _CACHE_DIR and hasattr(jax.config, "jax_compilation_cache_dir"):   # (jax 0.4.23 onwards)
     jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", -1)   # no LRU eviction: xla_cache.trim bounds it
+    # (the last two came with jax 0.4.26 and 0.4.30: an older release keeps its own thresholds and no LRU)
+    for _k, _v in (("jax_persistent_cache_min_compile_time_secs", 0), ("jax_persistent_cache_min_entry_size_bytes", 0),
+                   ("jax_compilation_cache_max_size", -1)):   # -1: no LRU eviction: xla_cache.trim bounds it
+        if hasattr(jax.config, _k):
+            jax.config.update(_k, _v)
 
 
 # Eager primitives compiled once for every remat flag setting (eager_cache; off in the matrix's
@@ -460,11 +462,8 @@ class JaxBase(Pipeline):
             pass
         return out
 
-    def available(self) -> tuple[bool, str]:
-        missing = [f for f, ok in flags_supported().items() if not ok and self.spec.flags.get(f)]
-        if missing:
-            return False, f"jax {jax.__version__} lacks flags {missing}"
-        return True, ""
+    def namespace(self) -> dict:
+        return {"jax": jax, "lax": jax.lax, "jnp": jnp}
 
     def flags(self) -> dict[str, bool]:
         sup = flags_supported()
@@ -484,8 +483,9 @@ class JaxBase(Pipeline):
             obs.unsupported = (f"{what} needs {n} CPU devices, this process has {len(jax.devices('cpu'))}: set "
                                f"{registry.CPU_DEVICES_ENV}={n} before JAX starts (a campaign naming it does)")
             return obs
-        if not hasattr(jax, "new_ref") and "region_state" in program.features():
-            obs.unsupported = f"jax {jax.__version__} has no jax.new_ref (a region's mutable state)"
+        lacks = self.cannot_express(program)
+        if lacks:
+            obs.unsupported = lacks
             return obs
         with jax_flags(self.flags()), jax.default_device(_device(device)):
             self._run(program, inputs, obs)

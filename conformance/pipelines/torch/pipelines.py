@@ -138,6 +138,9 @@ class TorchBase(Pipeline):
     def partitioner(self) -> str:
         return self.spec.partitioner
 
+    def namespace(self) -> dict:
+        return {"torch": torch}
+
     def versions(self) -> dict[str, str]:
         return {"torch": torch.__version__, "numpy": np.__version__}
 
@@ -169,6 +172,11 @@ class TorchBase(Pipeline):
         missing = unlowered(program, torch_table.OPS)
         if missing:
             obs.unsupported = f"no PyTorch lowering for ops {missing}"
+            return obs
+        ok, why = self.available()
+        lacks = why if not ok else self.cannot_express(program)
+        if lacks:
+            obs.unsupported = lacks
             return obs
         feats = program.features()
         if "custom_jvp" in feats:

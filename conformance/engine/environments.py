@@ -1,0 +1,275 @@
+"""Environments per framework release (`remat-conformance env jax==0.6.2 torch==2.5.1`), built with uv and cached
+under the project's cache folder, reused by `bisect`, the matrix's history cells and `recheck`.
+
+An environment holds the named framework releases, the numpy they support, the harness's own dependencies at the
+lock's pins and the harness itself (a .pth to this checkout); a framework not named is not installed (its pipelines
+are skipped there). PyTorch is installed without its CUDA libraries (its wheels run on the CPU without them); jaxlib
+with the jax release it pairs with. At most MAX_ENVS environments are kept: the least recently used goes first.
+A failed build is one line (which release, why)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import Version
+
+from conformance.errors import UsageError
+from conformance.ir import releases
+
+ROOT = Path(__file__).resolve().parents[2]
+CACHE_ENV = "REMAT_CONFORMANCE_CACHE"
+MAX_ENVS_ENV = "REMAT_CONFORMANCE_MAX_ENVS"
+MAX_ENVS = 8             # a jax environment is about 0.6 GB, a CPU torch one about 1.5 GB
+RELEASES_TTL = 24 * 3600  # seconds a cached release list is fresh
+# The harness's own runtime dependencies (requirements.lock pins them); numpy and ml_dtypes follow the frameworks.
+HARNESS_DEPS = ("pydantic", "hypothesis", "packaging", "rich", "jinja2", "matplotlib")
+FOLLOW = ("numpy", "ml_dtypes")
+BUILD_TIMEOUT = 1800
+# Releases whose wheels were built against numpy 1 (numpy 2 came with jaxlib 0.4.26 and torch 2.3)
+NUMPY1_BEFORE = {"jax": Version("0.4.26"), "torch": Version("2.3.0")}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "remat-conformance")
+
+
+def envs_dir() -> Path:
+    return cache_root() / "envs"
+
+
+def max_envs() -> int:
+    v = os.environ.get(MAX_ENVS_ENV, "")
+    if v and not v.isdigit():
+        raise UsageError(f"{MAX_ENVS_ENV}: must be a whole number of environments, got {v!r}")
+    return int(v) if v else MAX_ENVS
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Framework -> release (only `jax` and `torch`)."""
+    jax: str | None = None
+    torch: str | None = None
+
+    @classmethod
+    def parse(cls, specs: list[str], where: str = "RELEASE") -> "Pins":
+        got: dict[str, str] = {}
+        for s in specs:
+            try:
+                r = Requirement(s)
+            except InvalidRequirement:
+                r = None
+            spec = list(r.specifier) if r else []
+            if r is None or r.name.lower() not in releases.PACKAGES or len(spec) != 1 or spec[0].operator != "==":
+                raise UsageError(f"{where}: {s!r}: give a framework release as jax==VERSION or torch==VERSION")
+            name = r.name.lower()
+            if name in got:
+                raise UsageError(f"{where}: {name} given twice")
+            v = releases.parse(spec[0].version)
+            if v is None:
+                raise UsageError(f"{where}: {s!r}: not a release number")
+            if v < Version(releases.OLDEST[name]):
+                raise UsageError(f"{where}: {s!r}: the oldest {name} release with wheels for Python 3.12 is "
+                                 f"{releases.OLDEST[name]}")
+            got[name] = spec[0].version
+        if not got:
+            raise UsageError(f"{where}: name at least one release (jax==VERSION, torch==VERSION)")
+        return cls(**got)
+
+    def items(self) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in (("jax", self.jax), ("torch", self.torch)) if v]
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}=={v}" for k, v in self.items())
+
+    @property
+    def key(self) -> str:
+        return "-".join(f"{k}-{v}" for k, v in self.items())
+
+
+@dataclass(frozen=True)
+class Env:
+    pins: Pins
+    path: Path
+
+    @property
+    def python(self) -> str:
+        return str(self.path / "bin" / "python")
+
+
+def _uv() -> str:
+    for c in (Path(sys.executable).with_name("uv"), shutil.which("uv")):
+        if c and Path(c).exists():
+            return str(c)
+    raise UsageError("uv not found: it is in requirements.lock (`make venv` installs it)")
+
+
+def _lock_pins() -> dict[str, str]:
+    out = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line.strip())
+        if m:
+            out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def requirements(pins: Pins) -> list[str]:
+    """What an environment installs (torch's own dependencies come after it, without the CUDA ones)."""
+    lock = _lock_pins()
+    reqs = [f"{d}=={lock[d]}" if d in lock else d for d in HARNESS_DEPS]
+    numpy1 = any(releases.parse(v) < NUMPY1_BEFORE[k] for k, v in pins.items())
+    reqs.append("numpy<2" if numpy1 else "numpy>=2")
+    reqs.append("ml_dtypes")
+    if pins.jax:   # the newest jaxlib up to it (some jax releases have none of their own: 0.4.37, 0.5.2)
+        reqs += [f"jax=={pins.jax}", f"jaxlib<={pins.jax}"]
+    elif pins.torch:   # the references are JAX pipelines: the pinned jax, or the newest the numpy allows
+        lock = _lock_pins()
+        reqs += [f"jax<={lock['jax']}", f"jaxlib<={lock['jaxlib']}"]
+    return reqs
+
+
+def _touch(path: Path) -> None:
+    (path / ".used").write_text(str(time.time()))
+
+
+def _run(cmd: list[str], pins: Pins, what: str, log) -> None:
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"env {pins.label}: {what} took over {BUILD_TIMEOUT} s") from None
+    if r.returncode:
+        lines = [x.strip() for x in (r.stderr or r.stdout).splitlines() if x.strip()]
+        why = next((x for pat in (r"(?i)because|unsatisfiable|not found", r"(?i)error")
+                    for x in lines if re.search(pat, x)), lines[-1] if lines else f"exit {r.returncode}")
+        raise UsageError(f"env {pins.label}: {what} failed: {why[:400]}")
+
+
+def ensure(pins: Pins, log=print) -> Env:
+    """The environment of these releases, built once (a partial build is removed) and marked used."""
+    d = envs_dir() / pins.key
+    stamp = hashlib.sha256(json.dumps([sys.version_info[:2], requirements(pins)]).encode()).hexdigest()[:16]
+    env = Env(pins, d)
+    if (d / ".stamp").exists() and (d / ".stamp").read_text() == stamp and Path(env.python).exists():
+        _touch(d)
+        return env
+    evict(keep=1, log=log)
+    log(f"== env {pins.label}: building {d}")
+    t0 = time.monotonic()
+    shutil.rmtree(d, ignore_errors=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    uv = _uv()
+    base = getattr(sys, "_base_executable", sys.executable)
+    try:
+        _run([uv, "venv", "-q", "--python", base, str(d)], pins, "creating the virtual environment", log)
+        _run([uv, "pip", "install", "-q", "--python", env.python, *requirements(pins)], pins,
+             "installing " + " ".join(f"{k}=={v}" for k, v in pins.items()), log)
+        if pins.torch:
+            _run([uv, "pip", "install", "-q", "--no-deps", "--python", env.python, f"torch=={pins.torch}"], pins,
+                 f"installing torch=={pins.torch}", log)
+            deps = torch_dependencies(env.python)
+            if deps:
+                _run([uv, "pip", "install", "-q", "--python", env.python, *deps], pins,
+                     "installing torch's dependencies", log)
+        site = subprocess.run([env.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        Path(site, "_remat_conformance.pth").write_text(str(ROOT) + "\n")
+        check = subprocess.run([env.python, "-c", "import conformance.cli.main"], capture_output=True, text=True)
+        if check.returncode:
+            last = (check.stderr.strip().splitlines() or ["?"])[-1]
+            raise UsageError(f"env {pins.label}: the harness does not import there: {last[:300]}")
+    except BaseException:
+        shutil.rmtree(d, ignore_errors=True)
+        raise
+    (d / "pins.json").write_text(json.dumps(dict(pins.items())))
+    (d / ".stamp").write_text(stamp)
+    _touch(d)
+    log(f"== env {pins.label}: built in {time.monotonic() - t0:.0f} s ({size_mb(d):.0f} MB)")
+    return env
+
+
+def torch_dependencies(python: str) -> list[str]:
+    """torch's requirements for this interpreter, without the CUDA libraries and triton (GPU only)."""
+    code = ("import importlib.metadata as m, json\n"
+            "from packaging.requirements import Requirement\n"
+            "out = []\n"
+            "for r in m.requires('torch') or []:\n"
+            "    q = Requirement(r)\n"
+            "    if q.marker is None or q.marker.evaluate({'extra': ''}):\n"
+            "        if not q.name.lower().startswith(('nvidia-', 'triton', 'cuda-')):\n"
+            "            out.append(str(q).split(';')[0].strip())\n"
+            "print(json.dumps(out))")
+    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return json.loads(r.stdout) if r.returncode == 0 else []
+
+
+def size_mb(d: Path) -> float:
+    total = 0
+    for p in d.rglob("*"):
+        try:
+            if p.is_file() and not p.is_symlink():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total / 2 ** 20
+
+
+def listing() -> list[dict]:
+    """The cached environments, most recently used first."""
+    out = []
+    for d in envs_dir().glob("*") if envs_dir().is_dir() else []:
+        if (d / "pins.json").exists():
+            used = float((d / ".used").read_text()) if (d / ".used").exists() else 0.0
+            out.append({"path": str(d), "pins": json.loads((d / "pins.json").read_text()), "used": used})
+    return sorted(out, key=lambda e: -e["used"])
+
+
+def evict(keep: int = 0, log=print) -> list[str]:
+    """Remove the least recently used environments (and broken partial ones) so that `keep` more fit."""
+    removed = []
+    if not envs_dir().is_dir():
+        return removed
+    for d in envs_dir().iterdir():
+        if d.is_dir() and not (d / ".stamp").exists():
+            shutil.rmtree(d, ignore_errors=True)
+    envs = listing()
+    for e in envs[max(0, max_envs() - keep):]:
+        shutil.rmtree(e["path"], ignore_errors=True)
+        removed.append(e["path"])
+        log(f"== env: removed the least recently used {e['path']}")
+    return removed
+
+
+# -- the releases of a framework ------------------------------------------------------------------------------
+def release_list(framework: str, refresh: bool = False) -> list[str]:
+    """Every final release of a framework from the oldest the harness supports, oldest first (the package
+    registry's list, cached a day; the stale list where the registry cannot be reached)."""
+    f = cache_root() / f"releases-{framework}.json"
+    cached = json.loads(f.read_text()) if f.exists() else None
+    if cached and not refresh and time.time() - cached["at"] < RELEASES_TTL:
+        return cached["releases"]
+    try:
+        r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", releases.PACKAGES[framework]],
+                           capture_output=True, text=True, timeout=120)
+        m = re.search(r"Available versions:\s*(.+)", r.stdout)
+        if not m:
+            raise OSError((r.stderr.strip().splitlines() or ["no versions listed"])[-1])
+        got = [v.strip() for v in m.group(1).split(",")]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        if cached:
+            return cached["releases"]
+        raise UsageError(f"the {framework} releases: the package registry did not answer ({e})") from None
+    oldest = Version(releases.OLDEST[framework])
+    vs = sorted({Version(v) for v in got if re.fullmatch(r"\d+(\.\d+)+", v)})
+    out = [str(v) for v in vs if v >= oldest]
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({"at": time.time(), "releases": out}))
+    return out
