@@ -54,6 +54,8 @@ BAD = [
     ('[defaults]\nbudget = 1\n', "no [[cell]] tables"),
     ('[[cell]]\nname = "a"\nmode = "devices"\n', "mode: one of campaign, devices"),
     ('[[cell]]\nname = "a"\nframework_defaults = "yes"\n', "framework_defaults: must be a bool"),
+    ('[[cell]]\nname = "a"\nhistory = 9\n', "history: 0 to 8 past releases"),
+    ('[[cell]]\nname = "a"\nhistory = 1\npackages = ["jax==0.10.2"]\n', "history: 0 to 8 past releases"),
 ]
 
 
@@ -79,6 +81,29 @@ def test_one_cell_runs_the_pinned_frameworks_with_their_defaults(monkeypatch, tm
     for name in ("pinned-framework-defaults", "pinned"):
         m.run_shard(m.cell_named(cells, name), 0, tmp_path, sys.executable, log=lambda *a: None)
     assert "--framework-defaults" in ran[0] and "--framework-defaults" not in ran[1]
+
+
+def test_a_history_cell_runs_the_last_releases_of_each_framework_in_their_own_environments(monkeypatch):
+    """`history = N` makes one cell per framework and past release (the k-th before the pinned one), each built
+    by the release environments (conformance.engine.environments), whose campaigns the nightly rechecks on every
+    cell, the pinned one included."""
+    from conformance.engine import environments
+    from conformance.engine import matrix as m
+    cells = load_matrix()
+    hist = [c for c in cells if c.release]
+    assert [c.name for c in hist] == ["history-jax-1", "history-jax-2", "history-torch-1", "history-torch-2"]
+    assert {c.release for c in hist} == {("jax", 1), ("jax", 2), ("torch", 1), ("torch", 2)}
+    monkeypatch.setattr(environments, "release_list", lambda fw: {"jax": ["0.11.2", "0.12.0", "0.12.0.1", "0.12.1"],
+                                                                  "torch": ["2.13.0", "2.14.0", "2.14.1"]}[fw])
+    assert m.past_release("jax", 1) == "0.12.0" and m.past_release("jax", 2) == "0.11.2"   # (0.12.1: newer)
+    assert m.past_release("torch", 2) == "2.13.0"
+    with pytest.raises(UsageError, match="no 4-th release"):
+        m.past_release("torch", 4)
+    built = []
+    monkeypatch.setattr(environments, "ensure", lambda pins, log=print: built.append(pins) or SimpleNamespace(
+        python="/envs/x/bin/python"))
+    assert m.env_python(m.cell_named(cells, "history-jax-2")) == "/envs/x/bin/python"
+    assert built == [environments.Pins(jax="0.11.2")]
 
 
 def test_a_lock_cell_replaces_the_locked_pins_of_its_packages():

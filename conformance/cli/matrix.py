@@ -66,7 +66,8 @@ def main(args) -> int:
             for c in cells:
                 print(f"{c.name}: python {c.python} ({c.base}{': ' + ' '.join(c.packages) if c.packages else ''}); "
                       f"device {c.device}; {c.shards} shard(s) x {c.budget:g} s; profile {c.profile}; seed {c.seed}; "
-                      f"pipelines {','.join(c.pipelines)}" + ("; framework defaults" if c.framework_defaults else ""))
+                      f"pipelines {','.join(c.pipelines)}" + ("; framework defaults" if c.framework_defaults else "")
+                      + (f"; {c.release[0]}: {c.release[1]} release(s) before the pinned one" if c.release else ""))
         return 0
     if args.matrix_cmd == "env":
         print(matrix.env_python(matrix.cell_named(cells, args.cell)))

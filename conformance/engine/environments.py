@@ -113,7 +113,7 @@ def _uv() -> str:
     raise UsageError("uv not found: it is in requirements.lock (`make venv` installs it)")
 
 
-def _lock_pins() -> dict[str, str]:
+def lock_pins() -> dict[str, str]:
     out = {}
     for line in (ROOT / "requirements.lock").read_text().splitlines():
         m = re.match(r"^([A-Za-z0-9_.\-]+)==(\S+)", line.strip())
@@ -124,7 +124,7 @@ def _lock_pins() -> dict[str, str]:
 
 def requirements(pins: Pins) -> list[str]:
     """What an environment installs (torch's own dependencies come after it, without the CUDA ones)."""
-    lock = _lock_pins()
+    lock = lock_pins()
     reqs = [f"{d}=={lock[d]}" if d in lock else d for d in HARNESS_DEPS]
     numpy1 = any(releases.parse(v) < NUMPY1_BEFORE[k] for k, v in pins.items())
     reqs.append("numpy<2" if numpy1 else "numpy>=2")
@@ -132,7 +132,7 @@ def requirements(pins: Pins) -> list[str]:
     if pins.jax:   # the newest jaxlib up to it (some jax releases have none of their own: 0.4.37, 0.5.2)
         reqs += [f"jax=={pins.jax}", f"jaxlib<={pins.jax}"]
     elif pins.torch:   # the references are JAX pipelines: the pinned jax, or the newest the numpy allows
-        lock = _lock_pins()
+        lock = lock_pins()
         reqs += [f"jax<={lock['jax']}", f"jaxlib<={lock['jaxlib']}"]
     return reqs
 

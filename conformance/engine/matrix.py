@@ -14,10 +14,14 @@ import subprocess
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from packaging.version import Version
+
+from conformance.engine import environments
 from conformance.errors import UsageError
+from conformance.ir import releases
 from conformance.pipelines import registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,9 +30,9 @@ CELLS_DIR = ROOT / ".cells"
 CORPUS = ROOT / "tests" / "regressions"   # the regression corpus: known behaviours, rechecked on every cell
 FIELDS = {"name": str, "python": str, "base": str, "packages": list, "pipelines": list, "device": str,
           "profile": str, "budget": (int, float), "shards": int, "seed": int, "runner": str, "mode": str,
-          "framework_defaults": bool}
+          "framework_defaults": bool, "history": int}
 # Fields a cell may leave out, and their value then.
-OPTIONAL = {"framework_defaults": False}
+OPTIONAL = {"framework_defaults": False, "history": 0}
 MODES = ("campaign", "devices")   # devices: the CPU-vs-device oracle (`remat-conformance devices`)
 BASES = ("project", "lock")
 PROFILES = ("dev", "ci", "nightly")
@@ -52,7 +56,10 @@ class Cell:
     runner: str
     mode: str
     framework_defaults: bool = False   # JAX as configured (the run's --framework-defaults)
+    history: int = 0                   # expands into one cell per framework and past release (its `release`)
     overrides: dict[str, str] = field(default_factory=dict)   # package name -> version, from `packages`
+    release: tuple[str, int] | None = None   # (framework, k): the k-th release before the pinned one, in its own
+                                             # environment (conformance.engine.environments)
 
 
 def _check(where: str, key: str, value, kind) -> None:
@@ -111,11 +118,18 @@ def load_matrix(path: Path = MATRIX_FILE) -> list[Cell]:
             raise UsageError(f"{where}.profile: must be one of {', '.join(PROFILES)}")
         if not (merged["budget"] > 0 and 1 <= merged["shards"] <= 64 and 0 <= merged["seed"] < 2 ** 32):
             raise UsageError(f"{where}: budget must be > 0, shards in 1..64, seed in [0, 2**32)")
+        if not 0 <= merged["history"] <= 8 or (merged["history"] and (merged["packages"] or merged["mode"] != "campaign"
+                                                                      or merged["device"] != "cpu")):
+            raise UsageError(f"{where}.history: 0 to 8 past releases per framework, in a cpu campaign cell without "
+                             f"packages")
         if merged["base"] == "project" and not _same_python(merged["python"]):
             raise UsageError(f"{where}.base: 'project' overlays the project's environment (Python "
                              f"{sys.version_info.major}.{sys.version_info.minor}); python {merged['python']!r} "
                              f"needs base = 'lock'")
-        cells.append(Cell(**{k: merged[k] for k in FIELDS}, overrides=overrides))
+        cell = Cell(**{k: merged[k] for k in FIELDS}, overrides=overrides)
+        cells += [cell] if not cell.history else [
+            replace(cell, name=f"{name}-{fw}-{k}", history=0, release=(fw, k))
+            for fw in releases.FRAMEWORKS for k in range(1, cell.history + 1)]
     if not cells:
         raise UsageError(f"{path}: no [[cell]] tables")
     return cells
@@ -179,8 +193,20 @@ def project_python() -> str:
     return str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv" / "bin" / "python").exists() else sys.executable
 
 
+def past_release(framework: str, k: int) -> str:
+    """The k-th release of a framework before the pinned one (requirements.lock)."""
+    pinned = Version(environments.lock_pins()[framework])
+    older = [r for r in environments.release_list(framework) if Version(r) < pinned]
+    if len(older) < k:
+        raise UsageError(f"{framework}: no {k}-th release before the pinned {pinned}")
+    return older[-k]
+
+
 def env_python(cell: Cell, log=print) -> str:
     """The interpreter of the cell's environment, built once (rebuilt when its definition changes)."""
+    if cell.release:   # a history cell: the release's own environment
+        fw, k = cell.release
+        return environments.ensure(environments.Pins(**{fw: past_release(fw, k)}), log=log).python
     if cell.base == "project" and not cell.overrides:
         return project_python()
     d = CELLS_DIR / cell.name

@@ -75,7 +75,10 @@ APIS: dict[str, API] = {
                                                  "hasattr(__import__('jax.ad_checkpoint', fromlist=['_']), "
                                                  "'checkpoint_name_fwd')",
                                                  r"\bcheckpoint_name_fwd\b"),
-    "jax.new_ref": API("jax", "0.7.2", "hasattr(jax, 'new_ref')", r"\bjax\.new_ref\("),
+    # a jax.new_ref a checkpoint region closes over (jax.new_ref came with 0.7.2; before 0.10.0 partial eval of
+    # `checkpoint` raises NotImplementedError "Effects not supported" on its reads and writes, by design)
+    "jax.new_ref": API("jax", "0.10.0", "hasattr(jax, 'new_ref') and " + _at_least("jax", "0.10.0"),
+                       r"\bjax\.new_ref\("),
     "custom_vjp.defremat": API("jax", "0.12.0", "hasattr(jax.custom_vjp(lambda x: x), 'defremat')",
                                r"\.defremat\("),
     "jax.custom_gradient(remat=)": API("jax", "0.12.0", _sig("jax.custom_gradient", "remat"),
