@@ -153,13 +153,13 @@ def test_a_short_repro_sets_only_the_flags_a_release_knows_and_cannot_run_withou
 RELS = [f"0.{k}.0" for k in range(1, 11)]
 
 
-def _bisect(answer_of, rels=RELS, source="print()"):
+def _bisect(answer_of, rels=RELS, source="print()", anchors=()):
     asked = []
 
     def ask(r):
         asked.append(r)
         return Answer(r, answer_of(r))
-    return bisect("jax", source, rels, ask, log=lambda s: None), asked
+    return bisect("jax", source, rels, ask, log=lambda s: None, anchors=anchors), asked
 
 
 def _minor(r):
@@ -187,10 +187,22 @@ def test_bisect_never_reads_cannot_run_as_fixed_and_skips_releases_before_the_ap
     assert b.verdict() == "reproduces in every release tried (0.5.0..0.10.0)"
     b, asked = _bisect(lambda r: REPRODUCES, rels=["0.10.0", "0.11.0", "0.11.2", "0.12.0"],
                        source="from jax.ad_checkpoint import checkpoint_name_fwd")
-    assert asked == ["0.12.0", "0.11.2"] and b.answers["0.10.0"].answer == CANNOT   # (checkpoint_name_fwd: 0.11.2)
-    assert "lacks jax.ad_checkpoint.checkpoint_name_fwd" in b.answers["0.10.0"].why
+    assert asked == ["0.12.0", "0.11.2"] and b.releases == ["0.11.2", "0.12.0"]   # (checkpoint_name_fwd: 0.11.2)
     rr = ReleaseRange.model_validate(b.record())
-    assert rr.first_seen == "0.11.2" and "Present since the first release tried" in rr.sentence()
+    assert rr.first_seen == "0.11.2" and rr.range == ["0.11.2", "0.12.0"]
+    assert "Present since the first release tried" in rr.sentence()
+    b, asked = _bisect(lambda r: REPRODUCES, rels=["0.10.0", "0.11.0"], source="checkpoint_name_fwd(x, 'a')")
+    assert asked == [] and "lacks jax.ad_checkpoint.checkpoint_name_fwd" in b.answers["0.10.0"].why
+    assert b.verdict().startswith("cannot run on any release tried")
+
+
+def test_bisect_runs_the_release_the_finding_was_seen_on_and_finds_a_behaviour_that_came_and_went():
+    b, _ = _bisect(lambda r: REPRODUCES if 5 <= _minor(r) <= 7 else NOT)
+    assert b.verdict() == "does not reproduce in any release tried (0.1.0..0.10.0)"   # both ends alike
+    b, asked = _bisect(lambda r: REPRODUCES if 5 <= _minor(r) <= 7 else NOT, anchors=("0.6.0",))
+    assert asked[:3] == ["0.10.0", "0.1.0", "0.6.0"]
+    assert (b.first_seen, b.last_good, b.fixed_in) == ("0.5.0", "0.4.0", "0.8.0")
+    assert b.verdict() == "reproduces in 0.5.0-0.7.0; not in 0.4.0: introduced in 0.5.0; not in 0.8.0: fixed in 0.8.0"
 
 
 def test_range_selection_and_its_errors():
@@ -240,7 +252,21 @@ def test_the_least_recently_used_environments_go_first(tmp_path, monkeypatch):
     (tmp_path / "envs" / "partial").mkdir()   # a build that was cut off
     removed = envs.evict(keep=1, log=lambda s: None)
     assert sorted(Path(r).name for r in removed) == ["jax-0.6.2", "jax-0.7.0"]
-    assert sorted(p.name for p in (tmp_path / "envs").iterdir()) == ["jax-0.8.0"]
+    assert sorted(p.name for p in (tmp_path / "envs").iterdir() if not p.name.startswith(".")) == ["jax-0.8.0"]
+    monkeypatch.setenv(envs.MAX_ENVS_ENV, "8")   # the size bound: a torch environment of 4.5 GB over 6 GB in all
+    monkeypatch.setenv(envs.MAX_GB_ENV, "6")
+    (tmp_path / "envs" / "jax-0.8.0" / ".size_mb").write_text("4500")
+    assert envs.evict(keep=0, log=lambda s: None) == []
+    assert [Path(r).name for r in envs.evict(keep=1, log=lambda s: None)] == ["jax-0.8.0"]   # room for one more
+    # an environment a live harness process runs from stays (a campaign there); a dead process's mark does not
+    d = tmp_path / "envs" / "jax-0.9.0"
+    d.mkdir()
+    for name, text in ((".stamp", "x"), (".used", "1"), (".size_mb", "4500"), ("pins.json", '{"jax": "0.9.0"}'),
+                       (f".running-{os.getpid()}", "")):
+        (d / name).write_text(text)
+    assert envs.evict(keep=1, log=lambda s: None) == []
+    (d / f".running-{os.getpid()}").rename(d / ".running-999999999")
+    assert [Path(r).name for r in envs.evict(keep=1, log=lambda s: None)] == ["jax-0.9.0"]
     monkeypatch.setenv(envs.MAX_ENVS_ENV, "many")
     with pytest.raises(UsageError, match=envs.MAX_ENVS_ENV):
         envs.max_envs()

@@ -324,6 +324,8 @@ PLUGGED = [report_command, repro_command, recheck_command, matrix_command, devic
 
 
 def main(argv=None) -> int:
+    from conformance.engine.environments import mark_running
+    mark_running()   # a release environment this process runs from is in use while it lives
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

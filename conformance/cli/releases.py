@@ -44,7 +44,8 @@ def configure_parser(subparsers) -> None:
                     "repro uses is `cannot run`, never `fixed`. Prints the table and the verdict.")
     b.add_argument("target", nargs="?", metavar="ENTRY_OR_ROOT", help="a corpus root or entry (JSON)")
     b.add_argument("--framework", choices=releases.FRAMEWORKS, default=None,
-                   help="the framework whose releases to try (default: the finding's)")
+                   help="the framework whose releases to try (default: the finding's; with --all: only the roots "
+                        "of that framework's findings)")
     b.add_argument("--range", default=None, metavar="A..B",
                    help=f"releases from A to B, either end may be left out (default: every release from "
                         f"{releases.OLDEST['jax']} (jax) / {releases.OLDEST['torch']} (torch))")
@@ -83,7 +84,10 @@ def bisect_one(path: Path, args, log) -> dict:
     prog, inputs, finding = load_program_file(str(path))
     if finding is None:
         raise UsageError(f"{path}: a bare program has no finding to bisect")
-    fw = args.framework or registry.framework_of(finding.pipeline)
+    own = registry.framework_of(finding.pipeline)
+    if args.all and args.framework and own != args.framework:
+        raise UsageError(f"{path}: a {own} finding (--framework {args.framework})")
+    fw = args.framework or own
     try:
         src = short_repro(prog, inputs, finding, fw)
     except ReproError as e:
@@ -101,7 +105,7 @@ def bisect_one(path: Path, args, log) -> dict:
                 return Answer(release, CANNOT, None, 0.0, str(e))
             return run_script(env.python, script, release, args.timeout)
 
-        b = bisect(fw, src, cands, ask, log=log)
+        b = bisect(fw, src, cands, ask, log=log, anchors=tuple(v for k, v in finding.versions.items() if k == fw))
     return {"path": path, "bisection": b}
 
 
@@ -111,7 +115,7 @@ def _write(path: Path, record: dict) -> None:
         raise UsageError(f"{path}: --write records release ranges on corpus roots (a file with variants)")
     ReleaseRange.model_validate(record)
     obj["releases"] = record
-    atomic_write(path, json.dumps(obj, indent=1) + "\n")
+    atomic_write(path, json.dumps(obj, indent=1, sort_keys=True) + "\n")
 
 
 def main_bisect(args) -> int:

@@ -73,7 +73,7 @@ class Bisection:
             return f"does not reproduce in any release tried ({span})"
         if len(rep) == len(run):
             return f"reproduces in every release tried ({span})"
-        parts = [f"reproduces in {rep[0]}-{rep[-1]}"]
+        parts = [f"reproduces in {rep[0]}" + (f"-{rep[-1]}" if rep[-1] != rep[0] else "")]
         if self.last_good:
             parts.append(f"not in {self.last_good}: introduced in {self.first_seen}")
         if self.fixed_in:
@@ -136,20 +136,27 @@ def run_script(python: str, script: Path, release: str, timeout: float = RUN_TIM
 
 
 def bisect(framework: str, script_source: str, candidates: list[str], ask: Callable[[str], Answer],
-           log=print) -> Bisection:
-    """Bisect a repro over `candidates` (oldest first); `ask(release)` runs it there."""
+           log=print, anchors: tuple[str, ...] = ()) -> Bisection:
+    """Bisect a repro over `candidates` (oldest first); `ask(release)` runs it there. `anchors`: releases run
+    after both ends (the one the finding was seen on): where both ends answer alike but an anchor does not (a
+    behaviour that came and went), each side of it is bisected."""
     needs = releases.used_by(script_source, framework)
     first = releases.oldest_with(needs).get(framework)
+    # releases before the first with every API the repro uses cannot run it: the range starts there
+    runnable = [r for r in candidates if first is None or Version(r) >= first]
+    if not runnable:
+        b = Bisection(framework, list(candidates), needs=needs)
+        for r in candidates:
+            b.answers[r] = Answer(r, CANNOT, None, 0.0, releases.why(
+                [n for n in needs if not releases.APIS[n].in_release(r)], {framework: r}))
+        return b
+    candidates = runnable
     b = Bisection(framework, list(candidates), needs=needs)
 
     def get(i: int) -> Answer:
         r = candidates[i]
         if r not in b.answers:
-            if first is not None and Version(r) < first:
-                b.answers[r] = Answer(r, CANNOT, None, 0.0, releases.why(
-                    [n for n in needs if not releases.APIS[n].in_release(r)], {framework: r}))
-            else:
-                b.answers[r] = ask(r)
+            b.answers[r] = ask(r)
             a = b.answers[r]
             log(f"  {framework} {r}: {a.answer}" + (f" ({a.why[:120]})" if a.why else ""))
         return b.answers[r]
@@ -185,5 +192,8 @@ def bisect(framework: str, script_source: str, candidates: list[str], ask: Calla
         split(lo, m)
         split(m, hi)
 
-    split(lo, hi)
+    marks = sorted({lo, hi} | {candidates.index(a) for a in anchors if a in candidates[lo:hi + 1]})
+    marks = [m for m in marks if get(m).answer != CANNOT]
+    for a, z in zip(marks, marks[1:]):
+        split(a, z)
     return b

@@ -3,11 +3,14 @@ under the project's cache folder, reused by `bisect`, the matrix's history cells
 
 An environment holds the named framework releases, the numpy they support, the harness's own dependencies at the
 lock's pins and the harness itself (a .pth to this checkout); a framework not named is not installed (its pipelines
-are skipped there). PyTorch is installed without its CUDA libraries (its wheels run on the CPU without them); jaxlib
-with the jax release it pairs with. At most MAX_ENVS environments are kept: the least recently used goes first.
-A failed build is one line (which release, why)."""
+are skipped there). PyTorch comes with the CUDA libraries its wheel needs: a PyPI wheel is a CUDA build that does not
+import without them (measured for 2.2.2, 2.5.1 and 2.14.1: "libcublas.so.*[0-9] not found"), about 4-5 GB an
+environment; jaxlib is the newest up to the jax release. At most MAX_ENVS environments and MAX_GB gigabytes are kept:
+the least recently used goes first. A failed build is one line (which release, why)."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -28,7 +31,9 @@ from conformance.ir import releases
 ROOT = Path(__file__).resolve().parents[2]
 CACHE_ENV = "REMAT_CONFORMANCE_CACHE"
 MAX_ENVS_ENV = "REMAT_CONFORMANCE_MAX_ENVS"
-MAX_ENVS = 8             # a jax environment is about 0.6 GB, a CPU torch one about 1.5 GB
+MAX_ENVS = 8             # a jax environment is about 0.6 GB, a torch one 4-5 GB
+MAX_GB_ENV = "REMAT_CONFORMANCE_ENVS_GB"
+MAX_GB = 30.0            # (files shared with uv's cache are counted in each environment: an upper bound)
 RELEASES_TTL = 24 * 3600  # seconds a cached release list is fresh
 # The harness's own runtime dependencies (requirements.lock pins them); numpy and ml_dtypes follow the frameworks.
 HARNESS_DEPS = ("pydantic", "hypothesis", "packaging", "rich", "jinja2", "matplotlib")
@@ -44,6 +49,14 @@ def cache_root() -> Path:
 
 def envs_dir() -> Path:
     return cache_root() / "envs"
+
+
+def max_gb() -> float:
+    v = os.environ.get(MAX_GB_ENV, "")
+    try:
+        return float(v) if v else MAX_GB
+    except ValueError:
+        raise UsageError(f"{MAX_GB_ENV}: must be a number of gigabytes, got {v!r}") from None
 
 
 def max_envs() -> int:
@@ -129,6 +142,8 @@ def requirements(pins: Pins) -> list[str]:
     numpy1 = any(releases.parse(v) < NUMPY1_BEFORE[k] for k, v in pins.items())
     reqs.append("numpy<2" if numpy1 else "numpy>=2")
     reqs.append("ml_dtypes")
+    if pins.torch:
+        reqs.append(f"torch=={pins.torch}")
     if pins.jax:   # the newest jaxlib up to it (some jax releases have none of their own: 0.4.37, 0.5.2)
         reqs += [f"jax=={pins.jax}", f"jaxlib<={pins.jax}"]
     elif pins.torch:   # the references are JAX pipelines: the pinned jax, or the newest the numpy allows
@@ -153,15 +168,58 @@ def _run(cmd: list[str], pins: Pins, what: str, log) -> None:
         raise UsageError(f"env {pins.label}: {what} failed: {why[:400]}")
 
 
+@contextlib.contextmanager
+def _locked():
+    """One builder or evicter at a time across processes (a campaign in one environment while a bisect builds)."""
+    envs_dir().mkdir(parents=True, exist_ok=True)
+    with open(envs_dir() / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def mark_running() -> None:
+    """Called as the harness starts: where it runs from a cached environment, that environment is used now and in
+    use while this process lives (eviction spares it)."""
+    try:
+        here = Path(sys.prefix).resolve()
+        if here.parent == envs_dir().resolve() and (here / ".stamp").exists():
+            _touch(here)
+            (here / f".running-{os.getpid()}").touch()
+    except OSError:
+        pass
+
+
+def _in_use(d: Path) -> bool:
+    """Whether a live harness process runs from this environment (stale marks are removed)."""
+    live = False
+    for m in d.glob(".running-*"):
+        try:
+            os.kill(int(m.name.split("-", 1)[1]), 0)
+            live = True
+        except (ValueError, ProcessLookupError):
+            m.unlink(missing_ok=True)
+        except PermissionError:
+            live = True
+    return live
+
+
 def ensure(pins: Pins, log=print) -> Env:
     """The environment of these releases, built once (a partial build is removed) and marked used."""
+    with _locked():
+        return _ensure(pins, log)
+
+
+def _ensure(pins: Pins, log) -> Env:
     d = envs_dir() / pins.key
     stamp = hashlib.sha256(json.dumps([sys.version_info[:2], requirements(pins)]).encode()).hexdigest()[:16]
     env = Env(pins, d)
     if (d / ".stamp").exists() and (d / ".stamp").read_text() == stamp and Path(env.python).exists():
         _touch(d)
         return env
-    evict(keep=1, log=log)
+    _evict(keep=1, log=log)
     log(f"== env {pins.label}: building {d}")
     t0 = time.monotonic()
     shutil.rmtree(d, ignore_errors=True)
@@ -172,13 +230,6 @@ def ensure(pins: Pins, log=print) -> Env:
         _run([uv, "venv", "-q", "--python", base, str(d)], pins, "creating the virtual environment", log)
         _run([uv, "pip", "install", "-q", "--python", env.python, *requirements(pins)], pins,
              "installing " + " ".join(f"{k}=={v}" for k, v in pins.items()), log)
-        if pins.torch:
-            _run([uv, "pip", "install", "-q", "--no-deps", "--python", env.python, f"torch=={pins.torch}"], pins,
-                 f"installing torch=={pins.torch}", log)
-            deps = torch_dependencies(env.python)
-            if deps:
-                _run([uv, "pip", "install", "-q", "--python", env.python, *deps], pins,
-                     "installing torch's dependencies", log)
         site = subprocess.run([env.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               capture_output=True, text=True, check=True).stdout.strip()
         Path(site, "_remat_conformance.pth").write_text(str(ROOT) + "\n")
@@ -189,26 +240,13 @@ def ensure(pins: Pins, log=print) -> Env:
     except BaseException:
         shutil.rmtree(d, ignore_errors=True)
         raise
+    mb = size_mb(d)
     (d / "pins.json").write_text(json.dumps(dict(pins.items())))
+    (d / ".size_mb").write_text(f"{mb:.0f}")
     (d / ".stamp").write_text(stamp)
     _touch(d)
-    log(f"== env {pins.label}: built in {time.monotonic() - t0:.0f} s ({size_mb(d):.0f} MB)")
+    log(f"== env {pins.label}: built in {time.monotonic() - t0:.0f} s ({mb:.0f} MB)")
     return env
-
-
-def torch_dependencies(python: str) -> list[str]:
-    """torch's requirements for this interpreter, without the CUDA libraries and triton (GPU only)."""
-    code = ("import importlib.metadata as m, json\n"
-            "from packaging.requirements import Requirement\n"
-            "out = []\n"
-            "for r in m.requires('torch') or []:\n"
-            "    q = Requirement(r)\n"
-            "    if q.marker is None or q.marker.evaluate({'extra': ''}):\n"
-            "        if not q.name.lower().startswith(('nvidia-', 'triton', 'cuda-')):\n"
-            "            out.append(str(q).split(';')[0].strip())\n"
-            "print(json.dumps(out))")
-    r = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    return json.loads(r.stdout) if r.returncode == 0 else []
 
 
 def size_mb(d: Path) -> float:
@@ -233,7 +271,13 @@ def listing() -> list[dict]:
 
 
 def evict(keep: int = 0, log=print) -> list[str]:
-    """Remove the least recently used environments (and broken partial ones) so that `keep` more fit."""
+    """Remove the least recently used environments (and broken partial ones) so that `keep` more fit; one a live
+    harness process runs from (a campaign there) stays, over the bounds if it must."""
+    with _locked():
+        return _evict(keep, log)
+
+
+def _evict(keep: int, log) -> list[str]:
     removed = []
     if not envs_dir().is_dir():
         return removed
@@ -241,7 +285,15 @@ def evict(keep: int = 0, log=print) -> list[str]:
         if d.is_dir() and not (d / ".stamp").exists():
             shutil.rmtree(d, ignore_errors=True)
     envs = listing()
-    for e in envs[max(0, max_envs() - keep):]:
+    sizes = {e["path"]: (float(p.read_text()) if (p := Path(e["path"]) / ".size_mb").exists() else 0.0) for e in envs}
+    keep_n = max(0, max_envs() - keep)
+    # the most recently used first: keep while within both bounds (room for `keep` more: a torch one's size each)
+    total, kept = 0.0, 0
+    for e in envs:
+        total += sizes[e["path"]]
+        if (kept < keep_n and total + keep * 5000 <= max_gb() * 1024) or _in_use(Path(e["path"])):
+            kept += 1
+            continue
         shutil.rmtree(e["path"], ignore_errors=True)
         removed.append(e["path"])
         log(f"== env: removed the least recently used {e['path']}")
@@ -254,8 +306,9 @@ def release_list(framework: str, refresh: bool = False) -> list[str]:
     registry's list, cached a day; the stale list where the registry cannot be reached)."""
     f = cache_root() / f"releases-{framework}.json"
     cached = json.loads(f.read_text()) if f.exists() else None
+    oldest = Version(releases.OLDEST[framework])
     if cached and not refresh and time.time() - cached["at"] < RELEASES_TTL:
-        return cached["releases"]
+        return [r for r in cached["releases"] if Version(r) >= oldest]
     try:
         r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", releases.PACKAGES[framework]],
                            capture_output=True, text=True, timeout=120)
@@ -265,9 +318,8 @@ def release_list(framework: str, refresh: bool = False) -> list[str]:
         got = [v.strip() for v in m.group(1).split(",")]
     except (OSError, subprocess.TimeoutExpired) as e:
         if cached:
-            return cached["releases"]
+            return [r for r in cached["releases"] if Version(r) >= oldest]
         raise UsageError(f"the {framework} releases: the package registry did not answer ({e})") from None
-    oldest = Version(releases.OLDEST[framework])
     vs = sorted({Version(v) for v in got if re.fullmatch(r"\d+(\.\d+)+", v)})
     out = [str(v) for v in vs if v >= oldest]
     f.parent.mkdir(parents=True, exist_ok=True)

@@ -323,6 +323,8 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                     "started": r.info.started if r.info else None, "versions": r.info.versions if r.info else {},
                     "device": r.info.options.device if r.info else None,
                     "pipelines": r.info.options.pipelines if r.info else [], "cell": r.cell,
+                    # the pipelines these releases cannot run, and why (run.json; an older run has none)
+                    "skipped_pipelines": dict(getattr(r.info, "skipped_pipelines", None) or {}) if r.info else {},
                     "programs": t.programs, "findings": len(r.findings)}
                    for r, t in zip(inputs, counted)],
         "baselines": [{"dir": str(b.dir), "label": b.label, "findings": len(b.findings)} for b in baselines],

@@ -187,6 +187,10 @@ def render_md(rep: dict) -> str:
     vs = sorted({f"{k} {v}" for i in rep["inputs"] for k, v in i["versions"].items() if k != "numpy"})
     L.append("- versions: " + (", ".join(vs) or "-"))
     L.append("- pipelines: " + ", ".join(rep["pipelines"]))
+    skipped = {k: v for i in rep["inputs"] for k, v in (i.get("skipped_pipelines") or {}).items()}
+    if skipped:
+        L.append(f"- skipped ({len(skipped)}: these releases cannot run them): "
+                 + "; ".join(f"`{k}`: {v}" for k, v in skipped.items()))
     L += [f"> warning: {w}" for w in rep["warnings"]]
     new = [x for x in rep["findings"] if not x.get("tracked")]
     tracked = [x for x in rep["findings"] if x.get("tracked")]
