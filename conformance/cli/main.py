@@ -41,6 +41,7 @@ from conformance.engine.runner import InProcessExecutor
 from conformance.engine.search import replay_pipelines
 from conformance.engine.store import Store, StoreError
 from conformance.errors import UsageError
+from conformance.ir import releases
 from conformance.ir.nodes import Limits
 from conformance.pipelines import registry as reg
 from conformance.reporting.issue_text import issue_text_or_reason
@@ -119,6 +120,18 @@ def parse_pipelines(spec: str | None, explore: bool = True, skipped: dict | None
             if s not in reg.known_names():
                 raise UsageError(f"--pipelines: unknown pipeline {s!r}; known: {', '.join(reg.known_names())}")
     out = {r: why for r in rivals if (why := reg.unavailable(r))}
+    broken: dict[str, str] = {}   # framework -> why its pipeline module does not import on this release
+    for r in rivals:
+        fw = reg.framework_of(r)
+        if r in out or fw in broken:
+            out.setdefault(r, broken.get(fw, ""))
+            continue
+        try:
+            for n in reg.run_set([r]):
+                reg.get(n)
+        except ImportError as e:
+            broken[fw] = f"the harness's {fw} pipelines do not import on {fw} {releases.installed(fw)}: {e}"
+            out[r] = broken[fw]
     if skipped is not None:
         skipped.update(out)
     if rivals and len(out) == len(rivals):

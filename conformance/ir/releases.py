@@ -112,19 +112,23 @@ APIS: dict[str, API] = {
         r"offload_dot_with_no_batch_dims"),
     # -- PyTorch --
     "torch.utils.checkpoint.create_selective_checkpoint_contexts": API(
-        "torch", "2.4.0", "hasattr(torch.utils.checkpoint, 'create_selective_checkpoint_contexts')",
+        "torch", "2.5.0", "hasattr(torch.utils.checkpoint, 'create_selective_checkpoint_contexts')",
         r"\bcreate_selective_checkpoint_contexts\b"),
     "create_selective_checkpoint_contexts(allow_cache_entry_mutation=)": API(
         "torch", "2.5.0", _sig("torch.utils.checkpoint.create_selective_checkpoint_contexts",
                                "allow_cache_entry_mutation"), r"allow_cache_entry_mutation="),
     "CheckpointPolicy.MUST_CPU_OFFLOAD": API(
-        "torch", "2.10.0", "hasattr(getattr(torch.utils.checkpoint, 'CheckpointPolicy', None), 'MUST_CPU_OFFLOAD')",
+        "torch", "2.11.0", "hasattr(getattr(torch.utils.checkpoint, 'CheckpointPolicy', None), 'MUST_CPU_OFFLOAD')",
         r"_CPU_OFFLOAD\b"),
     "torch._functorch.config.activation_memory_budget": API(
         "torch", "2.4.0", "hasattr(__import__('torch._functorch.config', fromlist=['_']), 'activation_memory_budget')",
         r"activation_memory_budget"),
     "torch.export.export(strict=)": API("torch", "2.3.0", "hasattr(torch, 'export') and "
                                         + _sig("torch.export.export", "strict"), r"torch\.export\.export\("),
+    # inductor's partitioner as a setting: the harness records what inductor's min-cut saves through it
+    "torch._inductor.config.custom_partitioner_fn": API(
+        "torch", "2.9.0", "hasattr(__import__('torch._inductor.config', fromlist=['_']), 'custom_partitioner_fn')",
+        r"custom_partitioner_fn"),
     "torch.library.custom_op": API("torch", "2.4.0", "hasattr(torch.library, 'custom_op')",
                                    r"torch\.library\.custom_op\b"),
     "torch.autograd.grad(materialize_grads=)": API("torch", "2.1.0", _sig("torch.autograd.grad", "materialize_grads"),

@@ -172,6 +172,8 @@ class Spec:
             out.append("torch.utils.checkpoint.create_selective_checkpoint_contexts")
         if self.memory_budget < 1:
             out.append("torch._functorch.config.activation_memory_budget")
+        if self.compile == "inductor":
+            out.append("torch._inductor.config.custom_partitioner_fn")
         if self.export:
             out.append("torch.export.export(strict=)")
         if self.allow_mutation:

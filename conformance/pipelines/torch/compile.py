@@ -7,7 +7,11 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+try:
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+except ImportError:   # torch < 2.9: the inductor pipelines are unavailable there (releases: custom_partitioner_fn)
+    CustomPartitionerFn = object
 
 
 # ---- compile-time recording partitioners -----------------------------------------------------
@@ -129,7 +133,9 @@ def inductor_partitioner(rec: dict):
 
 @contextmanager
 def torch_settings(settings: list[tuple[Any, str, Any]]):
-    """Set (module, attribute, value) for one run and restore them afterwards."""
+    """Set (module, attribute, value) for one run and restore them afterwards; a setting the release does not have
+    (recompile_limit before torch 2.7, ...) is left out: that release runs with its own defaults."""
+    settings = [(m, k, v) for m, k, v in settings if hasattr(m, k)]
     old = [(m, k, getattr(m, k)) for m, k, _ in settings]
     try:
         for m, k, v in settings:
