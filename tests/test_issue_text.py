@@ -155,4 +155,5 @@ def test_a_short_repro_that_fits_is_inlined(monkeypatch):
     t = issue_text_or_reason(_finding())
     block = t.split("```python\n", 1)[1].split("\n```", 1)[0]
     assert block == "import jax\n\nprint('REPRODUCES')\nraise SystemExit(1)"   # blank runs read as one
-    assert "## Repro (jax and numpy only; exit status 1 while the behaviour reproduces, 0 once fixed)" in t
+    assert ("## Repro (jax and numpy only; exit status 1 while the behaviour reproduces, 0 once fixed, 3 where the "
+            "release cannot run it)") in t

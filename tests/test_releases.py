@@ -66,7 +66,7 @@ def test_a_campaign_on_an_old_release_skips_what_it_cannot_run_and_draws_nothing
     skipped: dict = {}
     names = parse_pipelines(None, True, skipped)
     assert "jax:remat3" in skipped and "jax_remat3" in skipped["jax:remat3"]
-    assert "torch:eager-sac" in skipped and "first in 2.4.0" in skipped["torch:eager-sac"]
+    assert "torch:eager-sac" in skipped and "first in 2.5.0" in skipped["torch:eager-sac"]
     assert "jax:remat2:jit" in names and "jax:remat3" not in names and "torch:eager-reentrant" in names
     cfg = Options(pipelines=names).config
     assert "mutable_state" in cfg.exclude and "policy:both" not in cfg.exclude
@@ -300,3 +300,19 @@ def test_env_builds_an_old_jax_release_the_harness_runs_in_and_a_failed_build_is
     errors = [x for x in bad.stderr.splitlines() if x.startswith("error:")]
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(errors) == 1
     assert errors[0].startswith("error: env jax==0.4.18 torch==2.2.0: installing") and "because" in errors[0].lower()
+
+
+def test_a_root_fixed_upstream_is_known_on_the_releases_before_its_fix_and_new_after(monkeypatch, tmp_path):
+    """status.json lists a past bug's root as fixed (a recurrence is a regression); on a release before the one it
+    was bisected as fixed in, a campaign still counts it as known rather than reporting it new."""
+    from conformance.engine.loading import load_known
+    slug = "remat3-vmap-of-grad-checkpoint-name-no-batch-rule"
+    root = json.loads((ROOT / "tests" / "regressions" / f"{slug}.json").read_text())
+    assert root["releases"]["fixed_in"] == "0.11.0" and root["releases"]["answers"]["0.10.2"] == "reproduces"
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / f"{slug}.json").write_text(json.dumps(root))
+    (d / "status.json").write_text(json.dumps({"fixed": {slug: "fixed upstream"}}))
+    assert load_known([str(d)]) == []   # the pinned release has the fix
+    _pretend(monkeypatch, jax="0.10.2")
+    assert [f.tracked for f in load_known([str(d)])] == [f"{slug}.json"]

@@ -231,10 +231,22 @@ def corpus_entry_stem(check: str, pipeline: str, program_hash: str) -> str:
     return f"{check}-{pipeline.replace(':', '_')}-{program_hash[:8]}"
 
 
+def _before_fix(finding) -> bool:
+    """Whether the installed release comes before the one its root was bisected as fixed in: there the behaviour
+    is still known (a campaign on that release counts it, not reports it as new)."""
+    from conformance.ir import releases
+    r = finding.releases
+    if r is None or r.fixed_in is None:
+        return False
+    got = releases.parse(releases.installed(r.framework))
+    return got is not None and got < releases.parse(r.fixed_in)
+
+
 def load_known(paths: list[str], limits=None):
     """The findings of regression-corpus entries (`run --known`): each path a corpus entry or a
     directory of them. A directory's status.json lists fixed keys, roots or "root/variant"s under "fixed": those entries
-    are not known behaviours (a recurrence is a regression) and are left out. A corpus root gives
+    are not known behaviours (a recurrence is a regression) and are left out, except on a release before the one
+    the root was bisected as fixed in (its `releases`), where the behaviour is still there. A corpus root gives
     every variant's finding. Each finding is returned with `tracked` set to its file's name."""
     from pathlib import Path
     out, names = [], set()
@@ -256,7 +268,8 @@ def load_known(paths: list[str], limits=None):
             for name, _, _, finding in load_corpus_variants(str(f), limits):
                 if finding is None:
                     raise UsageError(f"{f}: finding: a known behaviour needs a corpus entry with a finding")
-                if "|".join(finding.key()) in fixed or f.stem in fixed or f"{f.stem}/{name}" in fixed:
+                if ("|".join(finding.key()) in fixed or f.stem in fixed or f"{f.stem}/{name}" in fixed) and not (
+                        _before_fix(finding)):
                     continue
                 out.append(finding.model_copy(update={"tracked": f.name}))
     return out
