@@ -52,6 +52,8 @@ def configure_parser(subparsers) -> None:
     b.add_argument("--all", default=None, metavar="DIR", help="bisect every root of a corpus directory")
     b.add_argument("--write", action="store_true",
                    help="record each answer and verdict in the root's file (its `releases`)")
+    b.add_argument("--missing", action="store_true",
+                   help="with --all: only the roots without a recorded range (an interrupted --write run goes on)")
     b.add_argument("--json", default=None, metavar="FILE", help="write the bisections as JSON")
     b.add_argument("--timeout", type=float, default=600.0, help="seconds a repro may run on one release")
 
@@ -77,7 +79,10 @@ def _targets(args) -> list[Path]:
     d = Path(args.all)
     if not d.is_dir():
         raise UsageError(f"--all {d}: not a directory")
-    return sorted(p for p in d.glob("*.json") if p.name != "status.json")
+    files = sorted(p for p in d.glob("*.json") if p.name != "status.json")
+    if args.missing:
+        files = [p for p in files if "releases" not in json.loads(p.read_text())]
+    return files
 
 
 def bisect_one(path: Path, args, log) -> dict:

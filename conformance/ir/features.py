@@ -168,7 +168,8 @@ FEATURE_FOCUS: dict[str, tuple[str, ...]] = {k: f.focus for k, f in FEATURES.ite
 FEATURE_NEEDS: dict[str, tuple[str, ...]] = {
     **{k: f.needs for k, f in {**O.FEATURES, **FEATURES}.items() if f.needs},
     **{f"policy:{k}": d.needs for k, d in KINDS.items() if d.needs},
-    "effect:io_ordered": ("io_callback(ordered=True) under jax.grad",)}
+    "effect:io_ordered": ("io_callback(ordered=True) under jax.grad",),
+    "effect:io": ("io_callback(ordered=True) under jax.grad",)}   # (unordered: "IO callbacks do not support JVP")
 
 
 def lacking_features(frameworks, versions: dict[str, str] | None = None) -> dict[str, list[str]]:

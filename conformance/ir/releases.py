@@ -90,8 +90,8 @@ APIS: dict[str, API] = {
     "jax.shard_map": API("jax", "0.6.1", "hasattr(jax, 'shard_map')", r"\bjax\.shard_map\("),
     "jax.make_mesh(axis_types=)": API("jax", "0.5.3", "hasattr(jax, 'make_mesh') and "
                                       + _sig("jax.make_mesh", "axis_types"), r"axis_types="),
-    # the harness's ordered io_callback (on a stop_gradient value) under jax.grad raises before 0.4.38 (a script's
-    # use of io_callback is read as this one: the unordered form was not probed)
+    # the harness's io_callback (on a stop_gradient value) under jax.grad raises before 0.4.38, ordered (probed) or
+    # not ("IO callbacks do not support JVP", seen on 0.4.30)
     "io_callback(ordered=True) under jax.grad": API("jax", "0.4.38", _at_least("jax", "0.4.38"), r"\bio_callback\("),
     "jax.tree": API("jax", "0.4.25", "hasattr(jax, 'tree')", r"\bjax\.tree\."),
     # offloading to pinned_host on the CPU under jax.grad (eager; under jit from 0.4.33): the policies exist earlier
