@@ -32,6 +32,7 @@ from conformance.engine.describe import (
     variants_of,
     variants_text,
 )
+from conformance.engine.environments import mark_running
 from conformance.engine.isolation import IsolatedExecutor, load_plugins
 from conformance.engine.isolation.supervisor import MEMORY_ENV
 from conformance.engine.loading import load_known, load_program_file
@@ -337,7 +338,6 @@ PLUGGED = [report_command, repro_command, recheck_command, matrix_command, devic
 
 
 def main(argv=None) -> int:
-    from conformance.engine.environments import mark_running
     mark_running()   # a release environment this process runs from is in use while it lives
     parser = build_parser()
     try:

@@ -3,7 +3,8 @@ under the project's cache folder, reused by `bisect`, the matrix's history cells
 
 An environment holds the named framework releases, the numpy they support, the harness's own dependencies at the
 lock's pins and the harness itself (a .pth to this checkout); a framework not named is not installed (its pipelines
-are skipped there). PyTorch comes with the CUDA libraries its wheel needs: a PyPI wheel is a CUDA build that does not
+are skipped there; a jax-only environment finds the pinned torch in the project environment, after its own
+packages). PyTorch comes with the CUDA libraries its wheel needs: a PyPI wheel is a CUDA build that does not
 import without them (measured for 2.2.2, 2.5.1 and 2.14.1: "libcublas.so.*[0-9] not found"), about 4-5 GB an
 environment; jaxlib is the newest up to the jax release. At most MAX_ENVS environments and MAX_GB gigabytes are kept:
 the least recently used goes first. A failed build is one line (which release, why)."""
@@ -214,7 +215,8 @@ def ensure(pins: Pins, log=print) -> Env:
 
 def _ensure(pins: Pins, log) -> Env:
     d = envs_dir() / pins.key
-    stamp = hashlib.sha256(json.dumps([sys.version_info[:2], requirements(pins)]).encode()).hexdigest()[:16]
+    beside = _beside(pins)
+    stamp = hashlib.sha256(json.dumps([sys.version_info[:2], requirements(pins), beside]).encode()).hexdigest()[:16]
     env = Env(pins, d)
     if (d / ".stamp").exists() and (d / ".stamp").read_text() == stamp and Path(env.python).exists():
         _touch(d)
@@ -232,7 +234,7 @@ def _ensure(pins: Pins, log) -> Env:
              "installing " + " ".join(f"{k}=={v}" for k, v in pins.items()), log)
         site = subprocess.run([env.python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                               capture_output=True, text=True, check=True).stdout.strip()
-        Path(site, "_remat_conformance.pth").write_text(str(ROOT) + "\n")
+        Path(site, "_remat_conformance.pth").write_text(str(ROOT) + "\n" + (beside + "\n" if beside else ""))
         check = subprocess.run([env.python, "-c", "import conformance.cli.main"], capture_output=True, text=True)
         if check.returncode:
             last = (check.stderr.strip().splitlines() or ["?"])[-1]
@@ -247,6 +249,21 @@ def _ensure(pins: Pins, log) -> Env:
     _touch(d)
     log(f"== env {pins.label}: built in {time.monotonic() - t0:.0f} s ({mb:.0f} MB)")
     return env
+
+
+def _beside(pins: Pins) -> str:
+    """Where a jax-only environment finds the pinned torch: the project environment's site-packages, after its own
+    (its jax, jaxlib and numpy come first), when it runs the same Python; else nothing (torch pipelines skipped)."""
+    if pins.torch:
+        return ""
+    proj = ROOT / ".venv" / "bin" / "python"
+    if not proj.exists():
+        return ""
+    r = subprocess.run([str(proj), "-c", "import sys, sysconfig; print(sysconfig.get_paths()['purelib'] "
+                        "if sys.version_info[:2] == (%d, %d) else '')" % sys.version_info[:2]],
+                       capture_output=True, text=True)
+    site = r.stdout.strip() if r.returncode == 0 else ""
+    return site if site and Path(site, "torch").is_dir() else ""
 
 
 def size_mb(d: Path) -> float:

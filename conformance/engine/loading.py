@@ -16,6 +16,7 @@ from conformance.engine.findings import (
 )
 from conformance.errors import UsageError
 from conformance.files import InputRefused, MiB, read_text
+from conformance.ir import releases
 from conformance.ir.batching import value_shape
 from conformance.ir.features import known_features
 from conformance.ir.nodes import ProgramError
@@ -234,7 +235,6 @@ def corpus_entry_stem(check: str, pipeline: str, program_hash: str) -> str:
 def _before_fix(finding) -> bool:
     """Whether the installed release comes before the one its root was bisected as fixed in: there the behaviour
     is still known (a campaign on that release counts it, not reports it as new)."""
-    from conformance.ir import releases
     r = finding.releases
     if r is None or r.fixed_in is None:
         return False

@@ -164,6 +164,8 @@ class Spec:
     @property
     def needs(self) -> tuple[str, ...]:
         """The release APIs (conformance.ir.releases) the pipeline runs with, whatever the program."""
+        if self.framework not in releases.PACKAGES:   # (a test-only pipeline)
+            return ()
         if self.framework == "jax":
             return (tuple(f for f, on in self.flags.items() if on) + (("jax.shard_map",) if self.shard_map else ())
                     + (("jax.make_mesh(axis_types=)",) if self.shard_map or self.sharded else ()))
@@ -449,6 +451,8 @@ def unavailable(name: str) -> str | None:
     """Why the installed releases cannot run a pipeline (its framework absent, an API it runs with lacking), or
     None; read from the packages' metadata, no framework imported."""
     s = spec(name)
+    if s.framework not in releases.PACKAGES:   # (a test-only pipeline)
+        return None
     if releases.installed(s.framework) is None:
         return f"{s.framework} is not installed"
     lack = releases.lacking(s.needs)

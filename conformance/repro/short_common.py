@@ -223,20 +223,22 @@ class ShortDialect:
 
 def release_guard(src: str, framework: str) -> str:
     """The script with its release guard: any exception outside the check exits CANNOT_RUN (installed before
-    the imports, which may name what a release lacks), and each API it uses is probed after them (one the
-    check would catch as the behaviour's own exception, e.g. an unknown keyword, must not read as fixed)."""
-    lines = src.split("\n")
+    the imports, which may name what a release lacks; an unknown flag turned on raises there too), and where the
+    check catches exceptions (an error finding), each API the script uses is probed first: its absence raised
+    inside the check (an unknown keyword, say) must not read as the behaviour gone."""
+    lines = [x for x in src.split("\n") if x != "import sys"]   # (the hook's line imports it)
     first = next(i for i, x in enumerate(lines) if x.startswith(("import ", "from ")))
-    hook = ["import os", "import sys",
+    last = max(i for i, x in enumerate(lines) if x.startswith(("import ", "from ")))
+    hook = ["import os, sys",
             f"sys.excepthook = lambda *e: (sys.__excepthook__(*e), sys.stdout.flush(), os._exit({CANNOT_RUN}))"
             f"   # {CANNOT_RUN}: cannot run here"]
-    last = max(i for i, x in enumerate(lines) if x.startswith(("import ", "from ")))
+    names = [n for n in releases.used_by(src, framework) if not n.startswith("jax_")] if "except Exception" in src \
+        else []
     probes = []
-    for name in releases.used_by(src, framework):
-        api = releases.APIS[name]
-        probes += [f"if not ({api.probe}):",
-                   f"    print('CANNOT RUN: {framework}', {framework}.__version__, "
-                   f"{'lacks ' + name + ' (first in ' + api.since + ')'!r})",
-                   f"    sys.exit({CANNOT_RUN})"]
+    if names:
+        items = [f"({n + ' (first in ' + releases.APIS[n].since + ')'!r}, {releases.APIS[n].probe})" for n in names]
+        probes = ["LACKS = [api for api, has in [" + ", ".join(items) + "] if not has]",
+                  f"if LACKS: sys.exit(print('CANNOT RUN: {framework}', {framework}.__version__, 'lacks', LACKS) "
+                  f"or {CANNOT_RUN})"]
     imports = lines[first:last + 1] + (["import inspect"] if "inspect." in "".join(probes) else [])
     return "\n".join(lines[:first] + hook + imports + ([""] + probes if probes else []) + lines[last + 1:])
