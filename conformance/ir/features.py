@@ -81,6 +81,9 @@ FEATURES: dict[str, Feature] = {
     "symbolic_zeros": Feature("custom_vjp with symbolic_zeros=True"),
     "optimize_remat": Feature("custom_vjp with optimize_remat=True", needs=("defvjp(optimize_remat=)",)),
     "optimize_remat_symbolic_zeros": Feature("one custom_vjp block with both optimize_remat and symbolic_zeros"),
+    "effect_in_optimize_remat_fwd": Feature("an effect in the fwd rule of a custom_vjp with optimize_remat=True (jax "
+                                            "before 0.12 refuses it: expectation "
+                                            "jax-before-0.12-optimize-remat-refuses-fwd-effects)"),
     "sz_fwd_remat": Feature("a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
                             "(remat3 must rematerialise that fwd)"),
     "nondiff_args": Feature("custom_vjp with nondiff arguments"),
@@ -234,6 +237,8 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("optimize_remat")
                 if s.symbolic_zeros:
                     f.add("optimize_remat_symbolic_zeros")
+                if any(isinstance(x, Op) and x.op == O.EFFECT_OP for x, _, _, _ in walk(s.fwd)):
+                    f.add("effect_in_optimize_remat_fwd")
             if s.symbolic_zeros and depth >= 1 and any(is_name(x) for x, _, _, _ in walk(s.fwd)):
                 f.add("sz_fwd_remat")
             if s.nondiff:

@@ -47,12 +47,15 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None, state=
     """A SAC policy_fn: aten op -> IR op kinds (kinds_of), then the region's decisions. state
     "every_other": a stateful policy as people write them (torchtitan's "save every other mm"),
     made afresh for each checkpoint call, that saves only every other op the decisions save, by
-    call order (the 1st, 3rd...), and recomputes the rest. (PyTorch 2.14 calls a policy in the
-    forward only: ctx.is_recompute is deprecated, always False.)"""
+    call order (the 1st, 3rd...), and recomputes the rest. (PyTorch from 2.13 calls a policy in the
+    forward only: ctx.is_recompute is deprecated, always False; 2.5 to 2.12 call it again while
+    recomputing, with ctx.is_recompute True: those calls are counted apart, so that the recompute
+    makes the forward's decisions, as a correct stateful policy must.)"""
     P = CheckpointPolicy
     table = ({"save": P.PREFER_SAVE, "recompute": P.PREFER_RECOMPUTE, "offload": P.PREFER_CPU_OFFLOAD} if prefer
              else {"save": P.MUST_SAVE, "recompute": P.MUST_RECOMPUTE, "offload": P.MUST_CPU_OFFLOAD})
     saves = []   # (every_other) the calls this policy decided to save, in order
+    resaves = []   # (every_other) the same, while recomputing (PyTorch before 2.13)
 
     bounds = decisions["bounds"]
 
@@ -66,8 +69,9 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None, state=
             ds = [decisions[k + (c,)] for k in kinds_of.get(packet, [(None, False)])]
         d = "save" if "save" in ds else "offload" if "offload" in ds else "recompute"
         if state == "every_other" and d == "save":
-            saves.append(str(op))
-            d = "save" if len(saves) % 2 else "recompute"
+            seq = resaves if getattr(ctx, "is_recompute", False) else saves
+            seq.append(str(op))
+            d = "save" if len(seq) % 2 else "recompute"
         if calls is not None:   # (under torch.compile, the calls made while tracing)
             calls.append((str(op), bool(ctx.is_recompute), d, torch.compiler.is_compiling()))
         return table[d]
