@@ -52,8 +52,10 @@ def sac_policy(decisions, kinds_of, tag_packet, prefer=False, calls=None, state=
     recomputing, with ctx.is_recompute True: those calls are counted apart, so that the recompute
     makes the forward's decisions, as a correct stateful policy must.)"""
     P = CheckpointPolicy
-    table = ({"save": P.PREFER_SAVE, "recompute": P.PREFER_RECOMPUTE, "offload": P.PREFER_CPU_OFFLOAD} if prefer
-             else {"save": P.MUST_SAVE, "recompute": P.MUST_RECOMPUTE, "offload": P.MUST_CPU_OFFLOAD})
+    # (CPU offload came with torch 2.11: before it no program with an offloading policy runs here)
+    table = ({"save": P.PREFER_SAVE, "recompute": P.PREFER_RECOMPUTE,
+              "offload": getattr(P, "PREFER_CPU_OFFLOAD", None)} if prefer
+             else {"save": P.MUST_SAVE, "recompute": P.MUST_RECOMPUTE, "offload": getattr(P, "MUST_CPU_OFFLOAD", None)})
     saves = []   # (every_other) the calls this policy decided to save, in order
     resaves = []   # (every_other) the same, while recomputing (PyTorch before 2.13)
 
