@@ -110,7 +110,8 @@ def bisect_one(path: Path, args, log) -> dict:
                 return Answer(release, CANNOT, None, 0.0, str(e))
             return run_script(env.python, script, release, args.timeout)
 
-        b = bisect(fw, src, cands, ask, log=log, anchors=tuple(v for k, v in finding.versions.items() if k == fw))
+        b = bisect(fw, src, cands, ask, log=log, anchors=tuple(
+            str(releases.parse(v)) for k, v in finding.versions.items() if k == fw))   # (2.14.1+cu130: 2.14.1)
     return {"path": path, "bisection": b}
 
 
