@@ -23,6 +23,7 @@ from conformance.engine.runner import InProcessExecutor
 from conformance.engine.search import replay_pipelines
 from conformance.engine.store import atomic_write
 from conformance.errors import UsageError
+from conformance.ir import releases
 from conformance.ir.verdict import DEVICE_REFERENCE
 from conformance.pipelines import registry
 from generators.programs import input_values
@@ -160,7 +161,7 @@ def main(args) -> int:
         r = recheck_entry(prog, inputs, finding, fixed, args.device or finding.device, expectations)
         if r["status"] == "fixed":   # fixed with the installed release of the finding's framework
             fw = registry.framework_of(finding.pipeline)
-            r["fixed_in"] = f"{fw} {installed_versions().get(fw, '?')}"
+            r["fixed_in"] = f"{fw} {releases.installed(fw) or '?'}"
             was = (finding.releases.answers if finding.releases else {}) or {}
             seen = [v for v, a in was.items() if a == "reproduces"]
             r["why"] = "; ".join([f"fixed in {r['fixed_in']}"]

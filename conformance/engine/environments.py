@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -38,7 +39,6 @@ MAX_GB = 30.0            # (files shared with uv's cache are counted in each env
 RELEASES_TTL = 24 * 3600  # seconds a cached release list is fresh
 # The harness's own runtime dependencies (requirements.lock pins them); numpy and ml_dtypes follow the frameworks.
 HARNESS_DEPS = ("pydantic", "hypothesis", "packaging", "rich", "jinja2", "matplotlib")
-FOLLOW = ("numpy", "ml_dtypes")
 BUILD_TIMEOUT = 1800
 # Releases whose wheels were built against numpy 1 (numpy 2 came with jaxlib 0.4.26 and torch 2.3)
 NUMPY1_BEFORE = {"jax": Version("0.4.26"), "torch": Version("2.3.0")}
@@ -254,8 +254,12 @@ def _ensure(pins: Pins, log) -> Env:
 def _beside(pins: Pins) -> str:
     """Where a jax-only environment finds the pinned torch: the project environment's site-packages, after its own
     (its jax, jaxlib and numpy come first), when it runs the same Python; else nothing (torch pipelines skipped)."""
-    if pins.torch:
-        return ""
+    return "" if pins.torch else _project_site_with_torch()
+
+
+@functools.lru_cache(maxsize=None)
+def _project_site_with_torch() -> str:
+    """The project environment's site-packages where it holds torch and runs this Python (asked once)."""
     proj = ROOT / ".venv" / "bin" / "python"
     if not proj.exists():
         return ""

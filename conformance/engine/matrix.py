@@ -179,14 +179,8 @@ def find_python(spec: str) -> str:
 
 def lock_requirements(overrides: dict[str, str]) -> list[str]:
     """requirements.lock with the cell's pins replacing those of the same names."""
-    out = []
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
-        m = REQUIREMENT.match(line.strip())
-        if m and m.group(1).lower() in overrides:
-            continue
-        if line.strip() and not line.lstrip().startswith("#"):
-            out.append(line.strip())
-    return out + [f"{k}=={v}" for k, v in sorted(overrides.items())]
+    return ([f"{k}=={v}" for k, v in environments.lock_pins().items() if k not in overrides]
+            + [f"{k}=={v}" for k, v in sorted(overrides.items())])
 
 
 def project_python() -> str:

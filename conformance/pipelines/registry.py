@@ -454,7 +454,7 @@ def unavailable(name: str) -> str | None:
     if s.framework not in releases.PACKAGES:   # (a test-only pipeline)
         return None
     if releases.installed(s.framework) is None:
-        return f"{s.framework} is not installed"
+        return f"{s.framework} is not installed (pip install 'remat-conformance[{s.framework}]')"
     lack = releases.lacking(s.needs)
     return releases.why(lack) if lack else None
 
