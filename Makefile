@@ -19,8 +19,11 @@ $(STAMP): requirements.lock pyproject.toml tools/find-python.sh
 	if [ ! -x "$(PY)" ]; then \
 	  interp=$$(PYTHON="$(PYTHON)" tools/find-python.sh) || exit 1; \
 	  echo "== creating $(VENV) with $$interp"; "$$interp" -m venv "$(VENV)"; fi; \
-	"$(PY)" -m pip install -q --upgrade pip >/dev/null; \
-	"$(PY)" -m pip install -q -r requirements.lock; \
+	"$(PY)" -m pip install -q --upgrade pip >/dev/null || true; \
+	for try in 1 2 3; do \
+	  "$(PY)" -m pip install -q -r requirements.lock && break; \
+	  [ $$try = 3 ] && { echo "error: installing requirements.lock failed 3 times (network or disk: df -h .)"; exit 1; }; \
+	  echo "== installing requirements.lock failed (try $$try of 3): again in $$((try * 20)) s"; sleep $$((try * 20)); done; \
 	"$(PY)" -m pip install -q --no-deps -e .; \
 	touch "$(STAMP)"
 

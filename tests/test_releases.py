@@ -272,11 +272,39 @@ def test_the_least_recently_used_environments_go_first(tmp_path, monkeypatch):
         envs.max_envs()
 
 
+def test_uv_cache_is_emptied_when_it_and_the_environments_are_over_the_bound(tmp_path, monkeypatch):
+    """uv keeps every wheel it ever installed (5 GB a torch release): it counts in the bound, each file once (an
+    environment's files are links to the cache's), and emptying it leaves the environments whole."""
+    monkeypatch.setenv(envs.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv("UV_CACHE_DIR", raising=False)
+    cache, d = tmp_path / "uv", tmp_path / "envs" / "jax-0.8.0"
+    (cache / "wheels").mkdir(parents=True)
+    d.mkdir(parents=True)
+    for name, d0 in (("pins.json", '{"jax": "0.8.0"}'), (".stamp", "x"), (".used", "1")):
+        (d / name).write_text(d0)
+    (cache / "wheels" / "jaxlib.so").write_bytes(b"x" * 3 * 2 ** 20)
+    os.link(cache / "wheels" / "jaxlib.so", d / "jaxlib.so")          # as uv installs: a hard link
+    (cache / "wheels" / "torch.so").write_bytes(b"y" * 2 * 2 ** 20)   # a release no environment holds any more
+    assert 5 <= envs.size_mb(envs.envs_dir(), cache) < 5.5            # the linked file once
+    monkeypatch.setenv(envs.MAX_GB_ENV, str(6 / 1024))
+    assert envs.evict(keep=0, log=lambda s: None) == [] and cache.is_dir()   # within 6 MB
+    monkeypatch.setenv(envs.MAX_GB_ENV, str(4 / 1024))
+    said = []
+    assert envs.evict(keep=0, log=said.append) == [] and not cache.exists()
+    assert "emptied uv's cache" in said[0] and (d / "jaxlib.so").read_bytes()[:1] == b"x"
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "theirs"))      # a cache the user names is theirs: left alone
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "big").write_bytes(b"z" * 5 * 2 ** 20)
+    envs.evict(keep=0, log=lambda s: None)
+    assert (tmp_path / "theirs" / "big").exists()
+
+
 @pytest.mark.slow
 def test_env_builds_an_old_jax_release_the_harness_runs_in_and_a_failed_build_is_one_line(tmp_path):
     """End to end, through the package registry: `env jax==0.8.0`, then the short repro of a root whose API came
     later cannot run there (exit 3) and `bisect` over two releases says so, never `fixed`."""
-    env = {**os.environ, envs.CACHE_ENV: str(tmp_path / "cache")}
+    # a fresh environments folder; uv's downloads from the project's cache (the bound on it is tested apart)
+    env = {**os.environ, envs.CACHE_ENV: str(tmp_path / "cache"), "UV_CACHE_DIR": str(envs.uv_cache_dir())}
     cli = [sys.executable, "-m", "conformance.cli"]
     r = subprocess.run(cli + ["env", "jax==0.8.0"], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr

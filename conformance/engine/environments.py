@@ -7,7 +7,10 @@ are skipped there; a jax-only environment finds the pinned torch in the project 
 packages). PyTorch comes with the CUDA libraries its wheel needs: a PyPI wheel is a CUDA build that does not
 import without them (measured for 2.2.2, 2.5.1 and 2.14.1: "libcublas.so.*[0-9] not found"), about 4-5 GB an
 environment; jaxlib is the newest up to the jax release. At most MAX_ENVS environments and MAX_GB gigabytes are kept:
-the least recently used goes first. A failed build is one line (which release, why)."""
+the least recently used goes first. uv's own cache (under the same folder unless UV_CACHE_DIR names another) counts
+in the MAX_GB: it keeps every wheel ever installed (a torch release with its CUDA libraries is about 5 GB there), so
+where the environments and it together are over the bound, it is emptied (the environments keep their files: uv
+links them). A failed build is one line (which release, why)."""
 from __future__ import annotations
 
 import contextlib
@@ -35,7 +38,7 @@ CACHE_ENV = "REMAT_CONFORMANCE_CACHE"
 MAX_ENVS_ENV = "REMAT_CONFORMANCE_MAX_ENVS"
 MAX_ENVS = 8             # a jax environment is about 0.6 GB, a torch one 4-5 GB
 MAX_GB_ENV = "REMAT_CONFORMANCE_ENVS_GB"
-MAX_GB = 30.0            # (files shared with uv's cache are counted in each environment: an upper bound)
+MAX_GB = 30.0            # the environments and uv's cache together, each file counted once
 RELEASES_TTL = 24 * 3600  # seconds a cached release list is fresh
 # The harness's own runtime dependencies (requirements.lock pins them); numpy and ml_dtypes follow the frameworks.
 HARNESS_DEPS = ("pydantic", "hypothesis", "packaging", "rich", "jinja2", "matplotlib")
@@ -157,9 +160,15 @@ def _touch(path: Path) -> None:
     (path / ".used").write_text(str(time.time()))
 
 
+def uv_cache_dir() -> Path:
+    """uv's cache for the builds: the project's own (bounded here), or the one UV_CACHE_DIR names (left alone)."""
+    return Path(os.environ.get("UV_CACHE_DIR") or cache_root() / "uv")
+
+
 def _run(cmd: list[str], pins: Pins, what: str, log) -> None:
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT,
+                           env={**os.environ, "UV_CACHE_DIR": str(uv_cache_dir())})
     except subprocess.TimeoutExpired:
         raise UsageError(f"env {pins.label}: {what} took over {BUILD_TIMEOUT} s") from None
     if r.returncode:
@@ -247,6 +256,7 @@ def _ensure(pins: Pins, log) -> Env:
     (d / ".size_mb").write_text(f"{mb:.0f}")
     (d / ".stamp").write_text(stamp)
     _touch(d)
+    _bound_uv_cache(0, log)
     log(f"== env {pins.label}: built in {time.monotonic() - t0:.0f} s ({mb:.0f} MB)")
     return env
 
@@ -270,14 +280,18 @@ def _project_site_with_torch() -> str:
     return site if site and Path(site, "torch").is_dir() else ""
 
 
-def size_mb(d: Path) -> float:
-    total = 0
-    for p in d.rglob("*"):
-        try:
-            if p.is_file() and not p.is_symlink():
-                total += p.stat().st_size
-        except OSError:
-            pass
+def size_mb(*dirs: Path) -> float:
+    """The disk these folders take, a file linked from several places (uv links the cache's files) counted once."""
+    seen, total = set(), 0
+    for d in dirs:
+        for p in d.rglob("*") if d.is_dir() else ():
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            if p.is_file() and not p.is_symlink() and (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
     return total / 2 ** 20
 
 
@@ -318,7 +332,18 @@ def _evict(keep: int, log) -> list[str]:
         shutil.rmtree(e["path"], ignore_errors=True)
         removed.append(e["path"])
         log(f"== env: removed the least recently used {e['path']}")
+    _bound_uv_cache(keep, log)
     return removed
+
+
+def _bound_uv_cache(keep: int, log) -> None:
+    """Empty the project's uv cache where it and the environments are over the bound (room for `keep` more)."""
+    cache = uv_cache_dir()
+    if os.environ.get("UV_CACHE_DIR") or not cache.is_dir():
+        return
+    if size_mb(envs_dir(), cache) + keep * 5000 > max_gb() * 1024:
+        shutil.rmtree(cache, ignore_errors=True)
+        log(f"== env: emptied uv's cache {cache} (the environments and it were over {max_gb():g} GB)")
 
 
 # -- the releases of a framework ------------------------------------------------------------------------------
