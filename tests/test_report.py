@@ -15,6 +15,7 @@ from conformance.cli.main import main as cli_main
 from conformance.reporting import render
 from conformance.reporting.build import build
 from conformance.reporting.inputs import REPORT_SCHEMA_VERSION, ReportInputError, load_run
+from tests import mutants  # noqa: F401  (registers the mutant pipelines a campaign here names, whatever ran first)
 
 FIX = Path(__file__).parent / "fixtures"
 

@@ -332,3 +332,23 @@ def test_repro_of_a_region_with_non_tensor_outputs_returns_and_drops_them(fw, tm
     assert ("return (y, None, 3, 'tag')" if fw == "torch" else "return (y, None, 3)") in src.replace("v_", ""), src
     rc, out = run_script(src, tmp_path)
     assert rc == 0 and "error during" not in out, out
+
+
+def test_a_repro_is_the_same_text_whatever_the_string_hash_seed(tmp_path):
+    """MUST_NOT_SAVE was `repr(set(...))`, whose order follows PYTHONHASHSEED: two `report`s of one run
+    directory differed (found by tools/soak.py, which compares them). Its items are now written sorted."""
+    name = "custom_rule-jax_remat3+cvjp3-f7ffa1f7"   # seven values no policy lets it save
+    path = REG / "remat3-cvjp3-fwd-runs-for-unperturbed-args.json"
+    code = (f"from conformance import repro\nfrom conformance.engine.loading import load_corpus_variants\n"
+            f"_, prog, inputs, f = next(v for v in load_corpus_variants({str(path)!r}) if v[0] == {name!r})\n"
+            f"print(repro.generate(prog, inputs, f, 'jax'))\n")
+    texts = set()
+    for seed in ("0", "1", "2"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "PYTHONHASHSEED": seed}, cwd=Path(__file__).resolve().parents[1])
+        assert r.returncode == 0, r.stderr[-2000:]
+        texts.add(r.stdout)
+    assert len(texts) == 1
+    line = next(x for x in texts.pop().splitlines() if x.startswith("MUST_NOT_SAVE ="))
+    items = ast.literal_eval(line.split("=", 1)[1].split("#")[0].strip())
+    assert len(items) == 7 and line.startswith("MUST_NOT_SAVE = {" + ", ".join(map(repr, sorted(items))) + "}")

@@ -346,3 +346,55 @@ def test_restore_takes_a_finding_missing_from_findings_json_from_the_corpus(tmp_
     other = entry.finding.model_copy(update={"signature": sig + "+smaller"})
     c.restore(recs, [other.model_dump(mode="json")])
     assert [f.signature for f in c.findings] == [sig + "+smaller"]
+
+
+def test_a_resume_counts_the_programs_of_known_behaviours_that_findings_json_had_not_saved(tmp_path, monkeypatch):
+    """findings.json is rewritten for counts only every FINDINGS_EVERY seconds: a kill loses the counts
+    of the programs since (a soak found a tracked behaviour at count 0 with a result naming it). Each
+    finding says which result it counted last (`counted_seq`); a resume counts those after it, once."""
+    from conformance.engine import campaign as cm
+    from conformance.engine.campaign import Campaign
+    from conformance.engine.options import Options
+    from tests.test_dedup import KEY, _finding
+    monkeypatch.setattr(cm, "FINDINGS_EVERY", 1e9)   # no rewrite for counts while the test runs
+    known = [_finding().model_copy(update={"tracked": "a.json", "count": 7})]
+    sig, out = known[0].signature, tmp_path / "o"
+
+    def campaign(resume):
+        c = Campaign(Options(pipelines=["jax:remat3"]), Store(out, resume=resume), executor=None, expectations=None)
+        if resume:
+            recs, _ = c.store.results()
+            c.restore(recs, c.store.read_findings())
+        c.track(known)
+        return c
+
+    def hit(c, i, label=KEY[3], twice=False):   # twice: against two references (counted twice)
+        keys = [[*KEY[:3], label], [KEY[0], KEY[1], "ref:f64", label]][:1 + twice]
+        c.handle({"ev": "result", "rec": {"type": "result", "hash": f"{i:016x}", "seed": i, "seq": -1,
+                                         "known_signatures": [sig] * len(keys), "known_keys": keys,
+                                         "features": ["checkpoint", "policy:nothing"]}})
+
+    def counts(c):
+        f = next(f for f in c.findings if f.signature == sig)
+        return f.count, dict((k, s.count) for k, s in f.variants["labels"].items())
+
+    c = campaign(False)
+    c.store.write_run({})
+    hit(c, 0)
+    c._write_findings()                       # saved: count 1, counted through seq 0
+    hit(c, 1, twice=True)
+    hit(c, 2, "extra")                        # counted in memory, not saved
+    assert counts(c) == (4, {KEY[3]: 4, "extra": 1})   # (the entry's own label counts once, as stamped)
+    c.store.close()                           # killed: no final write
+    assert json.loads((out / "findings.json").read_text())[0]["count"] == 1
+    c = campaign(True)
+    assert counts(c) == (4, {KEY[3]: 4, "extra": 1})
+    c._write_findings()
+    assert counts(campaign(True)) == (4, {KEY[3]: 4, "extra": 1})   # resumed again: nothing counted twice
+    # killed before findings.json was ever written: every program that showed it is counted on resume
+    (out / "findings.json").unlink()
+    assert counts(campaign(True)) == (4, {KEY[3]: 4, "extra": 1})
+    # a corpus entry does not carry the mark (a --known entry's count is the run's own)
+    c._write_corpus(c.findings[0])
+    entry = json.loads(next(c.store.corpus_files()).read_text())
+    assert c.findings[0].counted_seq == 2 and "counted_seq" not in entry["finding"]

@@ -46,7 +46,8 @@ from conformance.ir import releases
 from conformance.ir.nodes import Limits
 from conformance.pipelines import registry as reg
 from conformance.reporting.issue_text import issue_text_or_reason
-from conformance.reporting.summary import summary_markdown
+from conformance.reporting.refresh import refresh_issue_texts
+from conformance.reporting.summary import campaign_run, summary_markdown
 from generators.programs import input_values
 from oracles.expectations import Expectations
 from oracles.judge import judge
@@ -207,7 +208,8 @@ def _run(args) -> int:
     store.write_run(run_info)
     executor = _executor(opts) if jobs == 1 else None   # jobs > 1: each searcher builds its own
     progress = None if args.quiet else Progress().start()
-    camp = Campaign(opts, store, executor, expectations, progress, versions, issue_text=issue_text_or_reason)
+    camp = Campaign(opts, store, executor, expectations, progress, versions,
+                    issue_text=lambda f: issue_text_or_reason(f, started=run_info.get("started")))
     if args.resume:
         try:
             camp.restore(prev_results, prev_findings)
@@ -224,6 +226,7 @@ def _run(args) -> int:
             executor.close()
         if progress is not None:
             progress.stop()
+        _refresh_issue_texts(camp, run_info)   # before summary.md, which links each issue text it finds
         store.write_summary(summary_markdown(camp, run_info))
         store.close()
     new = camp.new_findings()
@@ -244,6 +247,19 @@ def _run(args) -> int:
     if camp.interrupted:
         return 130
     return EXIT_FINDINGS if (args.strict and new) else EXIT_OK
+
+
+def _refresh_issue_texts(camp, run_info: dict) -> None:
+    """Each finding's issue.md rewritten with what summary.md shows of it at the end (programs of every
+    piece of a resumed campaign, variants, first-seen time): it was written when the finding was first
+    shrunk. A failure here is a warning: the summary is still written."""
+    try:
+        done = refresh_issue_texts(campaign_run(camp, run_info), create=True)
+    except Exception as e:  # noqa: BLE001 - an issue text is never a reason to lose the summary
+        done = None
+        print(f"warning: issue texts not refreshed: {type(e).__name__}: {e}", file=sys.stderr)
+    for w in (done.warnings if done is not None else []):
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def _isolate(args) -> bool:

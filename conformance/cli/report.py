@@ -4,6 +4,7 @@ from __future__ import annotations
 from conformance.errors import UsageError
 from conformance.reporting.build import build
 from conformance.reporting.inputs import ReportInputError, load_run
+from conformance.reporting.refresh import refresh_issue_texts
 from conformance.reporting.render import write
 from conformance.reporting.versions import history, load_recheck
 from oracles.expectations import Expectations
@@ -45,4 +46,10 @@ def main(args) -> int:
           f"{t['fixed']} fixed); wrote " + ", ".join(str(p) for p in paths))
     for w in rep["warnings"]:
         print(f"warning: {w}")
+    for r in runs:   # the results directories read (not the baselines): their existing issue texts, up to date
+        done = refresh_issue_texts(r)
+        if done.written:
+            print(f"refreshed {len(done.written)} issue text(s) in {r.dir}/corpus/")
+        for w in done.warnings:
+            print(f"warning: {w}")
     return 1 if (args.strict and t["new"]) else 0

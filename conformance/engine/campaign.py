@@ -46,6 +46,7 @@ class Campaign:
         self.shrinking: dict[int, dict] = {}                     # searcher -> its current shrink
         self.shrink_sizes: list[tuple[int, int]] = []            # (shrunk, original) per finding record
         self.done_rounds: set[int] = set()
+        self._restored: list[dict] = []                          # resume: result records that showed a finding
         self.start = time.monotonic()
         self.elapsed_before = 0.0
         self.interrupted = False
@@ -61,7 +62,8 @@ class Campaign:
         have = {f.tracked for f in self.findings if f.tracked}
         for f in known:
             if f.tracked not in have:
-                self.findings.append(stamp(f.model_copy(update={"count": 0, "variants": {}})))
+                self.findings.append(stamp(f.model_copy(update={"count": 0, "variants": {}, "counted_seq": None})))
+        self._count_unsaved_hits()   # a resume: the programs that showed one before findings.json had it
 
     def new_findings(self) -> list[Finding]:
         return [f for f in self.findings if f.tracked is None]
@@ -145,6 +147,34 @@ class Campaign:
                         self.findings.append(f)
                     break
         self.elapsed_before = max([r.get("t", 0.0) for r in results] or [0.0])
+        self._restored = [r for r in results if r.get("type") == "result" and r.get("known_signatures")]
+        self._count_unsaved_hits()
+
+    def _count_unsaved_hits(self) -> None:
+        """Count under each finding the restored results that showed it and that its count in
+        findings.json does not include (those after its `counted_seq`: findings.json is rewritten for
+        counts only every FINDINGS_EVERY seconds, so a kill loses the counts of the last few programs).
+        Again after `track` (a known behaviour findings.json did not have yet has none counted)."""
+        by_sig = {f.signature: f for f in self.findings}
+        for rec in self._restored:
+            self._count_hits(rec, by_sig, unsaved=True)
+
+    def _count_hits(self, rec: dict, by_sig: dict[str, Finding], unsaved: bool = False) -> None:
+        """Count result `rec` under each finding it showed (its known_signatures), with the variant it
+        showed; `unsaved`: only under those whose count does not include it yet."""
+        keys = rec.get("known_keys") or [None] * len(rec.get("known_signatures", []))
+        # (a program may show one behaviour twice, against two references: counted twice, and whether
+        # it is counted already decided once)
+        done = {s for s in rec.get("known_signatures", []) if unsaved and s in by_sig
+                and by_sig[s].counted_seq is not None and rec["seq"] <= by_sig[s].counted_seq}
+        for sig, key in zip(rec.get("known_signatures", []), keys):
+            f = by_sig.get(sig)
+            if f is None or sig in done:
+                continue
+            f.count += 1
+            f.counted_seq = rec["seq"]
+            if key:   # the variant this program showed of the known behaviour
+                record_variant(f, variant_values([key[1]], key[3], rec.get("features", [])), rec["t"])
 
     def _account(self, r: dict, seen: bool = True) -> None:
         if seen:
@@ -166,14 +196,7 @@ class Campaign:
             rec["t"] = round(self.elapsed(), 3)
             if self.store.append_result(rec):    # False: already recorded (a replayed shrink)
                 self._account(rec)
-                by_sig = {f.signature: f for f in self.findings}
-                keys = rec.get("known_keys") or [None] * len(rec.get("known_signatures", []))
-                for sig, key in zip(rec.get("known_signatures", []), keys):
-                    if sig in by_sig:
-                        by_sig[sig].count += 1
-                        if key:   # the variant this program showed of the known behaviour
-                            record_variant(by_sig[sig], variant_values([key[1]], key[3], rec.get("features", [])),
-                                           rec["t"])
+                self._count_hits(rec, {f.signature: f for f in self.findings})
                 if rec.get("known_signatures") and time.monotonic() - self._findings_written >= FINDINGS_EVERY:
                     self._write_findings()   # counts only: at most every few seconds
             else:
@@ -212,7 +235,7 @@ class Campaign:
         entry = CorpusEntry(program=f.program, inputs=f.inputs, finding=f, versions=f.versions)
         # named by check, pipeline and program: two findings of one program keep two entries
         stem = corpus_entry_stem(f.check, f.pipeline, f.program_hash)
-        self.store.write_corpus(stem, entry.model_dump(mode="json"))
+        self.store.write_corpus(stem, entry.model_dump(mode="json", exclude={"finding": {"counted_seq"}}))
         if self.issue_text and wants_issue(f):   # bugs and questions: a documented or harness root has none
             self.store.write_issue(stem, self.issue_text(f))
 

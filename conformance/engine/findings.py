@@ -103,6 +103,10 @@ class Finding(BaseModel):
     size: int | None = None
     expectation: str | None = None
     first_seen: float | None = None   # seconds into the campaign
+    # The `seq` of the last result record (results.jsonl) whose program `count` includes (a known
+    # behaviour it showed): findings.json is rewritten for counts only every few seconds, so a resumed
+    # campaign counts the records after it again (Campaign.restore). Not written to corpus entries.
+    counted_seq: int | None = None
     # Keys (check, pipeline, reference, error type) on which the shrunk program fails the same way:
     # the same root behaviour on sibling pipelines (remat3 and remat3+cvjp3, their :jit forms...).
     reproduces: list[list[str]] = Field(default_factory=list)

@@ -48,7 +48,7 @@ def check_finding(f, where: str) -> None:
         raise UsageError(f"{where}.program_hash: must be 16 hex digits")
     for k, x in enumerate(f.features):
         if x not in features:
-            raise UsageError(f"{where}.features[{k}]: unknown feature {x!r} (see the README's feature vocabulary)")
+            raise UsageError(f"{where}.features[{k}]: unknown feature {x!r} (see docs/reference/features.md)")
     for k, v in f.versions.items():
         if not (TOKEN.match(k) and isinstance(v, str) and TOKEN.match(v)):
             raise UsageError(f"{where}.versions.{k}: names and versions must match {TOKEN.pattern}")

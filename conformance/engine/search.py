@@ -252,6 +252,8 @@ def merge_finding(findings: list[Finding], f: Finding) -> tuple[Finding, bool]:
             # title and class
             f.count, f.reproduces, f.tracked, f.variants = g.count, g.reproduces, g.tracked, g.variants
             f.title, f.triage = g.title or f.title, g.triage if g.tracked else f.triage
+            if g.first_seen is not None and (f.first_seen is None or g.first_seen < f.first_seen):
+                f.first_seen = g.first_seen   # the behaviour was first seen then, whichever program now shows it
             findings[k] = f
             return f, True
         return g, False

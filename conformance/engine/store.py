@@ -26,6 +26,7 @@ FINDINGS = "findings.json"
 RUN = "run.json"
 SUMMARY = "summary.md"
 CORPUS = "corpus"
+ISSUE = ".issue.md"   # corpus/<entry>.issue.md: a finding's upstream-ready issue text
 
 
 class StoreError(ValueError):
@@ -56,12 +57,19 @@ def _sigint_deferred():
 
 
 def atomic_write(path: Path, text: str) -> None:
+    """Write `path` through a temporary file and os.replace: a reader (or a kill) sees the old text or
+    the new one, never part of it. A failed write leaves no temporary file behind."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     _sync_dir(path.parent)
 
 
@@ -347,9 +355,7 @@ class Store:
 
     def write_issue(self, name: str, text: str) -> Path:
         """The upstream-ready issue text beside corpus entry `name` (conformance/reporting/issue_text.py)."""
-        p = self.dir / CORPUS / f"{name}.issue.md"
-        atomic_write(p, text)
-        return p
+        return write_issue_text(self.dir, name, text)
 
     def corpus_files(self) -> Iterator[Path]:
         return iter(sorted((self.dir / CORPUS).glob("*.json")))
@@ -367,6 +373,19 @@ class Store:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+def issue_path(run_dir: str | Path, name: str) -> Path:
+    """The issue text of corpus entry `name` (its file name without .json) of run directory `run_dir`."""
+    return Path(run_dir) / CORPUS / f"{name}{ISSUE}"
+
+
+def write_issue_text(run_dir: str | Path, name: str, text: str) -> Path:
+    """Write (or rewrite) an issue text atomically: a kill leaves the old text or the new one, never a
+    torn file (the campaign's first write, its final refresh and `report`'s refresh alike)."""
+    p = issue_path(run_dir, name)
+    atomic_write(p, text)
+    return p
 
 
 def dumps(obj: Any) -> str:

@@ -1,4 +1,4 @@
-"""Program features: the documented vocabulary (README "Feature vocabulary") and what a
+"""Program features: the documented vocabulary (docs/reference/features.md, generated) and what a
 program has of it. Expectations, signatures, the swarm's coverage table and reports read them.
 
 Program layer: imports the IR and the op table only.
@@ -28,7 +28,7 @@ from conformance.ir.policy import KINDS, POLICY_KINDS, combines, offloads
 if TYPE_CHECKING:   # (the Program model reads this module)
     from conformance.ir.program import Program
 
-# Features: a documented vocabulary (README "Feature vocabulary"), each declared once with what a
+# Features: a documented vocabulary (docs/reference/features.md, generated), each declared once with what a
 # campaign's focus needs to generate it (the generator's swarm dimensions: generators.swarm reads them).
 # Op features come from the op table (conformance.ir.ops.feature).
 FEATURES: dict[str, Feature] = {

@@ -106,13 +106,13 @@ class Share:
 
 @dataclass(frozen=True)
 class Spec:
-    name: str
-    framework: str
-    cls: str
-    role: str = RIVAL
-    remat: bool = True
-    f64: bool = False
-    jit: bool = False
+    name: str                        # framework:settings, e.g. jax:remat3:jit
+    framework: str                   # jax or torch (the value reference ref:f64 runs in JAX)
+    cls: str                         # the class that runs it, in the framework's pipeline module
+    role: str = RIVAL                # value, baseline, reference or rival (the module's docstring)
+    remat: bool = True               # checkpoint regions as checkpoints (False: the no-checkpoint references)
+    f64: bool = False                # every value in float64 (the value reference)
+    jit: bool = False                # JAX: forward and backward under jax.jit (else eager)
     variant: str = "remat2"          # JAX: the remat variant (its flags)
     compile: str | None = None       # torch: the torch.compile backend
     partitioner: str = "min_cut"     # torch aot_eager: min_cut or default
@@ -140,7 +140,7 @@ class Spec:
                                      # inputs and outputs replicated (each device runs it whole), differentiated outside
     sharded: bool = False            # JAX: jax.jit over inputs placed with NamedSharding on SHARD_MAP_DEVICES CPU
                                      # devices (a leading axis that divides evenly is split, the rest replicated)
-    compare: tuple[Compare, ...] = ()
+    compare: tuple[Compare, ...] = ()   # the pipelines it is judged against, the first that ran, and how
     added_with: frozenset = field(default_factory=frozenset)   # added to runs with rivals of these frameworks
     default: bool = False            # in the default set of rivals
     # JAX: also record JAX's own residual report (saved_residuals) of the function it

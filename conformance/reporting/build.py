@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,52 @@ def _finding_obj(f, status: str, cells: list[str], with_repro: bool) -> dict:
     }
 
 
+@dataclass
+class Merged:
+    """One finding as every output shows it: its findings of one matrix cell (one per signature; a
+    tracked root's variants as one) merged, the smallest program kept, their programs counted
+    (`count`), their variants added and the earliest first-seen time kept."""
+    finding: Any          # conformance.engine.findings.Finding (a copy where several were merged)
+    cells: list[str]      # the matrix cells it was seen in
+    dir: Path             # the run directory of the kept finding (its corpus/ holds its issue text)
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def merge_findings(inputs: list[RunData]) -> list[Merged]:
+    """The findings of runs `inputs` (their cells labelled) as summary.md, the report and each
+    issue.md (conformance.reporting.refresh) count them: the one place a finding's programs,
+    variants and first-seen time are added up. A known behaviour (`run --known`) a run never saw
+    is left out."""
+    merged: dict[tuple, Merged] = {}
+    for r in inputs:
+        for f in r.findings:
+            if f.tracked is not None and not f.count:
+                continue   # a known behaviour (`run --known`) this run never saw
+            # a tracked root and a new finding stay apart; a tracked root is one entry whichever variants were seen
+            k = (f.tracked, r.cell) if f.tracked is not None else (f.signature, r.cell, None)
+            m = merged.get(k)
+            if m is None:
+                merged[k] = Merged(f, [r.cell], r.dir)
+                continue
+            g = m.finding
+            keep = f if (f.size or 1 << 30) < (g.size or 1 << 30) else g
+            if keep is f:
+                m.dir = r.dir
+            other = g if keep is f else f
+            keep = keep.model_copy(deep=True)   # the variants of both are counted in the copy
+            keep.variants = variants_of(keep)
+            merge_variants(keep, other.model_copy(update={"variants": variants_of(other)}))
+            keep.count = g.count + f.count
+            keep.first_seen = _earliest(g.first_seen, f.first_seen)
+            m.finding = keep
+            if r.cell not in m.cells:
+                m.cells.append(r.cell)
+    return list(merged.values())
+
+
 def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_repro: bool = True,
           expectations=None) -> dict:
     """The whole report as one JSON-serialisable object (report.json). `expectations`: what stale
@@ -211,31 +258,7 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
     grid, ran_on, check_ran, coverage = tally.grid, tally.ran, tally.check_ran, tally.coverage
     programs = tally.programs
     # findings: one per signature and cell, smallest program kept; grouped by behaviour key
-    merged: dict[tuple, Any] = {}
-    cells_of: dict[tuple, list[str]] = defaultdict(list)
-    dir_of: dict[tuple, Path] = {}   # the run directory of the kept finding (its corpus/ holds its issue text)
-    for r in inputs:
-        for f in r.findings:
-            if f.tracked is not None and not f.count:
-                continue   # a known behaviour (`run --known`) this run never saw
-            # a tracked root and a new finding stay apart; a tracked root is one entry whichever variants were seen
-            k = (f.tracked, r.cell) if f.tracked is not None else (f.signature, r.cell, None)
-            if k in merged:
-                g = merged[k]
-                keep = f if (f.size or 1 << 30) < (g.size or 1 << 30) else g
-                if keep is f:
-                    dir_of[k] = r.dir
-                other = g if keep is f else f
-                keep = keep.model_copy(deep=True)   # the variants of both are counted in the copy
-                keep.variants = variants_of(keep)
-                merge_variants(keep, other.model_copy(update={"variants": variants_of(other)}))
-                keep.count = g.count + f.count
-                merged[k] = keep
-            else:
-                merged[k] = f
-                dir_of[k] = r.dir
-            if r.cell not in cells_of[k]:
-                cells_of[k].append(r.cell)
+    merged = merge_findings(inputs)
     base_keys: set[tuple] = set()
     base_findings: dict[tuple, Any] = {}
     for b in baselines:
@@ -244,15 +267,13 @@ def build(inputs: list[RunData], baselines: list[RunData] | None = None, with_re
                 continue
             base_keys.add(f.key())
             base_findings.setdefault(f.key(), f)
-    cur_keys = {f.key() for f in merged.values()}
+    cur_keys = {m.finding.key() for m in merged}
     ran = {p for r in inputs if r.info for p in r.info.options.pipelines} | {row for row in rows}
     findings = []
-    for k, f in merged.items():
-        if f.tracked is not None and not f.count:
-            continue   # a known behaviour (`run --known`) this run never saw
+    for m in merged:
+        f = m.finding
         status = "persisting" if (f.key() in base_keys or f.tracked is not None) else "new"
-        findings.append({**_finding_obj(f, status, cells_of[k], with_repro),
-                         "run_dir": str(dir_of[k])})
+        findings.append({**_finding_obj(f, status, m.cells, with_repro), "run_dir": str(m.dir)})
     # new roots before tracked ones (`run --known`); bugs first (then questions, documented
     # behaviours, harness limits); within a class by check
     # (a tracked root bisected to a regression before a long-standing one)

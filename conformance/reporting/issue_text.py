@@ -33,6 +33,9 @@ from conformance.pipelines import registry
 from conformance.repro import short
 from conformance.repro.plan import ReproError
 
+REPRO_HEAD = "\n## Repro"   # where an issue text's repro section starts
+NOT_WRITTEN = "The issue text could not be written: "
+
 
 def short_repro_or_reason(prog, inputs, f) -> tuple[str | None, str]:
     """(the short repro's source, "") or (None, why there is none)."""
@@ -57,12 +60,13 @@ def _squeeze(src: str) -> list[str]:
 
 def issue_markdown(prog, inputs, f, cells: list[str] | None = None, *, reference_why: str = "",
                    variants: dict | None = None, entry: str | None = None, root: str | None = None,
-                   programs: int | None = None, releases=None) -> str:
+                   programs: int | None = None, releases=None, started: str | None = None) -> str:
     """The issue text of finding `f` (its program `prog` and `inputs`): under 80 lines.
     `reference_why`: a corpus root's own words for why its reference is the reference;
     `variants`: the root's variants (default: the finding's); `entry`: the corpus file a
     maintainer's harness reads (default: the campaign's corpus entry of the finding); `root` and
-    `programs`: the corpus root's slug and how many programs it holds; `releases`: its bisection (ReleaseRange)."""
+    `programs`: the corpus root's slug and how many programs it holds; `releases`: its bisection (ReleaseRange);
+    `started`: when its campaign started (run.json), said beside the first-seen time."""
     exp, act = expected_actual(f)
     fw = registry.framework_of(f.pipeline)
     fw = fw if fw in registry.FRAMEWORKS else "jax"
@@ -70,10 +74,11 @@ def issue_markdown(prog, inputs, f, cells: list[str] | None = None, *, reference
     t = triage_of(f)
     vs = ", ".join(f"{k} {v}" for k, v in sorted(f.versions.items()))
     flags = ", ".join(f"{k}={v}" for k, v in sorted(f.flags.items()) if is_setting(k, v)) or "defaults"
-    seen = f"{f.count} program(s)" + (f", {first_seen_text(f)}" if f.first_seen else "")
+    seen = f"{f.count} program(s), " + (f"{first_seen_text(f)}" + (f" (campaign started {started})" if started else "")
+                                       if f.first_seen is not None else "first seen: unknown")
     if root is not None:
         seen = (f"{programs or 1} program(s) in the regression-corpus root `{root}`"
-                + (f"; the one below {first_seen_text(f)} that found it" if f.first_seen else ""))
+                + (f"; the one below {first_seen_text(f)} that found it" if f.first_seen is not None else ""))
     if cells:
         seen += "; matrix cells: " + "; ".join(c or "(single cell)" for c in cells)
     why = (reference_why or why_reference(f)).strip().rstrip(".")
@@ -106,7 +111,7 @@ def issue_markdown(prog, inputs, f, cells: list[str] | None = None, *, reference
 
 def issue_text_or_reason(f, cells: list[str] | None = None, *, reference_why: str = "", variants: dict | None = None,
                          entry: str | None = None, root: str | None = None, programs: int | None = None,
-                         releases=None) -> str:
+                         releases=None, started: str | None = None) -> str:
     """What `issue.md` holds for a finding as a campaign holds it (program and encoded inputs): its
     issue text for a bug or a question; for a documented behaviour or a harness limit, one line
     saying why there is none (wants_issue tells a caller that would rather not write it). A text
@@ -116,9 +121,9 @@ def issue_text_or_reason(f, cells: list[str] | None = None, *, reference_why: st
     try:
         return issue_markdown(Program.model_validate(f.program), decode_inputs(f.inputs) if f.inputs else None,
                               f, cells, reference_why=reference_why, variants=variants, entry=entry, root=root,
-                              programs=programs, releases=releases)
+                              programs=programs, releases=releases, started=started)
     except Exception as e:  # noqa: BLE001 - a report text, never a reason to lose a finding
-        return f"# {f.signature}\n\nThe issue text could not be written: {type(e).__name__}: {e}\n"
+        return f"# {f.signature}\n\n{NOT_WRITTEN}{type(e).__name__}: {e}\n"
 
 
 def corpus_issue_text(path) -> str:

@@ -41,6 +41,13 @@ def _fmt_array(a: np.ndarray) -> str:
     return f"np.array({json.dumps(data)}, dtype=np.{dtype})" if a.ndim else f"np.array({float(a)!r}, dtype=np.{dtype})"
 
 
+def _set_literal(items) -> str:
+    """A set's source with its items sorted: `repr` of a set of strings follows the process's string hash
+    (PYTHONHASHSEED), so two builds of one report would differ."""
+    items = sorted(set(items))
+    return "{" + ", ".join(map(repr, items)) + "}" if items else "set()"
+
+
 def _dialect(framework: str, prog) -> dict:
     """What the template of one framework needs from its lowering table."""
     if framework == "jax":
@@ -72,7 +79,7 @@ def generate(prog, inputs: dict[str, np.ndarray] | None, finding=None, framework
         value_ref=registry.value_reference(),
         rtol=repr(rtol), atol=repr(atol), expect_raises=repr(pl.expect_raises), expect_why=pl.expect_why,
         timeout=300 if pl.check != "timeout" else 120, names=repr(names),
-        must_not_save=repr(set(must_not_save(prog)) or set()),
+        must_not_save=_set_literal(must_not_save(prog)),
         seen=repr({"versions": seen_versions, "observed": seen_lines}),
         inputs=[(k, _fmt_array(np.asarray(inputs[k]))) for k in [i.id for i in prog.inputs]],
         diff_ids=[e.n[i.id] for i in prog.diff_inputs()], diff_keys=[i.id for i in prog.diff_inputs()],
