@@ -148,6 +148,26 @@ def test_every_new_behaviour_of_one_program_is_shrunk(tmp_path):
                                                    ("residuals", TWO_BUGS, "jax:remat2")}
 
 
+def test_a_behaviour_the_budget_left_unshrunk_is_filed_as_seen(tmp_path):
+    """The budget runs out while the program's first behaviour is shrunk: its second behaviour is a finding all
+    the same, unshrunk (it was lost from findings.json; under load the crash-and-hang campaign lost its hang)."""
+    names = list(registry.REFERENCES) + ["jax:remat2", TWO_BUGS]
+    opts = Options(pipelines=names, budget=600, max_examples=1, round_size=1, seed=3, shrink_steps=20,
+                   generator=Config(max_stmts=2))
+    store = Store(tmp_path / "out")
+    camp = Campaign(opts, store, InProcessExecutor(), Expectations.load())
+    spent = camp.over_budget
+    camp.over_budget = lambda grace=0.0: bool(camp.findings) or spent(grace)   # spent once the first is filed
+    camp.run()
+    assert camp.checked == 1
+    by_key = {(f.check, f.pipeline, f.reference): f for f in camp.findings}
+    assert set(by_key) == {("gradient", TWO_BUGS, "jax:none"), ("residuals", TWO_BUGS, "jax:remat2")}, set(by_key)
+    first, second = sorted(by_key.values(), key=lambda f: f.first_seen)
+    assert first.shrunk and not second.shrunk and second.shrink_steps == 0
+    assert second.size == second.original_size and TWO_BUGS in second.detail["observations"]
+    assert {r["key"][0] for r in store.results()[0] if r.get("type") == "finding"} == {"gradient", "residuals"}
+
+
 def test_two_findings_of_one_program_keep_two_corpus_entries(tmp_path):
     """Two behaviours shrunk to the same program (eager SAC against JAX, and compiled against
     eager SAC, torch campaign seed 21) are two corpus entries, each with its own finding."""

@@ -495,8 +495,10 @@ class Searcher:
         self.slot = 0
         self.round = 0
         # a checked program's new behaviours after the first, shrunk next from that program:
-        # (hash, seed) -> (verdicts, observations, the program's failing keys)
+        # (hash, seed) -> (verdicts, observations, the program's failing keys); and what a behaviour the search
+        # stopped before shrinking is filed with (`file_deferred`): (program, its judgement)
         self.deferred: dict[tuple, tuple[list[Verdict], dict, set]] = {}
+        self.deferred_programs: dict[tuple, tuple[Program, object]] = {}
 
     # -- known behaviours --------------------------------------------------------------
     def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
@@ -546,10 +548,13 @@ class Searcher:
                 t, self.target = self.target, None
                 self._finish(t)
                 if self.should_stop():
+                    self.file_deferred()
                     return False
                 continue   # the rest of the round: checked slots are skipped
             if not self.halted:
                 self.emit({"ev": "round", "round": r})
+            else:
+                self.file_deferred()
             return not self.halted
 
     def _body(self, case):
@@ -602,6 +607,7 @@ class Searcher:
         self.emit({"ev": "result", "rec": rec})
         if new:
             self.deferred[h] = (new[1:], obs, failing)
+            self.deferred_programs[h] = (prog, j)
             self._start_shrink(new[0], prog, seed, obs, h)
 
     def _shrink_deferred(self, prog: Program, seed: int, h: tuple):
@@ -613,6 +619,28 @@ class Searcher:
             if self.known(v, feats, failing) is None:
                 self._start_shrink(v, prog, seed, obs, h)
         del self.deferred[h]
+        self.deferred_programs.pop(h, None)
+
+    def file_deferred(self) -> None:
+        """The search stops (its budget is spent) with new behaviours of checked programs not yet shrunk: each is
+        filed as it was seen, unshrunk, so that nothing the campaign saw is missing from its findings (a resumed
+        campaign's pending shrinks are those of a kill, not of a spent budget)."""
+        for h, (pending, obs, failing) in list(self.deferred.items()):
+            prog, j = self.deferred_programs.get(h, (None, None))
+            for v in pending if prog is not None else ():
+                if self.known(v, prog.features(), failing) is not None:
+                    continue
+                obs0 = obs.get(v.pipeline)
+                f = make_finding(v, prog, input_values(prog, h[1]), obs0.versions if obs0 else self.versions,
+                                 obs0.flags if obs0 else {}, self.opts.device)
+                f.shrunk, f.shrink_steps, f.original_size = False, 0, prog.size()
+                f.detail = {**f.detail, "observations": obs_digest(obs, v.pipeline)}
+                f.reproduces = sibling_keys(j, v.key())
+                f.root = root_key(f)
+                self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(h),
+                           "shrink_steps": 0, "size": f.size, "original_size": f.size})
+        self.deferred.clear()
+        self.deferred_programs.clear()
 
     def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
         self.shrinks_per_key[v.key()] += 1
