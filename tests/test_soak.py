@@ -140,11 +140,11 @@ def test_options():
 
 @pytest.mark.slow
 def test_a_short_soak_of_a_real_campaign(tmp_path):
-    """About 30 s of campaign time killed every 9..15 s: every kill survived, nothing lost, twice or torn,
+    """About 21 s of campaign time killed every 6..11 s: every kill survived, nothing lost, twice or torn,
     the counts and the report those of the results."""
     out = tmp_path / "soak"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "soak.py"), "--minutes", "0.5", "--kill-every",
-                        "0.15..0.25", "--seed", "3", "--out", str(out), "--run-args",
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "soak.py"), "--minutes", "0.35", "--kill-every",
+                        "0.1..0.18", "--seed", "3", "--out", str(out), "--run-args",
                         "--pipelines jax:remat3 --jobs 1 --no-isolate --max-stmts 3 --shrink-seconds 2 "
                         f"--shrink-steps 1 --known {ROOT / 'tests' / 'regressions'}"],
                        capture_output=True, text=True, timeout=240, cwd=ROOT)
@@ -155,6 +155,6 @@ def test_a_short_soak_of_a_real_campaign(tmp_path):
     assert fig["report_equal"], fig["report_differences"]
     assert fig["programs"] == json.loads((out / "report" / "report.json").read_text())["totals"]["programs"] > 0
     assert fig["pieces"][-1]["resumed"] == fig["kills"]
-    # the budget is the campaign's, not each piece's: a little over 30 s of campaign time in all
-    assert 30 <= fig["campaign_seconds"] < 45
+    # the budget is the campaign's, not each piece's: a little over 21 s of campaign time in all
+    assert 21 <= fig["campaign_seconds"] < 36
     assert "programs checked" in r.stdout and "soak passed" in r.stdout
