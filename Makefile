@@ -32,7 +32,7 @@ run: $(STAMP)
 	$(VENV)/bin/remat-conformance report reports/latest --out reports/latest/report
 
 test: $(STAMP) browser lint-tools
-	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto -q --durations=15 $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto --dist worksteal -q --durations=15 $(PYTEST_ARGS)
 
 # Re-record what the gate compares against (tools/snapshot.py): the gate campaigns' per-program
 # verdicts (tests/data/gate_snapshot.json) and the regression corpus's details. Only on purpose;
