@@ -114,7 +114,7 @@ def test_reports_compare_without_the_build_time_and_the_run_directory():
 
 @pytest.mark.parametrize("argv, says", [
     (["--minutes", "0"], "--minutes must be > 0"),
-    (["--minutes", "x"], "--minutes must be a number"),
+    (["--minutes", "x"], "--minutes must be a float"),
     (["--kill-every", "5-15"], "--kill-every must be A..B"),
     (["--kill-every", "15..5"], "0 < A <= B"),
     (["--kill-every", "0..1"], "0 < A <= B"),

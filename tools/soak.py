@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from conformance.engine.loading import corpus_entry_stem
+from conformance.engine.options import positive
 from conformance.engine.store import CORPUS, FINDINGS, RESULTS, RUN, StoreError, check_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,16 +89,6 @@ class SoakError(Exception):
 
 
 # -- options ---------------------------------------------------------------------------------
-def _minutes(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--minutes must be a number of minutes, got {s!r}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"--minutes must be > 0 (and finite), got {s!r}")
-    return v
-
-
 def kill_every(s: str) -> tuple[float, float]:
     """--kill-every A..B (minutes, 0 < A <= B), or A alone for A..A."""
     a, sep, b = s.partition("..")
@@ -136,7 +127,7 @@ def run_args(s: str) -> list[str]:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="tools/soak.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=_minutes, default=120.0,
+    p.add_argument("--minutes", type=positive(float, "--minutes"), default=120.0,
                    help="the campaign's length: its --budget, summed over its resumed pieces (default 120)")
     p.add_argument("--kill-every", type=kill_every, default=(5.0, 15.0), metavar="A..B",
                    help="minutes between kills, drawn uniformly from [A, B] (default 5..15)")
