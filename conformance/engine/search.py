@@ -495,10 +495,9 @@ class Searcher:
         self.slot = 0
         self.round = 0
         # a checked program's new behaviours after the first, shrunk next from that program:
-        # (hash, seed) -> (verdicts, observations, the program's failing keys); and what a behaviour the search
-        # stopped before shrinking is filed with (`file_deferred`): (program, its judgement)
-        self.deferred: dict[tuple, tuple[list[Verdict], dict, set]] = {}
-        self.deferred_programs: dict[tuple, tuple[Program, object]] = {}
+        # (hash, seed) -> (verdicts, observations, the program's failing keys, the program and its judgement: what
+        # a behaviour the search stopped before shrinking is filed with, `file_deferred`)
+        self.deferred: dict[tuple, tuple[list[Verdict], dict, set, Program, object]] = {}
 
     # -- known behaviours --------------------------------------------------------------
     def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
@@ -606,41 +605,46 @@ class Searcher:
             errors={n: o.error.type for n, o in obs.items() if o.error is not None}).line()
         self.emit({"ev": "result", "rec": rec})
         if new:
-            self.deferred[h] = (new[1:], obs, failing)
-            self.deferred_programs[h] = (prog, j)
+            self.deferred[h] = (new[1:], obs, failing, prog, j)
             self._start_shrink(new[0], prog, seed, obs, h)
 
     def _shrink_deferred(self, prog: Program, seed: int, h: tuple):
         """Shrink the next new behaviour of an already checked program that no finding covers yet."""
-        pending, obs, failing = self.deferred[h]
+        pending, obs, failing, _, _ = self.deferred[h]
         feats = prog.features()
         while pending:
             v = pending.pop(0)
             if self.known(v, feats, failing) is None:
                 self._start_shrink(v, prog, seed, obs, h)
         del self.deferred[h]
-        self.deferred_programs.pop(h, None)
 
     def file_deferred(self) -> None:
         """The search stops (its budget is spent) with new behaviours of checked programs not yet shrunk: each is
         filed as it was seen, unshrunk, so that nothing the campaign saw is missing from its findings (a resumed
         campaign's pending shrinks are those of a kill, not of a spent budget)."""
-        for h, (pending, obs, failing) in list(self.deferred.items()):
-            prog, j = self.deferred_programs.get(h, (None, None))
-            for v in pending if prog is not None else ():
-                if self.known(v, prog.features(), failing) is not None:
-                    continue
-                obs0 = obs.get(v.pipeline)
-                f = make_finding(v, prog, input_values(prog, h[1]), obs0.versions if obs0 else self.versions,
-                                 obs0.flags if obs0 else {}, self.opts.device)
-                f.shrunk, f.shrink_steps, f.original_size = False, 0, prog.size()
-                f.detail = {**f.detail, "observations": obs_digest(obs, v.pipeline)}
-                f.reproduces = sibling_keys(j, v.key())
-                f.root = root_key(f)
-                self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(h),
-                           "shrink_steps": 0, "size": f.size, "original_size": f.size})
+        for h, (pending, obs, failing, prog, j) in list(self.deferred.items()):
+            for v in pending:
+                if self.known(v, prog.features(), failing) is None:
+                    self._file(self._finding(v, prog, h[1], obs, obs, j, shrunk=False, steps=0,
+                                             original_size=prog.size()), h)
         self.deferred.clear()
-        self.deferred_programs.clear()
+
+    def _finding(self, v: Verdict, prog: Program, seed: int, seen: dict, obs: dict, j, shrunk: bool, steps: int,
+                 original_size: int) -> Finding:
+        """Verdict `v` of `prog` as a finding: `seen` the observations it was found with (their versions and
+        flags), `obs` and `j` the runs and judgement that give its detail and its siblings."""
+        obs0 = seen.get(v.pipeline)
+        f = make_finding(v, prog, input_values(prog, seed), obs0.versions if obs0 else self.versions,
+                         obs0.flags if obs0 else {}, self.opts.device)
+        f.shrunk, f.shrink_steps, f.original_size = shrunk, steps, original_size
+        f.detail = {**f.detail, "observations": obs_digest(obs, v.pipeline)}
+        f.reproduces = sibling_keys(j, v.key())
+        f.root = root_key(f)
+        return f
+
+    def _file(self, f: Finding, origin: tuple) -> None:
+        self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(origin),
+                   "shrink_steps": f.shrink_steps, "size": f.size, "original_size": f.original_size})
 
     def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
         self.shrinks_per_key[v.key()] += 1
@@ -719,17 +723,9 @@ class Searcher:
         """The shrunk program as a finding: reduced, then replayed on every pipeline for its
         siblings."""
         self._reduce(t)
-        inputs = input_values(t.program, t.seed)
-        obs0 = t.observations.get(t.key[1])
-        f = make_finding(t.verdict, t.program, inputs, obs0.versions if obs0 else self.versions,
-                         obs0.flags if obs0 else {}, self.opts.device)
-        f.shrunk = True
-        f.shrink_steps = t.steps
-        f.original_size = t.original_size
         _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
-        f.detail = {**f.detail, "observations": obs_digest({**t.observations, **obs}, t.key[1])}
-        f.reproduces = sibling_keys(j, t.verdict.key())
-        f.root = root_key(f)
+        f = self._finding(t.verdict, t.program, t.seed, t.observations, {**t.observations, **obs}, j, shrunk=True,
+                          steps=t.steps, original_size=t.original_size)
         if any(same_behaviour(g, f) for g in self.findings):   # nothing new: shrink this key no more
             self.shrinks_per_key[t.key] = max(self.shrinks_per_key[t.key], self.opts.max_shrinks_per_key)
         else:   # a new behaviour: the explorers that show it earn a larger share
@@ -737,8 +733,7 @@ class Searcher:
         if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
             pending = self.deferred[t.origin][0]
             pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]
-        self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(t.origin),
-                   "shrink_steps": t.steps, "size": f.size, "original_size": t.original_size})
+        self._file(f, t.origin)
 
 
 def obs_digest(obs: dict, pipeline: str) -> dict:
