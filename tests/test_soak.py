@@ -118,7 +118,7 @@ def test_reports_compare_without_the_build_time_and_the_run_directory():
     (["--kill-every", "5-15"], "--kill-every must be A..B"),
     (["--kill-every", "15..5"], "0 < A <= B"),
     (["--kill-every", "0..1"], "0 < A <= B"),
-    (["--seed", "-1"], "--seed must be >= 0"),
+    (["--seed", "-1"], "argument --seed: must be >= 0"),
     (["--run-args", "--budget 10"], "--run-args may not give --budget"),
     (["--run-args=--out=x"], "--run-args may not give --out"),
     (["--run-args", "'unclosed"], "--run-args: cannot split"),

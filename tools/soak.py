@@ -60,7 +60,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from conformance.engine.loading import corpus_entry_stem
-from conformance.engine.options import positive
+from conformance.engine.options import positive, seed
 from conformance.engine.store import CORPUS, FINDINGS, RESULTS, RUN, StoreError, check_record
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,16 +101,6 @@ def kill_every(s: str) -> tuple[float, float]:
     return lo, hi
 
 
-def _seed(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--seed must be an integer, got {s!r}") from None
-    if not 0 <= v < 2 ** 32:
-        raise argparse.ArgumentTypeError(f"--seed must be >= 0 and below 2**32, got {s!r}")
-    return v
-
-
 def run_args(s: str) -> list[str]:
     try:
         args = shlex.split(s)
@@ -131,7 +121,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the campaign's length: its --budget, summed over its resumed pieces (default 120)")
     p.add_argument("--kill-every", type=kill_every, default=(5.0, 15.0), metavar="A..B",
                    help="minutes between kills, drawn uniformly from [A, B] (default 5..15)")
-    p.add_argument("--seed", type=_seed, default=None,
+    p.add_argument("--seed", type=seed, default=None,
                    help="the campaign's seed and the kill times' (default: drawn, and printed)")
     p.add_argument("--out", default=str(ROOT / "reports" / "soak"),
                    help="the soak's directory (default reports/soak): campaign/, report/, soak.json, soak.log")

@@ -39,6 +39,7 @@ MAX_ENVS_ENV = "REMAT_CONFORMANCE_MAX_ENVS"
 MAX_ENVS = 8             # a jax environment is about 0.6 GB, a torch one 4-5 GB
 MAX_GB_ENV = "REMAT_CONFORMANCE_ENVS_GB"
 MAX_GB = 30.0            # the environments and uv's cache together, each file counted once
+ROOM_MB = 5000           # the room one more environment needs (a torch one, the largest)
 RELEASES_TTL = 24 * 3600  # seconds a cached release list is fresh
 # The harness's own runtime dependencies (requirements.lock pins them); numpy and ml_dtypes follow the frameworks.
 HARNESS_DEPS = ("pydantic", "hypothesis", "packaging", "rich", "jinja2", "matplotlib")
@@ -326,7 +327,7 @@ def _evict(keep: int, log) -> list[str]:
     total, kept = 0.0, 0
     for e in envs:
         total += sizes[e["path"]]
-        if (kept < keep_n and total + keep * 5000 <= max_gb() * 1024) or _in_use(Path(e["path"])):
+        if (kept < keep_n and total + keep * ROOM_MB <= max_gb() * 1024) or _in_use(Path(e["path"])):
             kept += 1
             continue
         shutil.rmtree(e["path"], ignore_errors=True)
@@ -341,7 +342,7 @@ def _bound_uv_cache(keep: int, log) -> None:
     cache = uv_cache_dir()
     if os.environ.get("UV_CACHE_DIR") or not cache.is_dir():
         return
-    if size_mb(envs_dir(), cache) + keep * 5000 > max_gb() * 1024:
+    if size_mb(envs_dir(), cache) + keep * ROOM_MB > max_gb() * 1024:
         shutil.rmtree(cache, ignore_errors=True)
         log(f"== env: emptied uv's cache {cache} (the environments and it were over {max_gb():g} GB)")
 
