@@ -50,6 +50,7 @@ from conformance.ir.program import Program
 
 RECOMPUTES, SAVES, AGAINST_POLICY = "recomputes", "saves", "saves against its policy"
 RECOMPUTES_AGAINST_POLICY = "recomputes against its policy"
+UNMATCHED = "an unmatched value"   # (a saved value no program value's class holds)
 BOUNDARY = "a value outside every region"   # (no policy decides on it: an input, a region's argument made outside)
 LOOP = 2   # (the rank of a loop's carry or slice: a scan's own boundary, told apart from the regions')
 _DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
@@ -130,7 +131,7 @@ class _Program:
         self.ops = primal_ops(prog)
         self.inputs = {i.id for i in prog.inputs}
         self.where: dict[str, str] = {}     # value id -> carry, slice, branch
-        self.residuals: set[str] = set()    # custom_vjp residual ids
+        self.residuals: dict[str, bool] = {}   # custom_vjp residual id -> its custom_vjp optimizes remat
         self.ctx: dict[str, str] = {}       # op output id -> the context it is computed in (main, fwd, primal)
         self.loop_policies: dict[str, list] = {}   # a loop's carry or slice id -> the regions' policies around it
 
@@ -139,7 +140,7 @@ class _Program:
                 if isinstance(st, Op):
                     self.ctx[st.out] = ctx
                 elif isinstance(st, CustomVJP):
-                    self.residuals.update(st.residuals)
+                    self.residuals.update(dict.fromkeys(st.residuals, st.optimize_remat))
                 elif isinstance(st, Cond):
                     self.where.update({r: "branch" for rs in st.branch_results for r in rs})
                 elif isinstance(st, Scan):
@@ -162,8 +163,8 @@ class _Program:
             where = {"fwd": "in a custom_vjp fwd", "primal": "in a custom_jvp function"}.get(self.ctx.get(i),
                                                                                             "in plain code")
             return 0, f"a value named {where}"
-        if i in self.residuals:
-            return 1, "a custom_vjp residual"
+        if i in self.residuals:   # (optimize_remat binds the rule as a primitive of its own: another decision)
+            return 1, "an optimize_remat custom_vjp residual" if self.residuals[i] else "a custom_vjp residual"
         if self.where.get(i) in ("carry", "slice"):
             return LOOP, f"a loop {self.where[i]}"
         if i in self.inputs:
@@ -191,7 +192,7 @@ class _Program:
     def cause(self, verb: str, s: Saved) -> str:
         ids = list(dict.fromkeys(map(base_id, s.cls)))
         if not ids:
-            return f"{verb} an unmatched value{self.diff()}"
+            return f"{verb} {UNMATCHED}{self.diff()}"
 
         def saved_by_policy(i):
             return (self.decisions(i) or [("", "")])[-1][1] in ("save", "offload")
@@ -226,12 +227,15 @@ def as_judged_by_policy(cause: str) -> str:
 
 
 _QUALIFIERS = re.compile(r" the loss does not read(?= \[|,|$)|, second order \([a-z_]+\)|, per example")
+_RULE = re.compile(r"(?<=[\[ ])[a-z_]+:(?=[a-z]+(?: >|\]))")
 
 
 def core(cause: str) -> str:
-    """A cause without its qualifiers (the differentiation, a value the loss does not read): what a shrink
-    keeps. Whether a smaller program still needs second order, or a dead value, its own cause then says."""
-    return _QUALIFIERS.sub("", cause)
+    """A cause without its qualifiers (the differentiation, a value the loss does not read) nor what each policy
+    read to decide (`[custom:save]` is `[save]`: a value a policy saves and a pipeline recomputes is one decision
+    departed from, whichever rule of the policy kind said save): what a shrink keeps and what a root keys on.
+    Whether a smaller program still needs second order, or a dead value, its own cause then says."""
+    return _RULE.sub("", _QUALIFIERS.sub("", cause))
 
 
 def causes(program: Program, detail: dict) -> list[str]:
@@ -248,4 +252,14 @@ def causes(program: Program, detail: dict) -> list[str]:
                  for op in detail.get("aten_ops") or []}
     if any(c.startswith(RECOMPUTES + " ") for c in found):   # what a recompute needs saved is its consequence
         found = {c for c in found if not (c.startswith(SAVES + " ") and ("[boundary]" in c or BOUNDARY in c))}
-    return sorted(found)
+    # an unmatched value beside a program value the same verb names is that decision's other output (a max's
+    # indices, a linearization's residual), not a cause of its own; alone, it is one
+    named = {_verb(c) for c in found if UNMATCHED not in c}
+    return sorted(c for c in found if not (UNMATCHED in c and _verb(c) in named))
+
+
+_VERBS = sorted((RECOMPUTES, SAVES, AGAINST_POLICY, RECOMPUTES_AGAINST_POLICY), key=len, reverse=True)
+
+
+def _verb(cause: str) -> str:
+    return next(v for v in _VERBS if cause.startswith(v + " "))

@@ -46,7 +46,8 @@ def test_the_seed_names_the_value_named_in_the_fwd_that_the_names_policy_saves()
     # the saved input is what the recompute starts from: its consequence, not a second cause
     assert causes(Program.model_validate(SEED), SEED_DETAIL) == [NAMED_FWD]
     f = stamp(_finding(SEED, SEED_DETAIL))
-    assert f.root == f"residuals|jax:remat3|jax:remat2|{NAMED_FWD}"
+    # the root keys on the decision departed from (save), not on the rule that made it (names)
+    assert f.root == "residuals|jax:remat3|jax:remat2|recomputes a value named in a custom_vjp fwd [save]"
     assert cause_text(NAMED_FWD) == "recomputes a value named in a custom_vjp fwd that its names policy saves"
     assert title(f) == ("jax:remat3 recomputes a value named in a custom_vjp fwd that its names policy saves, "
                         "which jax:remat2 saves")
@@ -67,6 +68,39 @@ def test_each_value_kind_and_each_policy_decision_is_a_cause_of_its_own():
                       "reference_saved": []}) == ["saves a value outside every region"]
     assert causes(p, {"extra_other": ["float64[3, 3]"], "saved": ["?:float64[3, 3]"],
                       "reference_saved": []}) == ["saves an unmatched value"]
+
+
+def test_the_rule_a_policy_decided_by_is_a_variant_but_the_decision_and_optimize_remat_are_causes():
+    """One remat3 behaviour (an op with no remat rule is recomputed whatever the policy says) showed as six findings
+    in a 30-minute campaign, one per rule that said save ([custom:save], [everything_but_names:save], ...)."""
+    def root(cause):
+        return evidence_root("residuals", "jax:remat3", "jax:remat2", {"causes": [cause]})
+    assert root("recomputes an op's output [custom:save]") == root("recomputes an op's output [everything_but_names:save]")
+    assert root("recomputes an op's output [custom:save]") != root("recomputes an op's output [custom:offload]")
+    assert root("recomputes a value [names:save > custom:recompute]") == "recomputes a value [save > recompute]"
+    # a custom_vjp with optimize_remat is bound as a primitive of its own: its residual is another cause
+    def cvjp_residual(optimize_remat):
+        rule = {"kind": "custom_vjp", "args": ["x"], "fwd": [op("tanh", ["x"], "t")], "results": ["t"],
+                "residuals": ["t"], "cts": ["g"], "bwd": [op("mul", ["g", "t"], "b")], "bwd_results": ["b"],
+                "nondiff": [], "optimize_remat": optimize_remat, "symbolic_zeros": False}
+        p = prog([region(["x"], [rule], ["t"], {"kind": "save_anything_except_names", "names": ["a"]})],
+                 inputs=[{"id": "x", "shape": [], "dtype": "float32", "diff": True}], outputs=["t"])
+        return causes(p, {"missing_other": ["float32[]"], "reference_saved": ["t:float32[]"], "saved": []})
+    assert cvjp_residual(False) == ["recomputes a custom_vjp residual [everything_but_names:save]"]
+    assert cvjp_residual(True) == ["recomputes an optimize_remat custom_vjp residual [everything_but_names:save]"]
+
+
+def test_an_unmatched_value_beside_a_program_value_of_the_same_decision_is_not_a_cause_of_its_own():
+    """Eager SAC recomputing an offloaded torch.max recomputes its indices too (int64, no program value): one
+    cause, the corpus root's (a 240 s campaign filed it as new for the indices alone)."""
+    p = prog([region(["x"], [op("max_dim", ["x"], "m", axis=0)], ["m"], {"kind": "offload_ops", "ops": ["max_dim"]})],
+             inputs=[{"id": "x", "shape": [3], "dtype": "float32", "diff": True}], outputs=["m"])
+    detail = {"recomputed_against_policy": ["?:int64[]", "m:float32[]"], "aten_ops": ["aten.max"],
+              "saved": ["x:float32[3]"]}
+    assert causes(p, detail) == ["recomputes against its policy an op's output [custom:offload]"]
+    # alone, an unmatched value is a cause
+    alone = {"recomputed_against_policy": ["?:int64[]"], "aten_ops": ["aten.max"], "saved": ["x:float32[3]"]}
+    assert causes(p, alone) == ["recomputes against its policy an unmatched value"]
 
 
 def test_an_op_a_region_decides_on_is_its_output_even_as_a_cond_branchs_result():

@@ -187,3 +187,17 @@ def test_an_explorer_alone_on_a_program_is_known_by_the_raise_of_its_pipeline():
     assert known_finding(known, stateful, {"checkpoint"}, {stateful}, error_root(rng.detail)) is rng
     eager = ("error", "torch:eager-sac", "expectations", "BackendCompilerFailed")   # another pipeline: not it
     assert known_finding(known, eager, {"checkpoint"}, {eager}, error_root(rng.detail)) is None
+
+
+def test_an_option_is_not_the_cause_where_the_pipeline_without_it_fails_the_same_verdict():
+    """A 240 s campaign filed remat3's wrong gradient of a region accumulating into a ref (a corpus root, on
+    jax:remat3) as new, seen through jax:remat3+cvjp3:sharded: the program failed jax:remat3+cvjp3 the same way,
+    so the sharding is not its cause."""
+    from conformance.engine.search import known_finding
+    (root,) = [f for f in load_known([str(REG / "remat3-checkpoint-accumulating-into-ref-wrong-gradient.json")])]
+    feats = set(root.features) | {"cast"}
+    sharded = ("gradient", "jax:remat3+cvjp3:sharded", "jax:none", "")
+    plain = ("gradient", "jax:remat3+cvjp3", "jax:none", "")
+    assert known_finding([root], sharded, feats, {sharded, plain}) is root
+    # alone (the pipeline without the option passed), the option may be the cause: not known
+    assert known_finding([root], sharded, feats, {sharded}) is None

@@ -164,13 +164,13 @@ def with_causes(f: Finding) -> Finding:
 
 def evidence_root(check: str, pipeline: str, reference: str, detail: dict) -> str | None:
     """What a verdict's own evidence says its root is, where it says one: the raise of an error
-    (findings.error_root); the causes of a residual difference (each value's decision, CAUSE_SEP
-    between them), else its direction (residual_direction)."""
+    (findings.error_root); the causes of a residual difference (each value's decision, as its core names
+    it, CAUSE_SEP between them), else its direction (residual_direction)."""
     if check == "error":
         return error_root(detail)
     causes = residual_causes(check, detail)
     if causes:
-        return CAUSE_SEP.join(sorted(causes))
+        return CAUSE_SEP.join(sorted(set(map(core, causes))))
     return residual_direction(check, pipeline, reference, detail)
 
 

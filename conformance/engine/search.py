@@ -51,6 +51,7 @@ from conformance.engine.roots import (
     merge_variants,
     nested_roots,
     new_causes,
+    option_free,
     pipelines_seen,
     raise_family,
     read_as_root,
@@ -213,6 +214,11 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
         if covering and set().union(*(f.key()[3].split("+") for f in covering)) == counters:
             first = key[3].split("+")[0]   # the finding of the first counter stands for it
             return next(f for f in covering if first in f.key()[3].split("+"))
+    # an option (:sharded, :shard-map, :reentrant ...) is not the cause where the pipeline without it fails the
+    # same verdict on the same program: known when that verdict is (remat3's wrong gradient, seen through :sharded)
+    plain = (key[0], option_free(key[1]), *key[2:])
+    if plain != tuple(key) and plain in failing:
+        return known_finding(findings, plain, feats, failing, root)
     return None
 
 
