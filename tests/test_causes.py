@@ -75,7 +75,8 @@ def test_the_rule_a_policy_decided_by_is_a_variant_but_the_decision_and_optimize
     in a 30-minute campaign, one per rule that said save ([custom:save], [everything_but_names:save], ...)."""
     def root(cause):
         return evidence_root("residuals", "jax:remat3", "jax:remat2", {"causes": [cause]})
-    assert root("recomputes an op's output [custom:save]") == root("recomputes an op's output [everything_but_names:save]")
+    op_out = "recomputes an op's output"
+    assert root(f"{op_out} [custom:save]") == root(f"{op_out} [everything_but_names:save]")
     assert root("recomputes an op's output [custom:save]") != root("recomputes an op's output [custom:offload]")
     assert root("recomputes a value [names:save > custom:recompute]") == "recomputes a value [save > recompute]"
     # a custom_vjp with optimize_remat is bound as a primitive of its own: its residual is another cause
