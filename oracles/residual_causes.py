@@ -12,9 +12,8 @@ A cause is one short line, the same for every program whose difference has that 
             value the policy asked the pipeline to save)
   value     what the value is: a value named in plain code / in a custom_vjp fwd / in a custom_jvp
             function / by checkpoint_name_fwd, a custom_vjp residual (an optimize_remat one's is its own), a
-            loop carry or slice, a program
-            input, a cond branch's result, a dot's output, an op's output, an unmatched value; "the
-            loss does not read" where no differentiated output depends on it
+            loop carry or slice, a program input, a cond branch's result, a dot's output, an op's output,
+            an unmatched value; "the loss does not read" where no differentiated output depends on it
   decision  each enclosing region's policy, outermost first: what it read to decide (KindDecl.rule: names,
             dots, everything, everything_but_names, custom, nothing) and its decision; a value outside every
             region (a program input, a region's argument made outside it) is one cause whatever it is, as no
