@@ -69,6 +69,13 @@ def test_an_error_root_blanks_what_a_message_says_of_one_programs_values_and_fol
     # JAX names one effect of a set, in the order it iterates them: Write<...> in one run, Read<...> in the next
     effect = "`JaxprInputEffect` %s<Var(id=140608785327888):bfloat16[]> does not have a corresponding jaxpr input."
     assert root_key(err("jax:remat3", effect % "Write")) == root_key(err("jax:remat3", effect % "Read"))
+    # torch.fx names the node of the harness's graph it was executing (its argument names, the checkpoint's kwargs):
+    # the raise is the message before it (a 30-minute campaign filed export-strict's KeyError twice)
+    fx = ("_checkpoint_context_fn\n\nWhile executing %%tag_activation_checkpoint : [num_users=1] = call_function["
+          "target=torch.ops.higher_order.tag_activation_checkpoint](args = (%%wrap_body_0, %s), kwargs = "
+          "{use_reentrant: %s})\nOriginal traceback:\n  File ...")
+    assert root_key(err("torch:export-strict", fx % ("%l_flat_args_0_", "False"))) == root_key(
+        err("torch:export-strict:reentrant", fx % ("%value", "True"), ("checkpoint", "scan")))
     # another raise, or the same raise under another pipeline, is another root
     assert root_key(a) != root_key(err("torch:export-strict", "Pending something else {u1}"))
     assert root_key(a) != root_key(err("torch:export-nonstrict", pending % ("u1", "FakeTensor(...)")))

@@ -216,7 +216,10 @@ def error_root(detail: dict) -> str | None:
     got = detail.get("got") if isinstance(detail, dict) else None
     if not isinstance(got, dict) or not isinstance(got.get("message"), str):
         return None
-    lines = [x.strip() for x in got["message"].strip().splitlines() if x.strip()][:2]
+    message = got["message"]
+    for tail in _MESSAGE_TAILS:   # (torch.fx's "While executing %node ..." names the harness's graph, not the raise)
+        message = message.split(tail, 1)[0] if message.find(tail) > 0 else message
+    lines = [x.strip() for x in message.strip().splitlines() if x.strip()][:2]
     text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", " / ".join(lines))
     text = _ROOT_VALUES.sub(lambda m: next(v for k, v in _ROOT_VALUE_NAMES.items() if m.group(k)), text)
     text = _effects_unordered(text)[:240]
