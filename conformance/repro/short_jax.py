@@ -208,6 +208,12 @@ def _sides(finding, pset) -> list[tuple]:
     if check == "error":
         others = [p for p in finding.detail.get("status_differs_from") or [] if registry.framework_of(p) == "jax"]
         ref = others[0] if others else ("jax:remat2" if pset["remat"] and pipe != "jax:remat2" else None)
+    elif check == "residual_report":   # the report raising (the vjp runs): the rival alone
+        got = finding.detail.get("got")
+        if not (isinstance(got, dict) and got.get("type")):
+            raise ReproError("a residual report that disagrees with the vjp, rather than raises, has no short form "
+                             "(use --full)")
+        ref = None
     elif check not in ("residuals", "custom_rule", "trace_count", "gradient", "effect_count"):
         raise ReproError(f"the {check} check has no short form (use --full)")
     elif registry.framework_of(ref) != "jax":
@@ -356,6 +362,8 @@ _SENTENCE = {
                    "of each rule, and bwd calls).",
     "error": "{P}: see the error printed below.",
     "gradient": "{P} computes gradients that differ from {R} beyond the tolerance.",
+    "residual_report": "JAX's residual report (print_saved_residuals) raises under {P}, where jax.vjp of the same "
+                       "function runs.",
 }
 
 
@@ -447,6 +455,17 @@ def _check(finding, prog, sides, d, n, defs, no_remat, with_outputs=False):
             "    return sorted((str(x.aval), np.round(np.asarray(x, float), 5).tolist()) for x in leaves)",
             "", "", _calls("saved", sides, False, "reference"), 'print("held:", rival, "vs", reference)']
         return "\n".join(body), _verdict("rival != reference", "different residuals", "the same residuals")
+    if check == "residual_report":   # JAX's own report (print_saved_residuals) raising where the vjp runs
+        aux = ", has_aux=True" if prog.diff.aux else ""
+        loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"
+        body = _run_head("report") + [
+            "    print(flags)", "    try:", f"        print_saved_residuals({loss}, {d})",
+            "    except Exception as e:", "        print('print_saved_residuals raised', f'{type(e).__name__}: {e}'[:500])",
+            "        return e", f"    print('the vjp holds', len(jax.tree.leaves(jax.vjp(f, {d}{aux})[1])), 'residuals')",
+            "", "", _calls("report", sides, False)]
+        et = finding.error_type
+        return "\n".join(body), _verdict(f"type(rival).__name__ == {et!r}", f"JAX's residual report raises {et}",
+                                         f"the report does not raise {et}")
     if check == "error":
         exp = finding.detail.get("expected") if isinstance(finding.detail.get("expected"), dict) else None
         tried = [f"    {call}"] if prog.diff.order == 1 else order2
