@@ -576,3 +576,31 @@ def test_mutant_recompute_drawing_new_numbers_is_detected():
     assert v.status == "fail", v.detail
     assert np.allclose(obs.outputs[0], base.outputs[0])   # the forward drew the same mask; the backward did not
     assert G.compare(prog, P.get("torch:eager-sac").run(prog, inp), base, "tight").status == "pass"
+
+
+def test_the_lowering_sets_no_attribute_inside_a_traced_region_and_names_dtypes_by_a_python_function():
+    """torch 2.6's export refuses a region that sets an attribute of an outside object ("Mutating a variable not in
+    the current scope") and cannot trace dict.__getitem__: a 10-minute campaign on torch 2.6.0 reported the harness's
+    own scan (it restored `record` even when it had not changed it) and cast as export-strict errors."""
+    import inspect
+
+    from conformance.ir.program import Program
+    from conformance.pipelines.torch.lowering import NAMESPACE, Lowering, tensor
+    scan_in_region = Program.model_validate({
+        "body": [{"args": ["x0"], "kind": "checkpoint", "policy": {"kind": "nothing"}, "prevent_cse": True,
+                  "results": ["s4"], "body": [{"args": ["x0"], "body": [], "carry": ["c1"], "carry_out": ["c1"],
+                                               "kind": "scan", "length": 2, "results": ["s3", "s4"],
+                                               "spelling": "scan", "unroll": 1, "xs": [], "ys": ["c1"]}]}],
+        "diff": {"mode": "reverse", "order": 1}, "extensions": {}, "outputs": ["s4"], "schema_version": 1,
+        "inputs": [{"diff": True, "dtype": "float32", "id": "x0", "shape": []}]})
+    set_attrs = []
+
+    class Spy(Lowering):
+        def __setattr__(self, name, value):
+            set_attrs.append(name)
+            super().__setattr__(name, value)
+    low = Spy(scan_in_region, remat=True)
+    set_attrs.clear()
+    (out,) = low.outputs({}, ["x0"], [tensor(0.5, "float32").requires_grad_(True)])
+    assert out.shape == (2,) and "record" not in set_attrs
+    assert inspect.isfunction(NAMESPACE["dt"]) and NAMESPACE["dt"]("float64") is torch.float64

@@ -189,8 +189,10 @@ class Interpreter:
                     outer.update({f"{i}{ITER_SEP}{k}": v for i, v in self.record.items()})
                 carry = [env[c] for c in s.carry_out]
                 ys.append([env[y] for y in s.ys])
-        finally:
-            self.record = outer
+        finally:   # (only where it was changed: an attribute set inside a traced region is a side effect torch
+            # 2.6's export refuses, "Mutating a variable not in the current scope")
+            if outer is not None:
+                self.record = outer
         return list(carry) + [self.stack([y[j] for y in ys]) for j in range(len(s.ys))]
 
     def fused(self, body, i: int, env: dict, nondiff, path: str) -> int:

@@ -459,9 +459,9 @@ def _check(finding, prog, sides, d, n, defs, no_remat, with_outputs=False):
         aux = ", has_aux=True" if prog.diff.aux else ""
         loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"
         body = _run_head("report") + [
-            "    print(flags)", "    try:", f"        print_saved_residuals({loss}, {d})",
-            "    except Exception as e:", "        print('print_saved_residuals raised', f'{type(e).__name__}: {e}'[:500])",
-            "        return e", f"    print('the vjp holds', len(jax.tree.leaves(jax.vjp(f, {d}{aux})[1])), 'residuals')",
+            "    print(flags)", "    try:", f"        print_saved_residuals({loss}, {d})", "    except Exception as e:",
+            "        print('print_saved_residuals raised', f'{type(e).__name__}: {e}'[:500])", "        return e",
+            f"    print('the vjp holds', len(jax.tree.leaves(jax.vjp(f, {d}{aux})[1])), 'residuals')",
             "", "", _calls("report", sides, False)]
         et = finding.error_type
         return "\n".join(body), _verdict(f"type(rival).__name__ == {et!r}", f"JAX's residual report raises {et}",

@@ -83,8 +83,11 @@ TAG = torch.ops.rc.tag.default
 A = torch.ops.aten
 # dt(name): the torch dtype a template's dtype name stands for (the repro's dt also maps every
 # dtype to float64 in its float64 run; PyTorch pipelines run in the program's dtypes)
-NAMESPACE: dict = {"torch": torch, "A": A, "tag": torch.ops.rc.tag, "CheckpointPolicy": CheckpointPolicy,
-                   "dt": DTYPES.__getitem__}
+def dt(name: str) -> torch.dtype:   # (a Python function: torch 2.6's export cannot trace dict.__getitem__)
+    return DTYPES[name]
+
+
+NAMESPACE: dict = {"torch": torch, "A": A, "tag": torch.ops.rc.tag, "CheckpointPolicy": CheckpointPolicy, "dt": dt}
 NAMESPACE.update(helpers(prelude))   # what the templates call
 OPS = compile_table(torch_table.OPS, NAMESPACE)
 KINDS_OF: dict = eval(torch_table.kinds_of_source(), NAMESPACE)   # noqa: S307
