@@ -450,12 +450,10 @@ def _check(finding, prog, sides, d, n, defs, no_remat, with_outputs=False):
         vjp = f"jax.jit(lambda {d}: jax.vjp(f, {d}{aux})[1])({d})" if jit else f"jax.vjp(f, {d}{aux})[1]"
         loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"
         body = _run_head("saved") + [
-            "    print(flags)", "    try:", f"        print_saved_residuals({loss}, {d})",
-            "    except ValueError as e:   # (a Ref among the residuals: JAX's report cannot describe it)",
-            "        print('print_saved_residuals raised', str(e)[:200])",
-            f"    leaves = jax.tree.leaves({vjp})   # what the vjp closure holds",
-            "    read = lambda x: x[...] if isinstance(x, getattr(jax, 'Ref', ())) else x   # (a Ref: its value)",
-            "    return sorted((str(x.aval), np.round(np.asarray(read(x), float), 5).tolist()) for x in leaves)",
+            "    print(flags)", f"    try: print_saved_residuals({loss}, {d})",
+            "    except ValueError as e: print('print_saved_residuals raised', str(e)[:200])   # (a Ref among them)",
+            f"    leaves = [x[...] if isinstance(x, getattr(jax, 'Ref', ())) else x for x in jax.tree.leaves({vjp})]",
+            "    return sorted((str(x.aval), np.round(np.asarray(x, float), 5).tolist()) for x in leaves)",
             "", "", _calls("saved", sides, False, "reference"), 'print("held:", rival, "vs", reference)']
         return "\n".join(body), _verdict("rival != reference", "different residuals", "the same residuals")
     if check == "residual_report":   # JAX's own report (print_saved_residuals) raising where the vjp runs
