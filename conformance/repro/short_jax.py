@@ -445,10 +445,10 @@ def _check(finding, prog, sides, d, n, defs, no_remat, with_outputs=False):
                                               "no effect runs fewer times")
         return "\n".join(body), _verdict("rival != reference", "effects run a different number of times",
                                           "each effect runs as often")
+    aux = ", has_aux=True" if prog.diff.aux else ""   # auxiliary outputs are not differentiated
+    loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"   # (what print_saved_residuals differentiates)
     if check == "residuals":
-        aux = ", has_aux=True" if prog.diff.aux else ""   # auxiliary outputs are not differentiated
         vjp = f"jax.jit(lambda {d}: jax.vjp(f, {d}{aux})[1])({d})" if jit else f"jax.vjp(f, {d}{aux})[1]"
-        loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"
         body = _run_head("saved") + [
             "    print(flags)", f"    try: print_saved_residuals({loss}, {d})",
             "    except ValueError as e: print('print_saved_residuals raised', str(e)[:200])   # (a Ref among them)",
@@ -457,8 +457,6 @@ def _check(finding, prog, sides, d, n, defs, no_remat, with_outputs=False):
             "", "", _calls("saved", sides, False, "reference"), 'print("held:", rival, "vs", reference)']
         return "\n".join(body), _verdict("rival != reference", "different residuals", "the same residuals")
     if check == "residual_report":   # JAX's own report (print_saved_residuals) raising where the vjp runs
-        aux = ", has_aux=True" if prog.diff.aux else ""
-        loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"
         body = _run_head("report") + [
             "    print(flags)", "    try:", f"        print_saved_residuals({loss}, {d})", "    except Exception as e:",
             "        print('print_saved_residuals raised', f'{type(e).__name__}: {e}'[:500])", "        return e",
