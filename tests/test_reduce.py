@@ -319,3 +319,31 @@ def test_the_differentiation_is_made_first_order_reverse_and_inputs_differentiat
     diffs = [(c["diff"].get("order", 1), c["diff"].get("mode", "reverse")) for c in got]
     assert (1, "reverse") in diffs and (2, "reverse") in diffs
     assert any(c["inputs"][1].get("diff", True) and c["diff"] == obj["diff"] for c in got)
+
+
+def test_a_replayed_program_shrinks_only_the_failures_no_finding_record_holds():
+    """A campaign killed between two shrinks of one program replays that program on resume: the shrink that ended
+    (a finding record names the program and the failure it started from) is not run again, even where `known`
+    does not match the failure to the finding it gave (the soak's duplicated finding record: an error whose
+    message on the unshrunk program has another root than on the shrunk one); the one cut short is."""
+    pipes = MUTANT_RUN + ["jax:mutant-perturb-gradient-beyond-loose"]
+    opts = Options(pipelines=pipes, budget=600, max_examples=1, seed=5, shrink_steps=1)
+    prog = load_program(PROG)
+    h = (prog.content_hash(), 7)
+
+    def step(done):
+        events = []
+        s = Searcher(opts, InProcessExecutor(), Expectations.load(), events.append, [], set(), Counter(),
+                     lambda grace=0: False, done_shrinks=done)
+        with pytest.raises(Exception) as e:   # a shrink starts: the Hypothesis signal of a failure to shrink
+            s._search_step(prog, 7, h)
+        assert type(e.value).__name__ == "_Found"
+        rec = next(ev for ev in events if ev["ev"] == "result")["rec"]
+        rec = json.loads(rec) if isinstance(rec, str) else rec
+        return s.target.key, [tuple(k) for k in rec["new"]], [v.key() for v in s.deferred[h][0]]
+
+    first, new, deferred = step(set())
+    assert first == new[0] and deferred == new[1:] and len(new) >= 2
+    assert {k[1] for k in new} == {MUTANT, "jax:mutant-perturb-gradient-beyond-loose"}
+    second, new2, deferred2 = step({(h, first)})   # the first shrink ended before the kill
+    assert new2 == new[1:] and second == new[1] and deferred2 == new[2:]

@@ -331,6 +331,23 @@ def test_restore_replays_unfinished_rounds_and_an_unfinished_shrink(tmp_path):
     assert ("0000000000000002", 2) in c.seen
 
 
+def test_restore_keeps_the_shrinks_that_ended_of_a_program_killed_between_two(tmp_path):
+    """A program with two new failures, killed after the first one's finding record: it is checked again (the
+    second failure's shrink is pending) and the shrink that ended is handed to the searchers as done, by the
+    failure it started from ("target": a residual difference's label may change while it shrinks; a record
+    written before that field, by its key)."""
+    k1, k2 = ["residuals", "p", "r", "saves less"], ["error", "q", "r", "E"]
+    res = {**_res(1, 0), "new": [k1, k2]}
+    done = {**_fnd(1), "key": ["residuals", "p", "r", "saves more"], "target": k1}
+    c = _camp(tmp_path / "a")
+    c.restore([_res(0, 0), res, done], [])
+    h = ("0000000000000001", 1)
+    assert h not in c.seen and c.done_shrinks == {(h, tuple(k1))}
+    c = _camp(tmp_path / "b")   # both ended: nothing to replay
+    c.restore([_res(0, 0), res, done, {**_fnd(1), "key": k2}], [])
+    assert h in c.seen and c.done_shrinks == {(h, tuple(k1)), (h, tuple(k2))}
+
+
 def test_restore_takes_a_finding_missing_from_findings_json_from_the_corpus(tmp_path):
     from conformance.engine.findings import CorpusEntry
     src = REPO / "tests" / "fixtures" / "base" / "corpus"

@@ -24,7 +24,7 @@ kill:
                     anywhere but last in a snapshot (a kill may cut only the line being written, and
                     the store cuts that one off before its next append);
   duplicated        records written twice: a second result with the same (hash, seed), a second
-                    result with the same seq, a second finding record with the same (origin, key),
+                    result with the same seq, a second finding record with the same (origin, target),
                     a round recorded done twice;
   lost              records complete in a snapshot (after some kill) that the final file lacks or
                     holds changed (compared byte for byte), seq numbers missing from 0..n-1, and
@@ -235,7 +235,7 @@ def audit(run_dir: str | Path, snapshots: list[Snapshot] = ()) -> Audit:
     results = [r for r in recs if r["type"] == "result"]
     keys = Counter((r["hash"], r["seed"]) for r in results)
     seqs = Counter(r["seq"] for r in results)
-    findings = Counter((json.dumps(r.get("origin")), json.dumps(r.get("key"))) for r in recs
+    findings = Counter((json.dumps(r.get("origin")), json.dumps(r.get("target") or r.get("key"))) for r in recs
                        if r["type"] == "finding" and r.get("origin") is not None)
     rounds = Counter(r["round"] for r in recs if r["type"] == "round")
     for what, c in (("result (hash, seed)", keys), ("result seq", seqs), ("finding (origin, key)", findings),

@@ -43,6 +43,8 @@ class Campaign:
         self.tally = Tally()                                     # what the results counted (summary.md)
         self.shrink_runs = 0
         self.seen: set[tuple[str, int]] = set()
+        # ((hash, seed), key) of every shrink a finding record holds: a replayed program does not shrink them again
+        self.done_shrinks: set[tuple[tuple, tuple]] = set()
         self.shrinking: dict[int, dict] = {}                     # searcher -> its current shrink
         self.shrink_sizes: list[tuple[int, int]] = []            # (shrunk, original) per finding record
         self.done_rounds: set[int] = set()
@@ -118,8 +120,10 @@ class Campaign:
         covers yet; the store keeps its result record from being
         written twice. A finding that reached results.jsonl and the corpus but not findings.json
         is taken from its corpus entry."""
-        shrunk = {(tuple(r["origin"]), tuple(r["key"]) if r.get("key") else "*") for r in results
-                  if r.get("type") == "finding" and r.get("origin")}   # "*": a record without its key
+        # the failure each shrink started from (a record before "target" has the finding's key; "*": neither)
+        shrunk = {(tuple(r["origin"]), tuple(t) if (t := r.get("target") or r.get("key")) else "*") for r in results
+                  if r.get("type") == "finding" and r.get("origin")}
+        self.done_shrinks |= {x for x in shrunk if x[1] != "*"}
         for r in results:
             t = r.get("type")
             if t == "result":
@@ -216,7 +220,9 @@ class Campaign:
                 self._write_corpus(kept)
             rec = {"type": "finding", "signature": kept.signature, "t": round(self.elapsed(), 3),
                    "origin": ev["origin"], "shrink_steps": ev["shrink_steps"], "size": ev["size"],
-                   "original_size": ev["original_size"], "key": list(f.key())}
+                   "original_size": ev["original_size"], "key": list(f.key()),
+                   "target": ev.get("target") or list(f.key())}
+            self.done_shrinks.add((tuple(ev["origin"]), tuple(rec["target"])))
             self.store.append_result(rec)
             self._account_finding(rec)
             self._write_findings()
@@ -254,7 +260,8 @@ class Campaign:
 
     def _run_here(self) -> None:
         searcher = Searcher(self.opts, self.executor, self.expectations, self.handle, self.findings, self.seen,
-                            self.shrinks_per_key, lambda grace=0.0: self.over_budget(grace), self.versions)
+                            self.shrinks_per_key, lambda grace=0.0: self.over_budget(grace), self.versions,
+                            done_shrinks=self.done_shrinks)
         for r in self.pending_rounds():
             if self.over_budget():
                 break

@@ -79,6 +79,7 @@ def _searcher_main(conn, cfg: dict) -> None:
     expectations = Expectations.load(opts.expectations)
     findings: list[Finding] = []
     seen: set = set()
+    done_shrinks: set = set()   # shrinks finding records hold (Searcher.done_shrinks)
     spk: Counter = Counter()
     state = {"deadline": 0.0, "stop": False}
     inbox: list[dict] = []
@@ -104,7 +105,7 @@ def _searcher_main(conn, cfg: dict) -> None:
             merge_finding(findings, Finding.model_validate(ev["finding"]))
 
     searcher = Searcher(opts, executor, expectations, emit, findings, seen, spk, should_stop, cfg.get("versions"),
-                        part=tuple(cfg.get("part", (0, 1))))
+                        part=tuple(cfg.get("part", (0, 1))), done_shrinks=done_shrinks)
     try:
         while not state["stop"]:
             if not inbox:
@@ -115,6 +116,7 @@ def _searcher_main(conn, cfg: dict) -> None:
                 continue
             state["deadline"] = msg["deadline"]
             seen.update(tuple(x) for x in msg["seen"])
+            done_shrinks.update((tuple(o), tuple(k)) for o, k in msg.get("done_shrinks", []))
             findings[:] = [Finding.model_validate(f) for f in msg["findings"]]
             for k, n in msg["shrinks_per_key"]:
                 spk[tuple(k)] = max(spk[tuple(k)], n)
@@ -170,6 +172,7 @@ def run_parallel(c) -> None:
         s.round = r
         s.send({"type": "round", "round": r, "deadline": time.time() + c.opts.budget - c.elapsed(),
                 "seen": sorted(c.seen), "findings": findings_msg(),
+                "done_shrinks": [[list(o), list(k)] for o, k in sorted(c.done_shrinks)],
                 "shrinks_per_key": [[list(k), n] for k, n in c.shrinks_per_key.items()]})
         return True
 

@@ -488,9 +488,12 @@ class Target:
 class Searcher:
     def __init__(self, opts, executor, expectations, emit: Callable[[dict], None], findings: list[Finding],
                  seen: set, shrinks_per_key: Counter, should_stop: Callable[[], bool], versions: dict | None = None,
-                 part: tuple[int, int] = (0, 1)):
+                 part: tuple[int, int] = (0, 1), done_shrinks: set | None = None):
         self.opts, self.executor, self.expectations, self.emit = opts, executor, expectations, emit
         self.findings, self.seen, self.shrinks_per_key = findings, seen, shrinks_per_key
+        # ((hash, seed), key): a shrink some finding record already holds (a resumed campaign replays a program
+        # whose shrinks a kill cut short; those that ended are not run again, whether or not `known` matches)
+        self.done_shrinks = done_shrinks if done_shrinks is not None else set()
         self.should_stop = should_stop
         self.versions = versions or {}
         self.shares = Shares(opts.pipelines, getattr(opts, "shares", None), getattr(opts, "share_by", "time"),
@@ -595,7 +598,7 @@ class Searcher:
             if f is not None:
                 sigs.append(f.signature)
                 known_keys.append(list(v.key()))
-            else:
+            elif (h, v.key()) not in self.done_shrinks:
                 new.append(v)
         rec = ResultRecord(
             seq=-1, round=self.round, slot=self.slot - 1, hash=h[0], seed=seed, size=prog.size(),
@@ -648,8 +651,12 @@ class Searcher:
         f.root = root_key(f)
         return f
 
-    def _file(self, f: Finding, origin: tuple) -> None:
+    def _file(self, f: Finding, origin: tuple, target: tuple | None = None) -> None:
+        """Emit finding `f` of the program `origin`, shrunk from the failure `target` (its key before shrinking: a
+        residual difference's label may change on the way)."""
+        self.done_shrinks.add((tuple(origin), tuple(target or f.key())))
         self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(origin),
+                   "target": list(target or f.key()),
                    "shrink_steps": f.shrink_steps, "size": f.size, "original_size": f.original_size})
 
     def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
@@ -739,7 +746,7 @@ class Searcher:
         if t.origin in self.deferred:   # the program's other behaviours this one reproduces are its own
             pending = self.deferred[t.origin][0]
             pending[:] = [v for v in pending if list(v.key()) not in f.reproduces]
-        self._file(f, t.origin)
+        self._file(f, t.origin, t.key)
 
 
 def obs_digest(obs: dict, pipeline: str) -> dict:

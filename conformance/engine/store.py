@@ -130,12 +130,15 @@ class ResultRecord(BaseModel):
 
 class FindingRecord(BaseModel):
     """A "finding" line of results.jsonl: a shrunk finding was recorded (corpus, findings.json);
-    `origin` is the (hash, seed) of the result whose failure was shrunk."""
+    `origin` is the (hash, seed) of the result whose failure was shrunk, `target` that failure's key (the finding's
+    `key` may have another label: a residual difference's changes as it shrinks)."""
     model_config = ConfigDict(extra="allow", strict=True)
     type: Literal["finding"]
     signature: str
     t: float = 0.0
     origin: list[Any] | None = None
+    key: list[str] | None = None
+    target: list[str] | None = None
     size: int | None = None
     original_size: int | None = None
     shrink_steps: int = 0
