@@ -330,6 +330,32 @@ def test_custom_gradient_spelling_runs_everywhere_and_agrees():
     assert not j.failures(), [v.key() for v in j.failures()]
 
 
+@pytest.mark.parametrize("where", ["top", "cond"])
+def test_a_rule_counts_its_traces_alike_whichever_way_it_is_spelled(where):
+    """jax.custom_gradient runs one function as the primal and as the fwd rule; each run is counted as what it ran
+    for, so that a custom_vjp spelled defvjp or custom_gradient counts alike in every pipeline (custom_vjp3 tracing
+    the primal under grad is a primal trace in both, not a second fwd trace under custom_gradient), in a cond too."""
+    def program(spelling):
+        block = _spelled_block(spelling)
+        if where == "cond":   # (on a non-differentiated p, each branch taken by some seed)
+            c = {"kind": "cond", "args": ["p", "x"], "branches": [[block], [op("cos", ["x"], "s2")]],
+                 "branch_results": [["s"], ["s2"]], "results": ["r"]}
+            return prog([c], inputs=[{"id": "x", "shape": [3], "dtype": "float32", "diff": True},
+                                     {"id": "p", "shape": [2], "dtype": "float32", "diff": False}], outputs=["r"])
+        return prog([block])
+    names = ["ref:f64", "jax:none", "jax:remat2", "jax:remat3+cvjp3", "jax:remat2:jit", "jax:remat3+cvjp3:jit"]
+    counts = {}
+    for spelling in ("defvjp", "custom_gradient"):
+        p = program(spelling)
+        seed = next(k for k in range(20) if where == "top" or input_values(p, k)["p"][0] > 0)   # the rule's branch
+        obs = EXECUTOR.run(p, input_values(p, seed), names)
+        assert all(o.error is None for o in obs.values()), {n: o.error for n, o in obs.items()}
+        counts[spelling] = {n: {k: (r.primal_traces, r.fwd_traces) for k, r in o.custom_rules.items()}
+                            for n, o in obs.items()}   # (bwd calls may differ: JAX's rule, not the counting)
+    assert counts["custom_gradient"] == counts["defvjp"]
+    assert any(c[0] for c in counts["defvjp"]["jax:remat3+cvjp3"].values())   # the primal traced: counted as such
+
+
 def _reentrant_region(tree="flat", nonsmooth=False):
     from tests.programs import region
     body = [op("step", ["x"], "s")] if nonsmooth else [op("sin", ["x"], "s")]

@@ -10,6 +10,7 @@ import copy
 import functools
 import os
 import re
+import sys
 from contextlib import contextmanager
 from typing import Any
 
@@ -373,12 +374,18 @@ class Lowering(Interpreter):
             spelling = REMAT_SPELLINGS[spelling]
         if spelling == "custom_gradient":
             def spelled(*args):
+                as_primal = _called_as_primal()
                 outs, res = fwd(*args)
+                if as_primal:
+                    log.fwd_traces, log.primal_traces = log.fwd_traces - 1, log.primal_traces + 1
                 return outs, lambda g: bwd(res, g)
             return jax.custom_gradient(spelled)   # (residual_tree is "tuple" here)
         if spelling == "custom_gradient_remat":
             def spelled(*args):
-                log.fwd_traces += 1
+                if _called_as_primal():
+                    log.primal_traces += 1
+                else:
+                    log.fwd_traces += 1
                 e = run_spelled((), args)
 
                 def rem(*args2):
@@ -434,6 +441,13 @@ def _tree_jvp(s: CustomJVP, primal, rule):
 # Spellings whose bwd rule says a zero cotangent with None.
 NONE_ZEROS = ("defvjp", "defremat")
 # A spelling with a rematerialisation rule -> the spelling of the same VJP outside jax.remat.
+def _called_as_primal() -> bool:
+    """Whether jax.custom_gradient called the user's function as its primal function (`wrapped_fun`, the custom_vjp
+    it defines, in every release since 0.4) rather than as its fwd rule: one function runs as both, and each run is
+    counted as what it ran for (a primal trace, a fwd trace), as a custom_vjp's two functions are."""
+    return sys._getframe(2).f_code.co_name == "wrapped_fun"
+
+
 REMAT_SPELLINGS = {"defremat": "defvjp", "custom_gradient_remat": "custom_gradient"}
 
 
