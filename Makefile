@@ -8,7 +8,7 @@ PROFILE ?= ci
 # summary lists it under "Tracked behaviours seen"); shrinking goes to behaviours not yet tracked.
 RUN_ARGS ?= --budget 240 --known tests/regressions --out reports/latest --overwrite
 
-.PHONY: run test bench mutation snapshot venv clean-venv browser nightly lint-tools docs soak
+.PHONY: run test test-slow bench mutation snapshot venv clean-venv browser nightly lint-tools docs soak
 
 venv: $(STAMP)
 
@@ -31,8 +31,13 @@ run: $(STAMP)
 	$(VENV)/bin/remat-conformance run $(RUN_ARGS)
 	$(VENV)/bin/remat-conformance report reports/latest --out reports/latest/report
 
+# The fast tier: every test but those marked slow (within 15 minutes on 2 cores). `make test-slow` runs the slow
+# tier (campaigns that prove again, at another size or with a second mutant, what a fast test proves), nightly.
 test: $(STAMP) browser lint-tools
-	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto --dist worksteal -q --durations=15 $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto --dist worksteal -q -m "not slow" --durations=15 $(PYTEST_ARGS)
+
+test-slow: $(STAMP) browser lint-tools
+	HYPOTHESIS_PROFILE=$(PROFILE) $(PY) -m pytest -n auto --dist worksteal -q -m slow --durations=15 $(PYTEST_ARGS)
 
 # Re-record what the gate compares against (tools/snapshot.py): the gate campaigns' per-program
 # verdicts (tests/data/gate_snapshot.json) and the regression corpus's details. Only on purpose;

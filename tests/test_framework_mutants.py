@@ -32,7 +32,12 @@ def _is_mutants(name: str, f: dict) -> bool:
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+# The slow tier (make test-slow, nightly): the trace-count and torch.compile mutants; every `make test` runs the two
+# residual ones (an eager SAC that drops a MUST_SAVE, a remat3 policy that stops saving dots).
+SLOW = {"remat3-traces-regions-twice", "partitioner-ignores-must-save"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(MUTANTS)])
 def test_a_framework_mutant_is_a_new_finding_under_known_and_its_short_repro_shows_it(name, tmp_path):
     _, rivals, require, exclude, options = MUTANTS[name]
     out = tmp_path / "run"

@@ -187,6 +187,8 @@ def test_workers_ignore_sigint_and_exit_when_the_supervisor_dies(tmp_path, when)
             p.kill()
 
 
+# the slow tier (make test-slow, nightly): a campaign through crashing and hanging pipelines, waiting out their timeouts
+@pytest.mark.slow
 def test_campaign_survives_crashes_and_hangs(tmp_path):
     """A whole campaign whose rival segfaults and hangs on every program: both behaviours become
     findings (crash, timeout), every program is recorded once, and the hang does not eat the

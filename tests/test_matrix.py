@@ -223,6 +223,8 @@ def test_the_report_shows_versions_from_each_cells_recheck_and_refuses_a_bad_one
     assert not (tmp_path / "rep2").exists()
 
 
+# the slow tier (make test-slow, nightly): every shard of a nightly plan run as campaigns, then the report
+@pytest.mark.slow
 def test_nightly_runs_every_shard_rechecks_and_reports_against_the_last_night(tmp_path):
     """A matrix of the project's environment and a cell that cannot be built, end to end: shards, a
     recheck of the corpus and the night's findings on the cell that ran, one report whose baseline

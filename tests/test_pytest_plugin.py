@@ -6,6 +6,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from conformance.engine.loading import load_corpus_variants
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,6 +19,9 @@ def pytest_outside(tmp_path, *args):
                            "-q", *args], cwd=tmp_path, capture_output=True, text=True, timeout=900)
 
 
+# the slow tier (make test-slow, nightly): a copy of the project as another checkout, its corpus replayed
+# and its properties run (about a minute)
+@pytest.mark.slow
 def test_replays_the_corpus_and_runs_the_properties_from_another_checkout(tmp_path):
     junit = tmp_path / "junit.xml"
     r = pytest_outside(tmp_path, "--remat-pipelines", "jax:remat3", "--remat-examples", "3", "--remat-budget", "300",

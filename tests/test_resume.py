@@ -160,7 +160,7 @@ def _spawn_workers_of(pid) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])   # (two jobs: the slow tier)
 def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, reference, reference2, jobs):
     reference = reference if jobs == 1 else reference2
     ref_findings = reference[1]
@@ -222,7 +222,7 @@ def test_killed_campaign_resumes_with_nothing_lost_and_nothing_twice(tmp_path, r
     assert json.loads((out / "run.json").read_text())["resumed"] == 3
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])   # (two jobs: the slow tier)
 def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference, reference2, jobs):
     reference = reference if jobs == 1 else reference2
     out = tmp_path / "out"
@@ -252,6 +252,7 @@ def test_ctrl_c_stops_cleanly_and_resumes(tmp_path, reference, reference2, jobs)
     assert _same_as_reference(_check_invariants(out), reference, jobs)
 
 
+@pytest.mark.slow
 def test_shards_are_disjoint_and_together_the_unsharded_campaign(tmp_path):
     def run(out, *extra):
         r = subprocess.run(_cli(out, "--no-isolate", "--max-examples", "12", "--round-size", "4", *extra),

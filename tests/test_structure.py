@@ -288,7 +288,7 @@ def cond_program(n=2):
                 outputs=["e"])
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])   # (a switch of three: slow tier)
 def test_cond_takes_the_same_branch_everywhere_and_saves_its_names(n, tmp_path):
     from conformance.ir.nodes import branch_thresholds
     p = cond_program(n)
