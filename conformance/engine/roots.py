@@ -227,7 +227,8 @@ def root_key(f: Finding) -> str:
         what = f"{f.error_type or 'none'}:{what}"
     elif f.check == "error":   # the same raise under an option of the pipeline is one root (as --known reads it)
         pfam = raise_family(f.pipeline)
-    elif f.check in RULE_CHECKS and raised is None:   # which of the rule's counts or fields moved, and where
+    elif (f.check in RULE_CHECKS or f.check == "effect_count") and raised is None:
+        # which of the rule's counts or fields moved, or which effect ran more or fewer times, and where
         what = f"{f.error_type or '-'}:{what}"
     return f"{check}|{pfam}|{rfam}|{what}"
 
