@@ -12,8 +12,8 @@ A cause is one short line, the same for every program whose difference has that 
             value the policy asked the pipeline to save)
   value     what the value is: a value named in plain code / in a custom_vjp fwd / in a custom_jvp
             function / by checkpoint_name_fwd, a custom_vjp residual (an optimize_remat one's is its own), a
-            loop carry or slice, a program input, a cond branch's result, a dot's output, an op's output,
-            an unmatched value; "the loss does not read" where no differentiated output depends on it
+            loop carry or slice, a program input, a cond branch's result, a dot's output, a view's output, an op's
+            output, an unmatched value; "the loss does not read" where no differentiated output depends on it
   decision  each enclosing region's policy, outermost first: what it read to decide (KindDecl.rule: names,
             dots, everything, everything_but_names, custom, nothing) and its decision; a value outside every
             region (a program input, a region's argument made outside it) is one cause whatever it is, as no
@@ -174,6 +174,8 @@ class _Program:
             return 4, "a cond branch's result"
         if s is not None and OPS[s.op].dot:
             return 5, "a dot's output"
+        if s is not None and OPS[s.op].view:   # (a partitioner may treat a view as free to recompute)
+            return 5, "a view's output"
         return (6, "an op's output") if s is not None else (7, "a value")
 
     def decisions(self, i: str) -> list[tuple[str, str]]:
