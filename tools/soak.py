@@ -238,7 +238,7 @@ def audit(run_dir: str | Path, snapshots: list[Snapshot] = ()) -> Audit:
     findings = Counter((json.dumps(r.get("origin")), json.dumps(r.get("target") or r.get("key"))) for r in recs
                        if r["type"] == "finding" and r.get("origin") is not None)
     rounds = Counter(r["round"] for r in recs if r["type"] == "round")
-    for what, c in (("result (hash, seed)", keys), ("result seq", seqs), ("finding (origin, key)", findings),
+    for what, c in (("result (hash, seed)", keys), ("result seq", seqs), ("finding (origin, target)", findings),
                     ("round", rounds)):
         for k, n in c.items():
             if n > 1:

@@ -221,7 +221,7 @@ class Campaign:
             rec = {"type": "finding", "signature": kept.signature, "t": round(self.elapsed(), 3),
                    "origin": ev["origin"], "shrink_steps": ev["shrink_steps"], "size": ev["size"],
                    "original_size": ev["original_size"], "key": list(f.key()),
-                   "target": ev.get("target") or list(f.key())}
+                   "target": ev["target"]}
             self.done_shrinks.add((tuple(ev["origin"]), tuple(rec["target"])))
             self.store.append_result(rec)
             self._account_finding(rec)

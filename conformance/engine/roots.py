@@ -210,6 +210,8 @@ def new_causes(findings: list[Finding], key: tuple, causes: list[str]) -> list[s
 # Checks whose label names what of a custom rule moved (a trace counter, a rule field): part of the root,
 # with the constructs the program cannot lose (a fwd traced twice in a cond is not a bwd called twice there).
 RULE_CHECKS = frozenset({"trace_count", "custom_rule"})
+# Checks whose label is part of the root: a rule check's, and which effect ran more or fewer times (effect_count).
+LABELLED_CHECKS = RULE_CHECKS | {"effect_count"}
 
 
 def root_key(f: Finding) -> str:
@@ -227,8 +229,7 @@ def root_key(f: Finding) -> str:
         what = f"{f.error_type or 'none'}:{what}"
     elif f.check == "error":   # the same raise under an option of the pipeline is one root (as --known reads it)
         pfam = raise_family(f.pipeline)
-    elif (f.check in RULE_CHECKS or f.check == "effect_count") and raised is None:
-        # which of the rule's counts or fields moved, or which effect ran more or fewer times, and where
+    elif f.check in LABELLED_CHECKS and raised is None:   # what moved (a rule's count or field, an effect), and where
         what = f"{f.error_type or '-'}:{what}"
     return f"{check}|{pfam}|{rfam}|{what}"
 

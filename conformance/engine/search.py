@@ -654,10 +654,11 @@ class Searcher:
     def _file(self, f: Finding, origin: tuple, target: tuple | None = None) -> None:
         """Emit finding `f` of the program `origin`, shrunk from the failure `target` (its key before shrinking: a
         residual difference's label may change on the way)."""
-        self.done_shrinks.add((tuple(origin), tuple(target or f.key())))
+        target = tuple(target or f.key())
+        self.done_shrinks.add((tuple(origin), target))
         self.emit({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": list(origin),
-                   "target": list(target or f.key()),
-                   "shrink_steps": f.shrink_steps, "size": f.size, "original_size": f.original_size})
+                   "target": list(target), "shrink_steps": f.shrink_steps, "size": f.size,
+                   "original_size": f.original_size})
 
     def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
         self.shrinks_per_key[v.key()] += 1

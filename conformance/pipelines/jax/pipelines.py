@@ -438,9 +438,6 @@ def _tree_jvp(s: CustomJVP, primal, rule):
     return prelude.tree_jvp(s.tree, s.args, s.results, primal, rule)
 
 
-# Spellings whose bwd rule says a zero cotangent with None.
-NONE_ZEROS = ("defvjp", "defremat")
-# A spelling with a rematerialisation rule -> the spelling of the same VJP outside jax.remat.
 def _called_as_primal() -> bool:
     """Whether jax.custom_gradient called the user's function as its primal function (`wrapped_fun`, the custom_vjp
     it defines, in every release since 0.4) rather than as its fwd rule: one function runs as both, and each run is
@@ -448,6 +445,9 @@ def _called_as_primal() -> bool:
     return sys._getframe(2).f_code.co_name == "wrapped_fun"
 
 
+# Spellings whose bwd rule says a zero cotangent with None.
+NONE_ZEROS = ("defvjp", "defremat")
+# A spelling with a rematerialisation rule -> the spelling of the same VJP outside jax.remat.
 REMAT_SPELLINGS = {"defremat": "defvjp", "custom_gradient_remat": "custom_gradient"}
 
 
