@@ -176,7 +176,7 @@ def test_two_findings_of_one_program_keep_two_corpus_entries(tmp_path):
     b = _finding("p:b").model_copy(update={"program_hash": "ab" * 8})
     for f in (a, b):
         camp.handle({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": ["ab" * 8, 0],
-                     "shrink_steps": 1, "size": 1, "original_size": 1})
+                     "target": list(f.key()), "shrink_steps": 1, "size": 1, "original_size": 1})
     files = sorted(p.name for p in (tmp_path / "out" / "corpus").glob("*.json"))
     assert files == ["gradient-p_a-abababab.json", "gradient-p_b-abababab.json"]
     pipes = {json.loads((tmp_path / "out" / "corpus" / n).read_text())["finding"]["pipeline"] for n in files}
@@ -224,7 +224,7 @@ def test_a_shrink_that_ends_in_a_known_behaviour_closes_its_key(tmp_path):
 
     def send(f):
         camp.handle({"ev": "finding", "finding": f.model_dump(mode="json"), "origin": [f.program_hash, 0],
-                     "shrink_steps": 1, "size": 1, "original_size": 1})
+                     "target": list(f.key()), "shrink_steps": 1, "size": 1, "original_size": 1})
     send(a)
     send(b)
     assert camp.shrinks_per_key[a.key()] == 0 and camp.shrinks_per_key[b.key()] == 0   # both new
