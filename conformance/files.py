@@ -9,6 +9,13 @@ from pathlib import Path
 
 MiB = 1024 * 1024
 LIMIT = 64 * MiB   # the default bound for any one input file
+CACHE_ENV = "REMAT_CONFORMANCE_CACHE"
+
+
+def cache_root() -> Path:
+    """The project's cache folder (release environments, compile caches): REMAT_CONFORMANCE_CACHE, else
+    ~/.cache/remat-conformance."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "remat-conformance")
 
 
 class InputRefused(ValueError):

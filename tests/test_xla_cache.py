@@ -7,17 +7,31 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conformance.files import CACHE_ENV
 from conformance.pipelines.jax import eager_cache, xla_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_a_campaign_gets_a_fresh_directory_and_leaves_nothing_behind(monkeypatch):
+def test_campaigns_share_the_machines_directory_and_keep_it(monkeypatch, tmp_path):
+    """Unset, a campaign uses (and creates) the machine's directory under the project's cache folder, sets
+    it for its workers, and keeps it; a process outside a campaign uses the same one."""
     monkeypatch.delenv(xla_cache.ENV, raising=False)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert xla_cache.cache_dir() == str(tmp_path / "xla")
+    with xla_cache.campaign_cache() as d:
+        assert d == str(tmp_path / "xla") and os.path.isdir(d) and os.environ[xla_cache.ENV] == d
+        Path(d, "entry-cache").write_bytes(b"x")
+    assert Path(d, "entry-cache").exists() and xla_cache.ENV not in os.environ
+
+
+def test_a_fresh_campaign_gets_a_directory_of_its_own_and_leaves_nothing_behind(monkeypatch):
+    monkeypatch.setenv(xla_cache.ENV, xla_cache.FRESH)
+    assert xla_cache.cache_dir() is None   # outside a campaign: none
     with xla_cache.campaign_cache() as d:
         assert os.path.isdir(d) and os.environ[xla_cache.ENV] == d and xla_cache.cache_dir() == d
         Path(d, "entry-cache").write_bytes(b"x")
-    assert not os.path.exists(d) and xla_cache.ENV not in os.environ
+    assert not os.path.exists(d) and os.environ[xla_cache.ENV] == xla_cache.FRESH
 
 
 def test_a_killed_campaigns_directory_is_removed_by_the_next(tmp_path):
@@ -42,12 +56,20 @@ def test_the_environments_choice_wins(monkeypatch, tmp_path):
     assert tmp_path.is_dir()   # a directory the user named is theirs: kept
 
 
-def test_trim_empties_the_directory_only_past_its_limit(tmp_path):
-    for k in range(3):
+def test_trim_removes_the_least_recently_used_entries_only_past_its_limit(tmp_path):
+    """Past the limit, the entries last read or written longest ago go first, until at most KEEP of the limit
+    is left (an entry read recently is kept although written first)."""
+    for k in range(4):
         (tmp_path / f"k{k}-cache").write_bytes(b"x" * 400_000)
-    assert xla_cache.size_bytes(str(tmp_path)) == 1_200_000
-    assert not xla_cache.trim(str(tmp_path), limit_mb=2) and len(list(tmp_path.iterdir())) == 3
-    assert xla_cache.trim(str(tmp_path), limit_mb=1) and list(tmp_path.iterdir()) == []
+        os.utime(tmp_path / f"k{k}-cache", (1000 + k, 1000 + k))
+    os.utime(tmp_path / "k0-cache", (5000, 1000))   # k0: written first, read last
+    assert xla_cache.size_bytes(str(tmp_path)) == 1_600_000
+    assert not xla_cache.trim(str(tmp_path), limit_mb=2) and len(list(tmp_path.iterdir())) == 4
+    # limit 1.5 MiB (1,572,864 bytes), keep 0.75 of it (1,179,648): the two least recently used go
+    assert xla_cache.trim(str(tmp_path), limit_mb=1.5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k0-cache", "k3-cache"]
+    assert xla_cache.trim(str(tmp_path), limit_mb=0.5)   # keep 393,216 bytes: none of 400,000 fits
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_cache_is_trimmed_every_so_many_runs(tmp_path, monkeypatch):
@@ -115,3 +137,14 @@ def test_pipelines_that_differ_in_flags_share_compiled_executables_and_results(t
     for n in names:
         for other in (plain, shared):
             assert cached[n]["grads"] == other[n]["grads"] and cached[n]["residuals"] == other[n]["residuals"]
+
+
+def test_a_later_process_finds_what_an_earlier_one_compiled_and_observes_the_same(tmp_path):
+    """The cache is kept between campaigns: a second process (a later campaign) on the same directory reads
+    from it what the first compiled, and observes exactly what a process without the cache observes."""
+    names = ["jax:remat2"]
+    first = _probe(str(tmp_path), names, framework_defaults=False)
+    later = _probe(str(tmp_path), names, framework_defaults=False)
+    plain = _probe("off", names, framework_defaults=False)
+    assert later["jax:remat2"]["hits"] > first["jax:remat2"]["hits"] + 5
+    assert later == {n: {**plain[n], "hits": later[n]["hits"]} for n in names}

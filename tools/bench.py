@@ -205,7 +205,7 @@ def side(n: int, seed: int, torch: bool, before: bool, cache: bool = False) -> t
     """(harness, floor) of one configuration; the floor runs what the harness selected. `cache`:
     each side with a fresh XLA compile cache of its own, as every campaign gets one."""
     def fresh():
-        return xla_cache.campaign_cache() if cache else contextlib.nullcontext("off")
+        return xla_cache.fresh_cache() if cache else contextlib.nullcontext("off")
     with fresh() as d:
         harness = _part("harness", n, seed, torch, cache=d, before=before)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
@@ -225,7 +225,8 @@ def campaign(jobs: int, seconds: float, seed: int, before: bool = False) -> dict
     out = Path(tempfile.mkdtemp(prefix=f"bench-jobs{jobs}-"))
     cmd = [sys.executable, "-m", "conformance.cli", "run", "--budget", str(seconds), "--seed", str(seed),
            "--jobs", str(jobs), "--out", str(out / "run"), "--quiet"]
-    env = {k: v for k, v in os.environ.items() if k != xla_cache.ENV}   # a compile cache of its own, as make run
+    # cold: a compile cache of its own (make run's is the machine's, warm from earlier campaigns)
+    env = {**os.environ, xla_cache.ENV: xla_cache.FRESH}
     if before:
         env[eager_cache.DEFAULTS_ENV] = "1"
         for n in reg.shared_pipelines(reg.run_set(list(reg.CORE_PIPELINES))):

@@ -31,10 +31,10 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from conformance.errors import UsageError
+from conformance.files import CACHE_ENV, cache_root  # noqa: F401 - (envs.CACHE_ENV, envs.cache_root)
 from conformance.ir import releases
 
 ROOT = Path(__file__).resolve().parents[2]
-CACHE_ENV = "REMAT_CONFORMANCE_CACHE"
 MAX_ENVS_ENV = "REMAT_CONFORMANCE_MAX_ENVS"
 MAX_ENVS = 8             # a jax environment is about 0.6 GB, a torch one 4-5 GB
 MAX_GB_ENV = "REMAT_CONFORMANCE_ENVS_GB"
@@ -46,10 +46,6 @@ HARNESS_DEPS = ("pydantic", "hypothesis", "packaging", "rich", "jinja2", "matplo
 BUILD_TIMEOUT = 1800
 # Releases whose wheels were built against numpy 1 (numpy 2 came with jaxlib 0.4.26 and torch 2.3)
 NUMPY1_BEFORE = {"jax": Version("0.4.26"), "torch": Version("2.3.0")}
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "remat-conformance")
 
 
 def envs_dir() -> Path:

@@ -57,12 +57,14 @@ def _cpu_devices():
 
 _cpu_devices()
 
-# The campaign's XLA compile cache (conformance.pipelines.jax.xla_cache). Pipelines that differ only
-# in JAX flags (remat2, remat3, custom_vjp3) compile the same HLO for the same primitive or
-# program; jax_remat3 is part of the in-memory jit key, so each flag setting would compile it
-# again, where the disk cache compiles it once.
+# The XLA compile cache (conformance.pipelines.jax.xla_cache): the machine's, kept between campaigns.
+# Pipelines that differ only in JAX flags (remat2, remat3, custom_vjp3) compile the same HLO for the
+# same primitive or program; jax_remat3 is part of the in-memory jit key, so each flag setting would
+# compile it again, where the disk cache compiles it once, and a campaign finds what earlier ones
+# compiled (`run --framework-defaults` turns it off).
 _CACHE_DIR = xla_cache.cache_dir()
 if _CACHE_DIR and hasattr(jax.config, "jax_compilation_cache_dir"):   # (jax 0.4.23 onwards)
+    os.makedirs(_CACHE_DIR, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
     # (the last two came with jax 0.4.26 and 0.4.30: an older release keeps its own thresholds and no LRU)
     for _k, _v in (("jax_persistent_cache_min_compile_time_secs", 0), ("jax_persistent_cache_min_entry_size_bytes", 0),

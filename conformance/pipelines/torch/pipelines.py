@@ -21,8 +21,9 @@ import contextlib
 import os
 from typing import Any
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                      os.path.join(os.path.expanduser("~"), ".cache", "remat-conformance", "inductor"))
+from conformance.files import cache_root
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
