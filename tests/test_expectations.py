@@ -467,3 +467,24 @@ def test_torch_declares_region_state_unsupported():
     assert obs["torch:eager-sac"].unsupported == NO_REGION_STATE and obs["jax:none"].grads is not None
     (v,) = _verdicts(j, "torch:eager-sac", "error")
     assert (v.status, v.expectation) == ("unsupported", "torch-no-region-state")
+
+
+@pytest.mark.parametrize("kind", ["callback", "ordered", "io", "io_ordered"])
+def test_an_optimize_remat_fwd_effect_is_refused_only_where_its_release_refuses_it(kind):
+    """jax before 0.12 refuses an io_callback in an optimize_remat fwd; a jax.debug.callback only before 0.6.2
+    (DebugEffect joined custom_derivatives_allowed_effects there). A 0.10.2 campaign's debug.callback program
+    raised nothing where the harness expected the refusal: its own false alarm (program 03903b69)."""
+    rule = {"kind": "custom_vjp", "args": ["x"], "fwd": [op("effect", ["x"], "e", kind=kind), op("sin", ["e"], "s")],
+            "results": ["s"], "residuals": ["x"], "cts": ["g"], "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d")],
+            "bwd_results": ["d"], "optimize_remat": True}
+    feats = set(prog([rule], outputs=["s"]).features())
+    io = kind.startswith("io")
+    assert {"effect_in_optimize_remat_fwd", f"{'io' if io else 'debug'}_effect_in_optimize_remat_fwd"} <= feats
+    assert f"{'debug' if io else 'io'}_effect_in_optimize_remat_fwd" not in feats
+    refusal = {"jax-before-0.12-optimize-remat-refuses-fwd-effects", "jax-before-0.6.2-optimize-remat-refuses-fwd-debug-callbacks"}
+
+    def refused(version):
+        return {e.id for e in PACKAGED.matching("jax:remat2", {"jax": version}, "cpu", {"float64"}, feats)} & refusal
+    assert refused("0.6.1") and refused("0.4.38")
+    assert bool(refused("0.6.2")) == bool(refused("0.11.2")) == io
+    assert not refused("0.12.0")

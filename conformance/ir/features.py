@@ -81,9 +81,13 @@ FEATURES: dict[str, Feature] = {
     "symbolic_zeros": Feature("custom_vjp with symbolic_zeros=True"),
     "optimize_remat": Feature("custom_vjp with optimize_remat=True", needs=("defvjp(optimize_remat=)",)),
     "optimize_remat_symbolic_zeros": Feature("one custom_vjp block with both optimize_remat and symbolic_zeros"),
-    "effect_in_optimize_remat_fwd": Feature("an effect in the fwd rule of a custom_vjp with optimize_remat=True (jax "
-                                            "before 0.12 refuses it: expectation "
-                                            "jax-before-0.12-optimize-remat-refuses-fwd-effects)"),
+    "effect_in_optimize_remat_fwd": Feature("an effect in the fwd rule of a custom_vjp with optimize_remat=True"),
+    "io_effect_in_optimize_remat_fwd": Feature("an io_callback in the fwd rule of a custom_vjp with optimize_remat=True "
+                                               "(jax before 0.12 refuses it: expectation "
+                                               "jax-before-0.12-optimize-remat-refuses-fwd-effects)"),
+    "debug_effect_in_optimize_remat_fwd": Feature("a jax.debug.callback in the fwd rule of a custom_vjp with "
+                                                  "optimize_remat=True (jax before 0.6.2 refuses it: expectation "
+                                                  "jax-before-0.6.2-optimize-remat-refuses-fwd-debug-callbacks)"),
     "sz_fwd_remat": Feature("a symbolic_zeros custom_vjp inside a checkpoint region whose fwd has checkpoint names "
                             "(remat3 must rematerialise that fwd)"),
     "nondiff_args": Feature("custom_vjp with nondiff arguments"),
@@ -237,8 +241,10 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("optimize_remat")
                 if s.symbolic_zeros:
                     f.add("optimize_remat_symbolic_zeros")
-                if any(isinstance(x, Op) and x.op == O.EFFECT_OP for x, _, _, _ in walk(s.fwd)):
+                kinds = {x.params["kind"] for x, _, _, _ in walk(s.fwd) if isinstance(x, Op) and x.op == O.EFFECT_OP}
+                if kinds:
                     f.add("effect_in_optimize_remat_fwd")
+                    f.update(f"{'io' if k in O.IO_EFFECTS else 'debug'}_effect_in_optimize_remat_fwd" for k in kinds)
             if s.symbolic_zeros and depth >= 1 and any(is_name(x) for x, _, _, _ in walk(s.fwd)):
                 f.add("sz_fwd_remat")
             if s.nondiff:
