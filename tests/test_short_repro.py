@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -18,8 +19,9 @@ from conformance.repro.short import code_lines, short_repro
 
 CORPUS = Path(__file__).parent / "regressions"
 # (30 and 60 before the release guard: two lines (an exception outside the check exits 3, "cannot run here") and,
-# where the check catches exceptions, two that probe the APIs the script uses)
-MEDIAN_LINES, MAX_LINES = 33, 62
+# where the check catches exceptions, two that probe the APIs the script uses; 33 and 62 before a custom_vjp under
+# jax_custom_vjp3 was made under each run's flags: two lines, `def rules(flags):` and its `global`, in 24 of 145)
+MEDIAN_LINES, MAX_LINES = 34, 64
 ALLOWED_IMPORTS = {"jax", "torch", "numpy", "sys", "os", "inspect", "re", "functools", "collections"}
 SLOW: set[str] = set()   # ids of cases whose script takes over 20 s (none at present: torch ones take ~6 s)
 
@@ -126,3 +128,32 @@ def test_an_errors_short_repro_keeps_ops_nothing_reads():
     p = prog([region(["x"], [op("sin", ["x"], "a"), op("cos", ["x"], "c")], ["c"], {"kind": "nothing"})])
     assert [s.op for s in dead_code_removed(p, "error").body[0].body] == ["sin", "cos"]
     assert [s.op for s in dead_code_removed(p, "gradient").body[0].body] == ["cos"]
+
+
+def test_a_custom_vjp_under_custom_vjp3_is_made_under_each_runs_flags():
+    """jax before 0.12 reads jax_custom_vjp3 where jax.custom_vjp (or jax.custom_gradient) is applied: a repro that
+    applied it once at import, flags off, tested the old custom_vjp on every side there, and bisect called
+    cvjp3-traces-primal-under-grad 'introduced in 0.12.0' (0.10.2 and 0.11.2 trace the primal too, rules made
+    under the flag). Every repro with such a rule and a side under jax_custom_vjp3 applies it inside
+    `rules(flags)`, after the flags, and each run calls it; the others have no `rules`."""
+    def applies_a_rule(node):
+        return any("custom_vjp" in ast.unparse(d) or "custom_gradient" in ast.unparse(d)
+                   for d in getattr(node, "decorator_list", []))
+    checked = 0
+    for case in CASES:
+        if not case[3].pipeline.startswith("jax:"):
+            continue
+        src = source(case)
+        tree = ast.parse(src)
+        top = tree.body
+        has_rule = any(applies_a_rule(n) for n in ast.walk(tree))
+        cvjp3 = re.search(r'"jax_custom_vjp3": True', src)
+        assert not (cvjp3 and any(applies_a_rule(n) for n in top)), case[0]   # then never applied at import
+        made = [n for n in top if isinstance(n, ast.FunctionDef) and n.name == "rules"]
+        assert bool(made) == bool(has_rule and cvjp3), case[0]
+        if made:
+            flags_first = made[0].body[1]
+            assert isinstance(made[0].body[0], ast.Global) and isinstance(flags_first, ast.For), case[0]
+            assert all(not applies_a_rule(n) for n in made[0].body[:2]) and "rules(flags)" in src, case[0]
+            checked += 1
+    assert checked >= 20   # (24 at present)

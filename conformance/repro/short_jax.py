@@ -263,7 +263,13 @@ def script(prog, inputs, finding) -> str:
         defs = re.sub(r"\n*^block_\d+\.defvjp\(.*\)$", "", defs, flags=re.M)
         fsrc = re.sub(r"^(def f\(.*\):\n)", lambda m: m.group(1) + "".join(f"    {x}\n" for x in moved), fsrc)
     diff = [e.n[i.id] for i in prog.diff_inputs()]
+    made_per_run = any(fl.get("jax_custom_vjp3") for _, _, fl, _ in sides) and re.search(
+        r"jax\.custom_(vjp|gradient)\b", defs)
+    if made_per_run:
+        defs = _made_per_run(defs)
     body, verdict = _check(finding, prog, sides, ", ".join(diff), len(diff), defs, no_remat, with_outputs)
+    if made_per_run:
+        body = body.replace(_FLAGS_LINE, "    rules(flags)")
     code_all = defs + fsrc + body + verdict
     imports = []
     for cond, line in ((probe == "counts", "from collections import Counter"),
@@ -367,6 +373,20 @@ _SENTENCE = {
 }
 
 
+_FLAGS_LINE = "    for k, v in flags.items(): (v or hasattr(jax.config, k)) and jax.config.update(k, v)"
+
+
+def _made_per_run(defs: str) -> str:
+    """The definitions inside `rules(flags)`, which sets each run's flags and then makes them: jax before 0.12
+    reads jax_custom_vjp3 where jax.custom_vjp (or jax.custom_gradient) is applied, not where the rule is called,
+    so rules made once, flags off, would test the old custom_vjp on every side of those releases."""
+    names = list(dict.fromkeys(re.findall(r"^def (\w+)\(", defs, re.M)))
+    head = ["def rules(flags):   # the rules made under each run's flags (jax before 0.12 reads jax_custom_vjp3 "
+            "where custom_vjp is applied)", f"    global {', '.join(names)}", _FLAGS_LINE]
+    lines = re.sub(r"\n{3,}", "\n\n", defs).split("\n")
+    return "\n".join(head + [f"    {line}" if line.strip() else "" for line in lines])
+
+
 def _run_head(name, remat=False, sharded=False, placed=""):
     """The run function's head; `placed`: the differentiated inputs, placed with a NamedSharding where the call says
     so (a sharded side) as `args`."""
@@ -375,7 +395,7 @@ def _run_head(name, remat=False, sharded=False, placed=""):
     if remat:
         out += ["    global REMAT", "    REMAT = remat"]
     # one line: the flags are not the program (a release without a flag runs as if it were off)
-    out += ["    for k, v in flags.items(): (v or hasattr(jax.config, k)) and jax.config.update(k, v)"]
+    out += [_FLAGS_LINE]
     if sharded:   # the program inside shard_map over the CPU devices, everything replicated
         out.append("    fn = jax.shard_map(f, mesh=MESH, in_specs=P(), out_specs=P()) if sharded else f")
     if placed:
