@@ -475,13 +475,15 @@ def test_an_optimize_remat_fwd_effect_is_refused_only_where_its_release_refuses_
     (DebugEffect joined custom_derivatives_allowed_effects there). A 0.10.2 campaign's debug.callback program
     raised nothing where the harness expected the refusal: its own false alarm (program 03903b69)."""
     rule = {"kind": "custom_vjp", "args": ["x"], "fwd": [op("effect", ["x"], "e", kind=kind), op("sin", ["e"], "s")],
-            "results": ["s"], "residuals": ["x"], "cts": ["g"], "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d")],
+            "results": ["s"], "residuals": ["x"], "cts": ["g"],
+            "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d")],
             "bwd_results": ["d"], "optimize_remat": True}
     feats = set(prog([rule], outputs=["s"]).features())
     io = kind.startswith("io")
     assert {"effect_in_optimize_remat_fwd", f"{'io' if io else 'debug'}_effect_in_optimize_remat_fwd"} <= feats
     assert f"{'debug' if io else 'io'}_effect_in_optimize_remat_fwd" not in feats
-    refusal = {"jax-before-0.12-optimize-remat-refuses-fwd-effects", "jax-before-0.6.2-optimize-remat-refuses-fwd-debug-callbacks"}
+    refusal = {"jax-before-0.12-optimize-remat-refuses-fwd-effects",
+               "jax-before-0.6.2-optimize-remat-refuses-fwd-debug-callbacks"}
 
     def refused(version):
         return {e.id for e in PACKAGED.matching("jax:remat2", {"jax": version}, "cpu", {"float64"}, feats)} & refusal

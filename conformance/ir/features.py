@@ -82,8 +82,8 @@ FEATURES: dict[str, Feature] = {
     "optimize_remat": Feature("custom_vjp with optimize_remat=True", needs=("defvjp(optimize_remat=)",)),
     "optimize_remat_symbolic_zeros": Feature("one custom_vjp block with both optimize_remat and symbolic_zeros"),
     "effect_in_optimize_remat_fwd": Feature("an effect in the fwd rule of a custom_vjp with optimize_remat=True"),
-    "io_effect_in_optimize_remat_fwd": Feature("an io_callback in the fwd rule of a custom_vjp with optimize_remat=True "
-                                               "(jax before 0.12 refuses it: expectation "
+    "io_effect_in_optimize_remat_fwd": Feature("an io_callback in the fwd rule of a custom_vjp with "
+                                               "optimize_remat=True (jax before 0.12 refuses it: expectation "
                                                "jax-before-0.12-optimize-remat-refuses-fwd-effects)"),
     "debug_effect_in_optimize_remat_fwd": Feature("a jax.debug.callback in the fwd rule of a custom_vjp with "
                                                   "optimize_remat=True (jax before 0.6.2 refuses it: expectation "
