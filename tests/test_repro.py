@@ -352,3 +352,31 @@ def test_a_repro_is_the_same_text_whatever_the_string_hash_seed(tmp_path):
     line = next(x for x in texts.pop().splitlines() if x.startswith("MUST_NOT_SAVE ="))
     items = ast.literal_eval(line.split("=", 1)[1].split("#")[0].strip())
     assert len(items) == 7 and line.startswith("MUST_NOT_SAVE = {" + ", ".join(map(repr, sorted(items))) + "}")
+
+
+OLD_RELEASE = ("import jax, jax.ad_checkpoint\n"
+               "del jax.ad_checkpoint.checkpoint_name_fwd   # as before jax 0.11.2\n"
+               "{}\n")
+
+
+def test_full_jax_repro_runs_on_a_release_without_what_it_does_not_use_and_exits_3_where_it_cannot_run(tmp_path):
+    """The full script on an older release: checkpoint_name_fwd missing is no failure for a program without it,
+    and a flag that is off and unknown there is not set; an error before the check (here: a flag set to True that
+    the release lacks) exits 3, never 1 ("reproduces"). A jax 0.6.2 campaign's script died on the import and
+    on `jax.config.update('jax_remat3', False)`, exit status 1."""
+    def run(src, patch):
+        p = tmp_path / "repro.py"
+        p.write_text(src)
+        block = OLD_RELEASE.format(patch) + BLOCK
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        r = subprocess.run([sys.executable, "-c", block, str(p)], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=240)
+        return r.returncode, r.stdout + r.stderr
+    src = gen(FIXED, "jax")   # jax:remat3 raises the documented error: conforms
+    assert "'jax_remat3': True" in src and "checkpoint_name_fwd(" not in src
+    rc, out = run(src, "")
+    assert rc == 0 and "OK: [error] jax:remat3" in out, out
+    no_flag = ("_u = jax.config.update\njax.config.update = lambda k, v: (_ for _ in ()).throw(AttributeError(k)) "
+               "if k == 'jax_remat3' else _u(k, v)")
+    rc, out = run(src, no_flag)   # setting jax_remat3 fails (as where the release lacks it): it cannot run here
+    assert rc == 3 and "AttributeError" in out, out
