@@ -490,3 +490,21 @@ def test_an_optimize_remat_fwd_effect_is_refused_only_where_its_release_refuses_
     assert refused("0.6.1") and refused("0.4.38")
     assert bool(refused("0.6.2")) == bool(refused("0.11.2")) == io
     assert not refused("0.12.0")
+
+
+def test_custom_vjp3_refuses_an_io_callback_in_a_custom_vjp_only_before_0_12():
+    """jax before 0.12 applies jax_custom_vjp3 where jax.custom_vjp is applied and refuses an io_callback in its
+    primal ('Effects not supported in `custom_jvp`'; the harness's false alarm on a jax 0.10.2 campaign, program
+    e43a36b4); 0.12 runs it. Only the custom_vjp3 pipelines, only with an io_callback in the rule."""
+    def rule(kind):
+        return {"kind": "custom_vjp", "args": ["x"], "fwd": [op("effect", ["x"], "e", kind=kind), op("sin", ["e"], "s")],
+                "results": ["s"], "residuals": ["x"], "cts": ["g"],
+                "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d")], "bwd_results": ["d"]}
+    eid = "jax-before-0.12-cvjp3-refuses-io-callbacks-in-custom-vjp"
+
+    def expected(kind, pipeline, version):
+        feats = set(prog([rule(kind)], outputs=["s"]).features())
+        return eid in {e.id for e in PACKAGED.matching(pipeline, {"jax": version}, "cpu", {"float64"}, feats)}
+    assert expected("io", "jax:remat3+cvjp3", "0.11.2") and expected("io_ordered", "jax:remat3+cvjp3:jit", "0.10.2")
+    assert not expected("io", "jax:remat3+cvjp3", "0.12.0") and not expected("io", "jax:remat3", "0.11.2")
+    assert not expected("callback", "jax:remat3+cvjp3", "0.11.2")

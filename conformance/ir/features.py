@@ -82,6 +82,9 @@ FEATURES: dict[str, Feature] = {
     "optimize_remat": Feature("custom_vjp with optimize_remat=True", needs=("defvjp(optimize_remat=)",)),
     "optimize_remat_symbolic_zeros": Feature("one custom_vjp block with both optimize_remat and symbolic_zeros"),
     "effect_in_optimize_remat_fwd": Feature("an effect in the fwd rule of a custom_vjp with optimize_remat=True"),
+    "io_effect_in_custom_vjp_fwd": Feature("an io_callback in the fwd rule (and so the primal) of a custom_vjp (jax "
+                                           "before 0.12 refuses it under jax_custom_vjp3: expectation "
+                                           "jax-before-0.12-cvjp3-refuses-io-callbacks-in-custom-vjp)"),
     "io_effect_in_optimize_remat_fwd": Feature("an io_callback in the fwd rule of a custom_vjp with "
                                                "optimize_remat=True (jax before 0.12 refuses it: expectation "
                                                "jax-before-0.12-optimize-remat-refuses-fwd-effects)"),
@@ -237,11 +240,13 @@ def compute_features(prog: Program) -> set[str]:
                 f.add("custom_vjp_in_checkpoint")
             if s.symbolic_zeros:
                 f.add("symbolic_zeros")
+            kinds = {x.params["kind"] for x, _, _, _ in walk(s.fwd) if isinstance(x, Op) and x.op == O.EFFECT_OP}
+            if kinds & set(O.IO_EFFECTS):
+                f.add("io_effect_in_custom_vjp_fwd")
             if s.optimize_remat:
                 f.add("optimize_remat")
                 if s.symbolic_zeros:
                     f.add("optimize_remat_symbolic_zeros")
-                kinds = {x.params["kind"] for x, _, _, _ in walk(s.fwd) if isinstance(x, Op) and x.op == O.EFFECT_OP}
                 if kinds:
                     f.add("effect_in_optimize_remat_fwd")
                     f.update(f"{'io' if k in O.IO_EFFECTS else 'debug'}_effect_in_optimize_remat_fwd" for k in kinds)
