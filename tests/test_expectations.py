@@ -497,7 +497,8 @@ def test_custom_vjp3_refuses_an_io_callback_in_a_custom_vjp_only_before_0_12():
     primal ('Effects not supported in `custom_jvp`'; the harness's false alarm on a jax 0.10.2 campaign, program
     e43a36b4); 0.12 runs it. Only the custom_vjp3 pipelines, only with an io_callback in the rule."""
     def rule(kind):
-        return {"kind": "custom_vjp", "args": ["x"], "fwd": [op("effect", ["x"], "e", kind=kind), op("sin", ["e"], "s")],
+        return {"kind": "custom_vjp", "args": ["x"],
+                "fwd": [op("effect", ["x"], "e", kind=kind), op("sin", ["e"], "s")],
                 "results": ["s"], "residuals": ["x"], "cts": ["g"],
                 "bwd": [op("cos", ["x"], "c"), op("mul", ["g", "c"], "d")], "bwd_results": ["d"]}
     eid = "jax-before-0.12-cvjp3-refuses-io-callbacks-in-custom-vjp"
