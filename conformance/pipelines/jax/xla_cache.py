@@ -54,20 +54,14 @@ def campaign_cache():
     """The campaign's cache directory (created), set in the environment so that its worker processes
     share it: the machine's, the one the environment names, a fresh one removed afterwards, or None (off)."""
     chosen = os.environ.get(ENV)
-    if chosen is None or chosen.lower() != FRESH:
-        d = cache_dir()
-        if d:
-            os.makedirs(d, exist_ok=True)
-        os.environ[ENV] = d or "off"
-        try:
+    if chosen is not None and chosen.lower() == FRESH:
+        with fresh_cache() as d:
             yield d
-        finally:
-            if chosen is None:
-                os.environ.pop(ENV, None)
-            else:
-                os.environ[ENV] = chosen
         return
-    with fresh_cache() as d:
+    d = cache_dir()
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with _set(d or "off"):
         yield d
 
 
@@ -75,18 +69,27 @@ def campaign_cache():
 def fresh_cache():
     """A fresh cache directory of the campaign's own (set in the environment), removed afterwards: a cold
     campaign. A killed campaign's is removed by the next (`remove_orphans`)."""
-    chosen = os.environ.get(ENV)
     remove_orphans()
     fresh = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
-    os.environ[ENV] = fresh
     try:
-        yield fresh
+        with _set(fresh):
+            yield fresh
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+
+
+@contextmanager
+def _set(value: str):
+    """The environment naming `value` meanwhile, then as it was."""
+    chosen = os.environ.get(ENV)
+    os.environ[ENV] = value
+    try:
+        yield
     finally:
         if chosen is None:
             os.environ.pop(ENV, None)
         else:
             os.environ[ENV] = chosen
-        shutil.rmtree(fresh, ignore_errors=True)
 
 
 PREFIX = "remat-conformance-xla-"   # + the campaign's pid + "-"
