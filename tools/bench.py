@@ -203,7 +203,7 @@ def _part(kind: str, n: int, seed: int, torch: bool, cache: str = "off", before:
 
 def side(n: int, seed: int, torch: bool, before: bool, cache: bool = False) -> tuple[dict, dict]:
     """(harness, floor) of one configuration; the floor runs what the harness selected. `cache`:
-    each side with a fresh XLA compile cache of its own, as every campaign gets one."""
+    each side with a fresh XLA compile cache of its own (a cold campaign's; make run's is the machine's)."""
     def fresh():
         return xla_cache.fresh_cache() if cache else contextlib.nullcontext("off")
     with fresh() as d:

@@ -8,12 +8,11 @@ cache_root), shared by every campaign and its worker processes and kept between 
 finds compiled what earlier ones compiled, above all a campaign run again (`make run`'s seed is
 fixed; the test suite's campaigns are seeded), far less one of another seed (eager JAX compiles one
 executable per primitive, shape, dtype and parameters, mostly combinations of one program's own).
-REMAT_CONFORMANCE_COMPILE_CACHE
-names another directory, `fresh` (a temporary directory of the campaign's own, removed when it
-ends: a cold campaign, as `make bench` measures one) or `off`. JAX's own size bound is not used (its
-eviction scans the directory on every write); `trim` removes the least recently used entries when
-the directory outgrows REMAT_CONFORMANCE_COMPILE_CACHE_MB. A killed campaign's fresh directory is
-removed by the next campaign.
+REMAT_CONFORMANCE_COMPILE_CACHE names another directory, `fresh` (a temporary directory of the
+campaign's own, removed when it ends: a cold campaign, as `make bench` measures one) or `off`.
+JAX's own size bound is not used (its eviction scans the directory on every write); `trim` removes
+the least recently used entries when the directory outgrows REMAT_CONFORMANCE_COMPILE_CACHE_MB. A
+killed campaign's fresh directory is removed by the next campaign.
 
 Imports no framework.
 """
@@ -127,17 +126,6 @@ def ran(d: str | None) -> None:
     _runs += 1
     if d and _runs % TRIM_EVERY == 0:
         trim(d)
-
-
-def size_bytes(d: str) -> int:
-    total = 0
-    with os.scandir(d) as it:
-        for e in it:
-            try:
-                total += e.stat(follow_symlinks=False).st_size
-            except OSError:   # removed by another worker meanwhile
-                pass
-    return total
 
 
 def trim(d: str, limit_mb: float | None = None) -> bool:
