@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import pytest
+
 from conformance.engine.describe import cause_text, title
 from conformance.engine.findings import Finding, error_root, signature
 from conformance.engine.loading import load_known
@@ -168,6 +170,30 @@ def test_a_bare_error_roots_on_the_frame_that_raised_it():
     # a message long enough keeps rooting on the message, wherever it was raised
     long = {"got": {"type": "ValueError", "message": "safe_zip() argument 1 has length 6", "where": "x.py:f"}}
     assert error_root(long).startswith("ValueError: safe_zip()")
+
+
+def test_a_raise_site_is_the_framework_frame_that_raised_and_the_framework_frame_that_called_it(tmp_path):
+    """One bare assertion reached from two framework callers is two raise sites (jax's _remat_bind assert, from
+    fun_remat for jax PR #33217's bug, from eval_jaxpr for nested regions); a harness frame calling the framework
+    is no caller of it."""
+    import importlib.util
+
+    from conformance.pipelines.base import raise_site
+    src = tmp_path / "framework_stand_in.py"
+    src.write_text("def check(x):\n    assert x\n\ndef bind(x):\n    check(x)\n\ndef rule(x):\n    check(x)\n")
+    spec = importlib.util.spec_from_file_location("framework_stand_in", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sites = []
+    for call in (mod.bind, mod.rule, mod.check):
+        with pytest.raises(AssertionError) as e:
+            call(False)
+        sites.append(raise_site(e.value))
+    assert sites == ["framework_stand_in.py:check, called from framework_stand_in.py:bind",
+                     "framework_stand_in.py:check, called from framework_stand_in.py:rule",
+                     "framework_stand_in.py:check"]
+    assert len({error_root({"got": {"type": "AssertionError", "message": "", "stage": "forward", "where": s}})
+                for s in sites}) == 3
 
 
 def test_every_corpus_variant_roots_under_its_own_root_and_no_two_roots_share_a_key():

@@ -21,15 +21,30 @@ _HARNESS = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 def raise_site(e: BaseException) -> str | None:
-    """The innermost frame of the traceback outside the harness, as `package/path.py:function` (the part
-    after site-packages, no line number: lines move between releases, functions rarely)."""
-    for fr in reversed(traceback.extract_tb(e.__traceback__)):
-        path = os.path.abspath(fr.filename)
-        if path.startswith(_HARNESS + os.sep) and "site-packages" not in path:
-            continue
-        tail = path.split("site-packages" + os.sep, 1)[-1] if "site-packages" in path else os.path.basename(path)
-        return f"{tail}:{fr.name}"
-    return None
+    """Where the framework raised: the innermost frame of the traceback outside the harness and the framework
+    frame that called it, as `package/path.py:function, called from package/path.py:function` (the part after
+    site-packages, no line numbers: lines move between releases, functions rarely). One bare assertion checks
+    one condition, but two bugs can break it from two callers (jax's `_remat_bind` assert reached from
+    `fun_remat` and from a partial-evaluation rule): the caller tells them apart."""
+    frames = list(reversed(traceback.extract_tb(e.__traceback__)))
+    at = next((i for i, fr in enumerate(frames) if _framework(fr.filename)), None)
+    if at is None:
+        return None
+    site = _frame_name(frames[at])
+    if at + 1 < len(frames) and _framework(frames[at + 1].filename):   # (a harness frame calling it is no caller)
+        site += f", called from {_frame_name(frames[at + 1])}"
+    return site
+
+
+def _framework(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return not path.startswith(_HARNESS + os.sep) or "site-packages" in path
+
+
+def _frame_name(fr) -> str:
+    path = os.path.abspath(fr.filename)
+    tail = path.split("site-packages" + os.sep, 1)[-1] if "site-packages" in path else os.path.basename(path)
+    return f"{tail}:{fr.name}"
 
 
 def error_info(e: BaseException, stage: str) -> ErrorInfo:
