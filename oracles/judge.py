@@ -146,6 +146,14 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     # Every pipeline's error verdict first: status equivalence reads the references' verdicts.
     errors = {n: _error_verdict(j, o, entries[n], ref, value_ref) for n, o in observations.items()}
 
+    # Each no-remat baseline against the value reference: where they disagree, no checkpoint is involved, and a
+    # rival agreeing with its baseline is not blamed for it (_as_the_baselines).
+    baselines = {b: v for b in {registry.baseline_of(n) for n in observations} - {None, value_ref}
+                 if b in observations and ref is not None and registry.is_reference(b)
+                 for v in [_draws_differ(feats, observations[b], ref)
+                           or gradients.compare(program, observations[b], ref, "loose", values, values_missing)]}
+    j.verdicts += baselines.values()
+
     for name, obs in observations.items():
         ev = errors[name]
         if ev is not None:
@@ -164,10 +172,13 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
 
         # -- values ---------------------------------------------------------------------
         base = observations.get(_baseline(dtypes, name, observations) or "")
-        if base is not None:
-            add(gradients.compare(program, obs, base, "tight", values, values_missing))
+        by_base = gradients.compare(program, obs, base, "tight", values, values_missing) if base is not None else None
+        by_ref = None
         if ref is not None and ref is not base:   # (ref:f64 standing in for the baseline: tight only)
-            add(_draws_differ(feats, obs, ref) or gradients.compare(program, obs, ref, "loose", values, values_missing))
+            by_ref = _draws_differ(feats, obs, ref) or gradients.compare(program, obs, ref, "loose", values,
+                                                                         values_missing)
+        for v in _as_the_baselines(by_base, by_ref, baselines):
+            add(v)
 
         none = observations.get(registry.baseline_of(name) or "")
         if "effects" in feats and none is not None and registry.same_mode(name, none.pipeline):
@@ -230,6 +241,22 @@ COMPARISONS: dict[registry.CompareMode, Callable[[_Pair, Observation, Observatio
     registry.CompareMode.SAME: _same, registry.CompareMode.VALUES: _values, registry.CompareMode.BUDGET: _budget,
     registry.CompareMode.EAGER: _eager, registry.CompareMode.CROSS: _cross,
 }
+
+
+def _as_the_baselines(by_base: Verdict | None, by_ref: Verdict | None, baselines: dict[str, Verdict]) -> list[Verdict]:
+    """A rival's value verdicts against its baseline and the value reference. Where the baseline differs from the
+    reference (its own verdict) and the rival agrees with one of the two, its difference from the other is that
+    verdict's, not the rival's: skipped, with the reason (jax 0.6.2's jitted conv of a scaled input: the jitted
+    reference and every jitted rival computed one value, the eager baseline and every eager rival another, and
+    each rival was blamed). A rival that agrees with neither is blamed against both."""
+    got = [v for v in (by_base, by_ref) if v is not None]
+    shown = baselines.get(by_base.reference) if by_base is not None else None
+    if len(got) < 2 or shown is None or shown.status != "fail" or sorted(v.status for v in got) != ["fail", "pass"]:
+        return got
+    agreed = next(v.reference for v in got if v.status == "pass")
+    return [v if v.status == "pass" else v.model_copy(update={"status": "skipped", "detail": {
+        "reason": f"agrees with {agreed}, and the no-remat baseline {shown.pipeline} differs from {shown.reference} "
+                  "(its own verdict): the difference is not this pipeline's", **v.detail}}) for v in got]
 
 
 def _draws_differ(feats: set, obs: Observation, ref: Observation) -> Verdict | None:

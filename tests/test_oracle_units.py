@@ -857,10 +857,11 @@ def _jax(grads3=G, res3=(), **extra):
     return o
 
 
-def test_each_rival_gets_value_policy_and_comparison_checks_references_none():
+def test_each_rival_gets_value_policy_and_comparison_checks_the_baseline_only_the_value_reference():
     j = judge(named_chain(), _jax(), Expectations([]))
     assert triples(j) == [
         ("custom_rule", "jax:remat3", "jax:remat2", "pass"),
+        ("gradient", "jax:none", "ref:f64", "pass"),
         ("gradient", "jax:remat2", "jax:none", "pass"), ("gradient", "jax:remat2", "ref:f64", "pass"),
         ("gradient", "jax:remat3", "jax:none", "pass"), ("gradient", "jax:remat3", "ref:f64", "pass"),
         ("residuals", "jax:remat2", "policy", "pass"),
@@ -2102,3 +2103,27 @@ def test_a_shape_deciding_policy_is_not_judged_in_a_per_example_program():
     res = [Residual(cls=["s"], shape=[2, 3], dtype="float64", bytes=48)]
     assert residuals.check_policy(program(0), ob("jax:remat2", res=res)).error_type == "saved_against_policy"
     assert residuals.check_policy(program(2), ob("jax:remat2", res=res)).status == "pass"
+
+
+def test_a_difference_the_baseline_shares_is_the_baselines_finding_not_each_rivals():
+    """jax 0.6.2's jitted conv of a scaled input: the float64 reference was wrong, the eager baseline and every
+    rival agreed. One verdict, on the baseline against the reference; each rival that agrees with its baseline
+    is skipped there with the reason, and one that departs from its baseline as well is still blamed."""
+    o = _jax(grads3=WRONG, **{"ref:f64": ob("ref:f64", WRONG), "jax:remat2": ob("jax:remat2", G, res=[])})
+    j = judge(named_chain(), o, Expectations([]))
+    assert [(v.check, v.pipeline, v.reference) for v in j.failures() if v.check == "gradient"] == [
+        ("gradient", "jax:none", "ref:f64")]
+    # remat2 agrees with its baseline, remat3 (jitted, say) with the reference: neither is blamed for the other
+    skipped = find(j, "gradient", "jax:remat2", "ref:f64")
+    assert skipped.status == "skipped" and skipped.detail["reason"].startswith(
+        "agrees with jax:none, and the no-remat baseline jax:none differs from ref:f64")
+    assert find(j, "gradient", "jax:remat3", "jax:none").status == "skipped"
+    assert find(j, "gradient", "jax:remat3", "ref:f64").status == "pass"
+    # a rival that agrees with neither is blamed against both
+    third = {"x": [1.0, 1.0, 2.0]}
+    j = judge(named_chain(), {**o, "jax:remat3": ob("jax:remat3", third)}, Expectations([]))
+    assert {find(j, "gradient", "jax:remat3", r).status for r in ("jax:none", "ref:f64")} == {"fail"}
+    # a rival wrong on its own, beside a right baseline, is blamed against both
+    j = judge(named_chain(), _jax(grads3=WRONG), Expectations([]))
+    assert find(j, "gradient", "jax:none", "ref:f64").status == "pass"
+    assert {find(j, "gradient", "jax:remat3", r).status for r in ("jax:none", "ref:f64")} == {"fail"}

@@ -380,3 +380,15 @@ def test_full_jax_repro_runs_on_a_release_without_what_it_does_not_use_and_exits
                "if k == 'jax_remat3' else _u(k, v)")
     rc, out = run(src, no_flag)   # setting jax_remat3 fails (as where the release lacks it): it cannot run here
     assert rc == 3 and "AttributeError" in out, out
+
+
+def test_a_repro_runs_the_jax_value_reference_jitted_as_a_campaign_does(monkeypatch):
+    """The campaign's ref:f64 runs forward and backward in one jax.jit (outside framework defaults): a repro that
+    ran it eagerly would not show a difference only the jitted reference has (jax 0.6.2's conv of a scaled input,
+    wrong under jit)."""
+    from conformance.pipelines.jax.eager_cache import DEFAULTS_ENV
+    from conformance.repro.plan import settings
+    monkeypatch.delenv(DEFAULTS_ENV, raising=False)
+    assert settings("ref:f64", "jax", None)["jit"] and not settings("jax:none", "jax", None)["jit"]
+    monkeypatch.setenv(DEFAULTS_ENV, "1")
+    assert not settings("ref:f64", "jax", None)["jit"] and settings("jax:remat2:jit", "jax", None)["jit"]

@@ -390,6 +390,17 @@ def value_reference() -> str:
     return next(n for n, s in SPECS.items() if s.role == VALUE)
 
 
+def jitted(name: str) -> bool:
+    """Whether the pipeline runs forward and backward in one jax.jit: its spec's `jit`, and the JAX value reference
+    too, outside framework defaults (one compile where eager dispatch compiles each op; pipelines.jax.eager_cache).
+    A repro runs each side as the campaign did."""
+    s = spec(name)
+    if s.jit:
+        return True
+    from conformance.pipelines.jax.eager_cache import framework_defaults
+    return s.role == VALUE and s.framework == "jax" and not framework_defaults()
+
+
 def baseline(framework: str) -> str | None:
     """The framework's same-dtype no-checkpoint pipeline."""
     return next((n for n, s in SPECS.items() if s.role == BASELINE and s.framework == framework), None)

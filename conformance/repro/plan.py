@@ -100,7 +100,7 @@ def settings(p: str, fw: str, finding) -> dict:
         flags = s.flags if s.framework == "jax" else registry.spec(registry.residual_reference("jax")).flags
         if finding is not None and finding.pipeline == p and finding.flags:
             flags = {k: v for k, v in finding.flags.items() if k.startswith("jax_")}
-        return {"remat": s.remat, "f64": s.f64, "jit": s.jit, "flags": flags, "shard_map": s.shard_map,
+        return {"remat": s.remat, "f64": s.f64, "jit": registry.jitted(p), "flags": flags, "shard_map": s.shard_map,
                 **({"sharded": True} if s.sharded else {})}
     return {"remat": s.remat, "f64": s.f64, "prefer": s.prefer, "backend": s.compile, "partitioner": s.partitioner,
             "memory_budget": s.memory_budget, **{k: getattr(s, k) for k in registry.TORCH_OPTIONS}}

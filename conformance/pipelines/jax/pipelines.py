@@ -818,7 +818,7 @@ class JaxReference(JaxBase):
     under framework defaults (eager_cache.framework_defaults)."""
 
     def traced(self) -> bool:
-        return not eager_cache.framework_defaults()
+        return registry.jitted(self.name)
 
     def _run(self, program, inputs, obs):
         super()._run(program, inputs, obs)
