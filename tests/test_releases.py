@@ -23,6 +23,7 @@ from conformance.ir.features import FEATURE_NEEDS, lacking_features
 from conformance.pipelines import registry
 from conformance.repro.short import short_repro
 from generators.programs import programs
+from tests.programs import op, prog, region
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC_ARGNAMES = ROOT / "tests" / "regressions" / "remat2-ignores-static-argnames.json"
@@ -55,6 +56,21 @@ def test_an_older_release_lacks_what_came_later_and_says_since_when():
     assert releases.lacking(["jax.new_ref"], {"torch": "2.14.1"}) == ["jax.new_ref"]   # jax absent: lacks it all
     feats = lacking_features({"jax"}, old)
     assert {"names_fwd", "rule_remat"} <= set(feats) and "names" not in feats   # (names: a PyTorch need)
+
+
+def test_a_policy_of_an_offloading_kind_that_offloads_nothing_needs_no_cpu_offload():
+    """jax's save_from_both_policies ignored its second policy where the first was save_and_offload_only_these_names
+    until 0.4.38 (it returned the first's decision, a truthy enum, not a bool): a campaign on 0.4.37 can draw that
+    policy with nothing to offload, CPU offload to pinned_host coming only in 0.7.1."""
+    from conformance.ir.policy import Both, Everything, SaveAndOffloadNames
+    lack = set(lacking_features({"jax"}, {"jax": "0.4.37"}))
+    assert "offloading" in lack and not {"policy:save_and_offload_only_these_names", "policy:both"} & lack
+    body = [region(["x"], [op("sin", ["x"], "y")], ["y"],
+                   Both(a=SaveAndOffloadNames(saved=["a"], offloaded=[]), b=Everything()).model_dump())]
+    feats = prog(body).features()
+    assert {"offload_in_both", "policy:both"} <= feats and "offloading" not in feats
+    body[0]["policy"]["a"]["offloaded"] = ["b"]
+    assert "offloading" in prog(body).features()
 
 
 def _pretend(monkeypatch, **versions):

@@ -48,6 +48,8 @@ SPELLINGS = frozenset(
     }
 )
 SAME_AS = {"switch": "cond"}
+# What a policy does, beside its kind (a variant, as the kind is): it can move values to host memory.
+POLICY_TRAITS = frozenset({"offloading"})
 # References that stand for "the values without remat": one family.
 VALUE_FAMILY = "values"
 _VALUE_REFERENCES = ("ref:f64", "jax:none", "torch:none")
@@ -88,7 +90,8 @@ def rule_variant(name: str) -> str:
 
 
 def is_variant_feature(feature: str) -> bool:
-    return (feature.startswith("policy:") or feature in DTYPES or feature in OP_FAMILIES or feature in SPELLINGS
+    return (feature.startswith("policy:") or feature in POLICY_TRAITS or feature in DTYPES or feature in OP_FAMILIES
+            or feature in SPELLINGS
             or feature.startswith("op:"))
 
 

@@ -23,7 +23,7 @@ from conformance.ir.nodes import (
     walk,
 )
 from conformance.ir.ops.core import Feature
-from conformance.ir.policy import KINDS, POLICY_KINDS, combines, offloads
+from conformance.ir.policy import KINDS, POLICY_KINDS, combines, moves_to_host, offloads
 
 if TYPE_CHECKING:   # (the Program model reads this module)
     from conformance.ir.program import Program
@@ -66,7 +66,10 @@ FEATURES: dict[str, Feature] = {
                                          focus=("effects",)),
     "prevent_cse_tuple": Feature("a region with prevent_cse given per argument (a tuple of bools)",
                                  focus=("prevent_cse",)),
-    "offload_in_both": Feature("a both(p, q) policy one of whose parts offloads"),
+    "offload_in_both": Feature("a both(p, q) policy one of whose parts is of an offloading kind"),
+    "offloading": Feature("a policy that can move a value to host memory (an offloading kind with something to "
+                          "offload)", needs=("checkpoint offload to pinned_host on the CPU",
+                                             "CheckpointPolicy.MUST_CPU_OFFLOAD")),
     "policy:<kind>": Feature("a region uses this policy kind (everything, nothing, dots, ...)"),
     "op:<op>": Feature("the program uses this op (for expectations; not part of signatures)"),
     "names": Feature("checkpoint_name used", needs=("torch.library.custom_op",)),   # (PyTorch: the tag op)
@@ -212,6 +215,8 @@ def compute_features(prog: Program) -> set[str]:
             f.add(f"policy:{s.policy.kind}")
             if combines(s.policy) and offloads(s.policy):
                 f.add("offload_in_both")
+            if moves_to_host(s.policy):
+                f.add("offloading")
             if depth >= 1:
                 f.add("nested_checkpoint")
             if depth >= 2:

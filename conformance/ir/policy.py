@@ -177,8 +177,11 @@ class KindDecl:
     # what the kind reads to decide, as a residual difference's cause names it (names, dots, everything,
     # everything_but_names, custom, nothing); `both` is read as the sub-policy that decided (deciding_rule)
     rule: str = "custom"
-    needs: tuple[str, ...] = ()   # the release APIs its spellings use (conformance.ir.releases); offloading adds
-                                  # PyTorch's CPU-offload policy values
+    needs: tuple[str, ...] = ()   # the release APIs its spellings use (conformance.ir.releases); what offloading
+                                  # needs is the feature `offloading`'s (a policy can be of an offloading kind and
+                                  # offload nothing)
+    # the field that lists what an offloading kind offloads: empty, the policy only saves and recomputes
+    offload_field: str | None = None
 
     @property
     def kind(self) -> str:
@@ -188,10 +191,9 @@ class KindDecl:
 KINDS: dict[str, KindDecl] = {}
 
 
-def _kind(model, decide, fields=(), offloads=False, region_only=False, on_shapes=False, rule="custom", needs=()):
-    needs = tuple(needs) + (("checkpoint offload to pinned_host on the CPU", "CheckpointPolicy.MUST_CPU_OFFLOAD")
-                            if offloads else ())
-    k = KindDecl(model, decide, fields, offloads, region_only, on_shapes, rule, needs)
+def _kind(model, decide, fields=(), offloads=False, region_only=False, on_shapes=False, rule="custom", needs=(),
+          offload_field=None):
+    k = KindDecl(model, decide, fields, offloads, region_only, on_shapes, rule, tuple(needs), offload_field)
     KINDS[k.kind] = k
 
 
@@ -215,7 +217,7 @@ _kind(OffloadDotsNoBatch, lambda p, op, name, b, n: "offload" if _is_dot_no_batc
 _kind(SaveAndOffloadNames, lambda p, op, name, b, n: (
     "save" if name is not None and name in p.saved else
     "offload" if name is not None and name in p.offloaded else "recompute"), ("saved", "offloaded"), offloads=True,
-    rule="names", needs=("checkpoint_policies.save_and_offload_only_these_names",))
+    rule="names", needs=("checkpoint_policies.save_and_offload_only_these_names",), offload_field="offloaded")
 _kind(MinElements, lambda p, op, name, b, n: "save" if n is not None and n >= p.elements else "recompute",
       ("elements",), on_shapes=True, rule="custom")
 _kind(Both, lambda p, op, name, b, n: _either(decide(p.a, op, name, b, n), decide(p.b, op, name, b, n)), ("a", "b"),
@@ -224,7 +226,7 @@ _kind(DotParams, lambda p, op, name, b, n: "save" if _is_dot_no_batch(op, b) els
       rule="dots")
 _kind(NoPolicy, lambda p, op, name, b, n: "recompute", region_only=True, rule="nothing")
 _kind(OffloadOps, lambda p, op, name, b, n: "offload" if _alike(op) & set(p.ops) else "recompute", ("ops",),
-      offloads=True, rule="custom")
+      offloads=True, rule="custom", offload_field="ops")
 
 POLICY_KINDS = tuple(KINDS)
 
@@ -304,4 +306,15 @@ def combines(p) -> bool:
 
 
 def offloads(p) -> bool:
+    """A policy of an offloading kind, or made of one (what JAX's save_from_both_policies refuses: such a policy
+    returns an offload decision, not a bool, even where it offloads nothing)."""
     return KINDS[p.kind].offloads or any(offloads(getattr(p, f)) for f in KINDS[p.kind].fields if f in ("a", "b"))
+
+
+def moves_to_host(p) -> bool:
+    """A policy that can offload a value (to host memory): an offloading kind with something to offload, or made of
+    one. What needs a release's CPU offload (feature `offloading`); save_and_offload_only_these_names with no
+    offloaded names only saves and recomputes, on any release that has the function."""
+    k = KINDS[p.kind]
+    own = k.offloads and (k.offload_field is None or bool(getattr(p, k.offload_field)))
+    return own or any(moves_to_host(getattr(p, f)) for f in k.fields if f in ("a", "b"))
