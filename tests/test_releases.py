@@ -84,6 +84,7 @@ def test_a_campaign_on_an_old_release_skips_what_it_cannot_run_and_draws_nothing
     assert "jax:remat3" in skipped and "jax_remat3" in skipped["jax:remat3"]
     assert "torch:eager-sac" in skipped and "first in 2.5.0" in skipped["torch:eager-sac"]
     assert "jax:remat2:jit" in names and "jax:remat3" not in names and "torch:eager-reentrant" in names
+    assert "torch:eager-sac" not in names   # (the reentrant pipelines' residual reference: no SAC before 2.5)
     cfg = Options(pipelines=names).config
     assert "mutable_state" in cfg.exclude and "policy:both" not in cfg.exclude
     assert {"region_state", "names_fwd", "rule_remat", "static_argnames"} <= set(cfg.lacks)
@@ -112,6 +113,34 @@ def test_a_pipeline_calls_a_program_it_cannot_express_on_its_release_unsupported
     assert "lacks jax.checkpoint(static_argnames=)" in p.cannot_express(prog)
     obs = p.run(prog, inputs)
     assert obs.unsupported and "static_argnames" in obs.unsupported and obs.error is None
+
+
+def test_the_reentrant_torch_pipelines_run_on_a_torch_without_selective_checkpointing():
+    """torch before 2.5 has no CheckpointPolicy nor create_selective_checkpoint_contexts (imitated: deleted before
+    the harness imports torch's pipelines). The pipelines that take no policy still run a program with a policy (the
+    reentrant implementation ignores it), where before the module did not import and every torch pipeline of a
+    torch 2.4.1 campaign was skipped."""
+    code = textwrap.dedent("""
+        import json, torch.utils.checkpoint as c
+        del c.CheckpointPolicy, c.create_selective_checkpoint_contexts
+        from conformance.pipelines import registry
+        from conformance.ir.program import load_program
+        from generators.programs import input_values
+        from tests.programs import op, prog, region
+        p = prog([region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "n", name="a"), op("cos", ["n"], "y")],
+                         ["y"], {"kind": "save_only_names", "names": ["a"]})])
+        out = {}
+        for name in ("torch:none", "torch:eager-reentrant"):
+            obs = registry.get(name).run(p, input_values(p, 0))
+            out[name] = [obs.error and obs.error.model_dump(), obs.grads]
+        print(json.dumps(out))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["torch:eager-reentrant"][0] is None and out["torch:none"][0] is None
+    assert out["torch:eager-reentrant"][1]["x"] == pytest.approx(out["torch:none"][1]["x"])
 
 
 # -- the short repro tells "cannot run here" from "fixed" --------------------------------------------------------

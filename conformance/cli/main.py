@@ -111,7 +111,8 @@ def parse_pipelines(spec: str | None, explore: bool = True, skipped: dict | None
     """The run's pipelines: the named rivals (default: the registry's default set; without `explore`, its core
     set: the explorers are left out, not run on every program) and the references the registry says they need.
     A rival the installed releases cannot run (its framework absent, an API it runs with lacking) is left out and
-    put in `skipped` with the reason; where every named one is, or the references' framework is absent, refused."""
+    put in `skipped` with the reason, and so is a reference they cannot run; where every named one is, or the
+    references' framework is absent, refused."""
     if spec is None:
         rivals = list(reg.DEFAULT_PIPELINES if explore else reg.CORE_PIPELINES)
     else:
@@ -139,7 +140,9 @@ def parse_pipelines(spec: str | None, explore: bool = True, skipped: dict | None
     if rivals and len(out) == len(rivals):
         raise UsageError("--pipelines: this environment runs none of them: "
                          + "; ".join(f"{k}: {v}" for k, v in list(out.items())[:3]))
-    return reg.run_set([r for r in rivals if r not in out])   # (each of them imported above)
+    # (each of them imported above); a reference the releases cannot run is left out too (torch 2.4's reentrant
+    # pipelines without SAC, their residual reference): the rivals' checks against it are skipped, not failed
+    return [n for n in reg.run_set([r for r in rivals if r not in out]) if not reg.unavailable(n)]
 
 
 def cmd_run(args) -> int:

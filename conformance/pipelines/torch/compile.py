@@ -40,8 +40,10 @@ def _must_save(joint_gm) -> set[str]:
     """The joint graph's tensor-valued nodes a region's policy marked MUST_SAVE (read before the partitioner runs:
     what the policy asked, not what the partitioner made of it; a region's node: ac_graph_id; a multi-output node is
     saved by its items)."""
-    from torch.utils.checkpoint import CheckpointPolicy
-    return {n.name for n in joint_gm.graph.nodes if n.meta.get("recompute") == CheckpointPolicy.MUST_SAVE
+    policy = getattr(torch.utils.checkpoint, "CheckpointPolicy", None)   # (torch 2.5 onwards: before, no SAC)
+    if policy is None:
+        return set()
+    return {n.name for n in joint_gm.graph.nodes if n.meta.get("recompute") == policy.MUST_SAVE
             and "ac_graph_id" in n.meta and isinstance(n.meta.get("val"), torch.Tensor)}
 
 

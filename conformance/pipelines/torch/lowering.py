@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch._dynamo  # noqa: F401  (graph_break)
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import checkpoint
 
 from conformance.ir.batching import record_examples
 from conformance.ir.dtypes import DTYPES as FLOAT_DTYPES
@@ -41,6 +41,11 @@ from conformance.ir.program import Program
 from conformance.pipelines.tables import compile_table, helpers
 from conformance.pipelines.torch import prelude
 from conformance.pipelines.torch import table as torch_table
+
+# Selective checkpointing's API (torch 2.5 onwards): None before it, where only the pipelines that take no policy run
+# (the reentrant ones; conformance.ir.releases gates the rest)
+CheckpointPolicy = getattr(torch.utils.checkpoint, "CheckpointPolicy", None)
+create_selective_checkpoint_contexts = getattr(torch.utils.checkpoint, "create_selective_checkpoint_contexts", None)
 
 # Newer torch routes SAC's cached tensors through saved-tensor hooks when asked (residual capture
 # sees them); older releases (2.13) take no such argument, and their SAC cache is out of the hooks' sight.
@@ -67,8 +72,8 @@ def numpy_of(t: torch.Tensor) -> np.ndarray:
 
 
 # ---- the checkpoint_name analogue ---------------------------------------------------------
-@torch.library.custom_op("rc::tag", mutates_args=())
-def tag(x: torch.Tensor, name: str) -> torch.Tensor:
+@torch.library.custom_op("rc::tag", mutates_args=(), schema="(Tensor x, str name) -> Tensor")   # (torch 2.4 cannot
+def tag(x: torch.Tensor, name: str) -> torch.Tensor:   # read this module's string annotations: the schema is given)
     return x.clone()
 
 
@@ -132,8 +137,8 @@ def context_fn(p, names: list[str], prefer: bool = False, calls: list | None = N
 
 # What a policy asks SAC to keep for the backward: save, or (documented: "saved during the forward pass, offloaded to
 # CPU, and reloaded") CPU offload, where this torch has it
-SAVING = (CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_SAVE) + tuple(
-    getattr(CheckpointPolicy, k) for k in ("MUST_CPU_OFFLOAD", "PREFER_CPU_OFFLOAD") if hasattr(CheckpointPolicy, k))
+SAVING = tuple(getattr(CheckpointPolicy, k) for k in ("MUST_SAVE", "PREFER_SAVE", "MUST_CPU_OFFLOAD",
+                                                     "PREFER_CPU_OFFLOAD") if hasattr(CheckpointPolicy, k))
 _SAC_RECOMPUTE = getattr(torch.utils.checkpoint, "_RECOMPUTE", None)   # SAC's mark of a call it recomputes
 SAC_CACHE_READABLE = _SAC_RECOMPUTE is not None   # (a torch without it: what SAC recomputed is not observed)
 
@@ -206,7 +211,7 @@ class Lowering(Interpreter):
         for s, _, path, _ in walk(prog.body):
             if isinstance(s, CustomVJP) and custom:
                 self.function(s, path)
-            elif isinstance(s, Checkpoint) and remat:
+            elif isinstance(s, Checkpoint) and remat and not self.options["reentrant"]:   # (reentrant: no policy)
                 self._ctx_fns[path] = context_fn(s.policy, names, prefer, policy_calls, self.options["policy_state"],
                                                  self.options["allow_mutation"], sac_log)
 
@@ -258,7 +263,7 @@ class Lowering(Interpreter):
         fn = self.region_fn(s, path)
         if not self.remat:
             return fn
-        ctx_fn = self._ctx_fns[path]
+        ctx_fn = self._ctx_fns.get(path)
         spelled, call, read = self.spelled_region(s, fn)   # a static flag is a plain Python argument
         opts = self.options
         if opts["graph_break"]:

@@ -5,7 +5,9 @@ imported by conformance.pipelines.torch.lowering. Repros paste the helpers' sour
 from __future__ import annotations
 
 import torch
-from torch.utils.checkpoint import CheckpointPolicy
+import torch.utils.checkpoint
+
+CheckpointPolicy = getattr(torch.utils.checkpoint, "CheckpointPolicy", None)   # (torch 2.5 onwards: sac_policy's)
 
 
 # --- helpers: repros paste the source from here on ---
