@@ -154,14 +154,17 @@ def residual_causes(check: str, detail: dict) -> list[str]:
 
 
 def with_causes(f: Finding) -> Finding:
-    """A residual finding whose detail predates causes (a corpus entry) gets them from its program and
-    detail, as the oracle names them."""
-    if f.check == "residuals" and "causes" not in f.detail:
+    """A residual finding's causes read again from its program and detail, as the oracle names them today: a corpus
+    entry recorded before the causes or before a cause got a name of its own (a view's output, once an op's) is
+    matched on what a campaign now reports (its recorded causes are kept where nothing can be read)."""
+    if f.check == "residuals":
         try:
             prog = Program.model_validate(f.program)
         except ValueError:
             return f
-        f.detail = {**f.detail, "causes": cause_names(prog, f.detail)}
+        fresh = cause_names(prog, f.detail)
+        if fresh or "causes" not in f.detail:
+            f.detail = {**f.detail, "causes": fresh}
     return f
 
 
