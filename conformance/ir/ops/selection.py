@@ -121,7 +121,8 @@ define("sort", 1, MULTI_OUTPUT, _infer_axis_kept, params=("axis",), gen=_gen_kep
 define("masked_sum", 1, DATA_DEPENDENT, _infer_scalar, gen=_gen_masked_sum, features=(_DATA,),
        pseudo="sum({x}[{x} > 0])", nonsmooth=True)
 define("scale_by_max", 1, DATA_DEPENDENT, infer_same, gen=_gen_scale_by_max, features=(_DATA,),
-       pseudo="{x} * {x}.max().item()")
+       pseudo="{x} * {x}.max().item()", outside_factors=lambda a, y: [np.asarray(np.max(a))])
+# (its backward multiplies by the max, a constant: saved, it can equal a scalar region value, jax 0.4.37's campaign)
 
 
 # ---- the framework's own grad transform inside the program ----------------------------------------------------
