@@ -256,6 +256,24 @@ class DropOneResidual(TP.TorchSAC):
         return super().run(program, inputs, device)
 
 
+class TracingTimeCapture(TP.TorchSAC):
+    """Stand-in for torch 2.4's compile of a reentrant checkpoint: the capture's hooks also saw a tracing-time
+    tensor (there a FunctionalTensor; here a FakeTensor), which has no values."""
+
+    def _capture(self, saved):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode():
+            fake = torch.empty(2)
+        return [*saved, fake]
+
+
+def test_a_capture_of_tracing_time_tensors_leaves_the_residuals_unobserved_not_an_error():
+    prog = named_program()
+    obs = TracingTimeCapture(P.derive("torch:eager-sac", "torch:mutant-tracing-capture")).run(prog, inputs_for(prog))
+    assert obs.ok() and obs.residuals is None and obs.grads
+    assert "tracing-time tensors" in obs.flags["residuals_unobserved"]
+
+
 @pytest.mark.parametrize("compile", [None, "aot_eager"])
 def test_mutant_dropping_a_residual_is_detected(compile):
     prog = named_program()

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._functorch.config as functorch_config  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor  # noqa: E402
+from torch._subclasses.functional_tensor import FunctionalTensor  # noqa: E402
 
 from conformance.ir.batching import example_inputs  # noqa: E402
 from conformance.ir.interpreter import loss_outputs, output_cotangents  # noqa: E402
@@ -378,8 +379,14 @@ class TorchBase(Pipeline):
                 saved = self._capture(rec.saved)
                 values = node_values(program, inputs, device)
                 index = program.analysis().index
-                obs.residuals = canonicalise([numpy_of(s) for s in saved], values, index,
-                                             memory=[memory_kind(s, device) for s in saved])
+                # (torch 2.4's compile of a reentrant checkpoint runs the capture's hooks while it traces: the
+                # tensors they see are tracing-time ones, not what the compiled run saved)
+                traced = [s for s in saved if isinstance(s, (FakeTensor, FunctionalTensor))]
+                obs.residuals = None if traced else canonicalise(
+                    [numpy_of(s) for s in saved], values, index, memory=[memory_kind(s, device) for s in saved])
+                if traced:
+                    obs.flags["residuals_unobserved"] = ("the capture's saved-tensor hooks ran while torch.compile "
+                                                         "traced: they saw tracing-time tensors")
                 selective = self.remat and any(f.startswith("policy:") for f in program.features())
                 if sp.func_grad or no_capture:
                     obs.residuals = None
@@ -408,7 +415,7 @@ class TorchBase(Pipeline):
                     obs.recomputed_against_policy = canonicalise(
                         [numpy_of(v) for v in crec.get("recomputed_values", [])], values, index)
                     obs.flags["recomputed_ops"] = sorted({op for _, op in crec["recomputed_must_save"]})
-                if rec.unread:   # saved for backward, never read (eager: no dead-code elimination)
+                if rec.unread and not traced:   # saved for backward, never read (eager: no dead-code elimination)
                     obs.flags["saved_unread"] = [
                         r.describe() for r in canonicalise([numpy_of(s) for s in rec.unread], values, index)]
             if program.diff.order == 2:
