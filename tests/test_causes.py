@@ -236,3 +236,29 @@ def test_a_known_comparison_root_covers_the_policy_check_of_the_program_it_also_
     other = {**detail, "causes": ["recomputes against its policy an op's output [names:save]"]}
     assert known_finding(known, key, set(f.features), {key, f.key()},
                          evidence_root("residuals", f.pipeline, "policy", other)) is None
+
+
+def test_two_raises_of_one_error_type_on_one_construct_are_two_findings():
+    """jax 0.11.2 raised ValueError 'Accumulator aval mismatch' under remat3 for a region writing a jax.new_ref; the
+    corpus tracks another ValueError of that construct ('Cannot lower jaxpr with effects', still raised by 0.12).
+    Neither the campaign's --known matching nor the report's merge may fold one into the other."""
+    prog = {"schema_version": 1, "inputs": [{"id": "x", "shape": [2], "dtype": "float32", "diff": True}],
+            "body": [{"kind": "checkpoint", "args": ["x"], "policy": {"kind": "nothing"}, "results": ["y"],
+                      "body": [{"kind": "op", "op": "sin", "args": ["x"], "out": "y", "params": {}}]}],
+            "outputs": ["y"], "diff": {"order": 1, "mode": "reverse"}}
+    feats = sorted(Program.model_validate(prog).features())
+
+    def err(message, extra=()):
+        f = sorted({*feats, *extra})
+        return Finding(signature=signature("error", "jax:remat3", "expectations", "ValueError", f), check="error",
+                       pipeline="jax:remat3", reference="expectations", error_type="ValueError", features=f,
+                       program=prog, program_hash="0" * 16,
+                       detail={"got": {"type": "ValueError", "message": message, "stage": "backward"}})
+    tracked = err("Cannot lower jaxpr with effects: {WriteEffect(Var(id=1)), ReadEffect(Var(id=1))}")
+    other = err("Accumulator aval mismatch: expected Ref{float32[]}, got float32[].", extra=("layout",))
+    same = err("Cannot lower jaxpr with effects: {ReadEffect(Var(id=7)), WriteEffect(Var(id=7))}", extra=("layout",))
+    assert not same_behaviour(tracked, other) and not same_behaviour(other, tracked)
+    assert same_behaviour(tracked, same)
+    key = other.key()
+    assert known_finding([tracked], key, set(other.features), {key}, error_root(other.detail)) is None
+    assert known_finding([tracked], key, set(same.features), {key}, error_root(same.detail)) is tracked
