@@ -15,7 +15,8 @@ class ErrorInfo(BaseModel):
     message: str
     stage: Stage
     # where a message too short to tell errors apart (a bare AssertionError) was raised: the framework's
-    # innermost frame, `package/path.py:function` (absent otherwise, and from the dump)
+    # innermost frame and the framework frame that called it, `package/path.py:function, called from
+    # package/path.py:function` (pipelines.base.raise_site; absent otherwise, and from the dump)
     where: str | None = None
 
     @model_serializer(mode="wrap")
