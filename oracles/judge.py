@@ -147,14 +147,14 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
     errors = {n: _error_verdict(j, o, entries[n], ref, value_ref) for n, o in observations.items()}
 
     # Each no-remat baseline against the value reference: where they disagree, no checkpoint is involved, and a
-    # rival agreeing with its baseline is not blamed for it (_as_the_baselines).
-    baselines = {b: v for b in {registry.baseline_of(n) for n in observations} - {None, value_ref}
-                 if b in observations and ref is not None and registry.is_reference(b)
-                 for v in [_draws_differ(feats, observations[b], ref)
-                           or gradients.compare(program, observations[b], ref, "loose", values, values_missing)]}
-    for b, v in baselines.items():   # (a documented difference of the baseline's framework excuses it too)
-        _apply_diverges(j, v, [e for e in entries[b] if e.diverges])
-        j.verdicts.append(v)
+    # rival agreeing with its baseline is not blamed for it (_as_the_baselines); a documented difference of the
+    # baseline's framework excuses its verdict too.
+    baselines: dict[str, Verdict] = {}
+    for b in sorted({registry.baseline_of(n) for n in observations} - {None, value_ref}):
+        if b in observations and ref is not None and registry.is_reference(b):
+            v = baselines[b] = _by_value_reference(program, feats, observations[b], ref, values, values_missing)
+            _apply_diverges(j, v, [e for e in entries[b] if e.diverges])
+            j.verdicts.append(v)
 
     for name, obs in observations.items():
         ev = errors[name]
@@ -177,8 +177,7 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
         by_base = gradients.compare(program, obs, base, "tight", values, values_missing) if base is not None else None
         by_ref = None
         if ref is not None and ref is not base:   # (ref:f64 standing in for the baseline: tight only)
-            by_ref = _draws_differ(feats, obs, ref) or gradients.compare(program, obs, ref, "loose", values,
-                                                                         values_missing)
+            by_ref = _by_value_reference(program, feats, obs, ref, values, values_missing)
         for v in _as_the_baselines(by_base, by_ref, baselines):
             add(v)
 
@@ -259,6 +258,12 @@ def _as_the_baselines(by_base: Verdict | None, by_ref: Verdict | None, baselines
     return [v if v.status == "pass" else v.model_copy(update={"status": "skipped", "detail": {
         "reason": f"agrees with {agreed}, and the no-remat baseline {shown.pipeline} differs from {shown.reference} "
                   "(its own verdict): the difference is not this pipeline's", **v.detail}}) for v in got]
+
+
+def _by_value_reference(program: Program, feats: set, obs: Observation, ref: Observation, values,
+                        values_missing) -> Verdict:
+    """A pipeline's values against the float64 value reference (loose), unless their random draws differ."""
+    return _draws_differ(feats, obs, ref) or gradients.compare(program, obs, ref, "loose", values, values_missing)
 
 
 def _draws_differ(feats: set, obs: Observation, ref: Observation) -> Verdict | None:

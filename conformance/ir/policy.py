@@ -254,9 +254,8 @@ def deciding_rule(p, op: str | None, name: str | None, batched: bool = False, el
 def thresholds(p) -> list[int]:
     """The element counts at which a policy's decisions can change (min_elements), sorted."""
     out = {p.elements} if p.kind == "min_elements" else set()
-    for f in KINDS[p.kind].fields:
-        if f in ("a", "b"):
-            out |= set(thresholds(getattr(p, f)))
+    for q in parts(p):
+        out |= set(thresholds(q))
     return sorted(out)
 
 
@@ -289,8 +288,7 @@ def policy_names(p) -> list[str]:
 
 def decides_on_shapes(p) -> bool:
     """Whether a policy (or a part of it) decides on shapes, which jax.vmap changes."""
-    return KINDS[p.kind].on_shapes or any(decides_on_shapes(getattr(p, f)) for f in KINDS[p.kind].fields
-                                          if f in ("a", "b"))
+    return KINDS[p.kind].on_shapes or any(map(decides_on_shapes, parts(p)))
 
 
 def judged_by_meaning(policies, per_example: bool) -> bool:
@@ -305,10 +303,15 @@ def combines(p) -> bool:
     return "a" in KINDS[p.kind].fields
 
 
+def parts(p) -> list:
+    """A combining policy's sub-policies (both(a, b)); none for another kind."""
+    return [getattr(p, f) for f in KINDS[p.kind].fields if f in ("a", "b")]
+
+
 def offloads(p) -> bool:
     """A policy of an offloading kind, or made of one (what JAX's save_from_both_policies refuses: such a policy
     returns an offload decision, not a bool, even where it offloads nothing)."""
-    return KINDS[p.kind].offloads or any(offloads(getattr(p, f)) for f in KINDS[p.kind].fields if f in ("a", "b"))
+    return KINDS[p.kind].offloads or any(map(offloads, parts(p)))
 
 
 def moves_to_host(p) -> bool:
@@ -317,4 +320,4 @@ def moves_to_host(p) -> bool:
     offloaded names only saves and recomputes, on any release that has the function."""
     k = KINDS[p.kind]
     own = k.offloads and (k.offload_field is None or bool(getattr(p, k.offload_field)))
-    return own or any(moves_to_host(getattr(p, f)) for f in k.fields if f in ("a", "b"))
+    return own or any(map(moves_to_host, parts(p)))
