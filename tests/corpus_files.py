@@ -3,12 +3,15 @@ program): `variant_path("b324b466757472b7")` writes that variant of its root as 
 entry (a campaign's shape) into a temporary folder and returns the file."""
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
 REG = Path(__file__).parent / "regressions"
 _OUT = Path(tempfile.mkdtemp(prefix="corpus-variants-"))
+atexit.register(shutil.rmtree, _OUT, ignore_errors=True)
 
 
 def root_files() -> list[Path]:

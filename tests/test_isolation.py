@@ -232,3 +232,24 @@ def test_campaign_survives_crashes_and_hangs(tmp_path):
     assert "Segmentation fault" in crash["detail"]["got"]["message"]
     summary = (out / "summary.md").read_text()
     assert "fault:segv" in summary
+
+
+def test_a_killed_supervisors_workers_folder_is_removed_by_the_next_supervisor(tmp_path, monkeypatch):
+    """A campaign killed with SIGKILL cannot remove its workers' folder; the next executor on the machine does,
+    and leaves a living supervisor's folder and anything else alone."""
+    code = ("import os, signal\nfrom conformance.engine.isolation import IsolatedExecutor\n"
+            "e = IsolatedExecutor(plugins=[])\nprint(e._dir, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    orphan = Path(r.stdout.strip())
+    assert orphan.parent == tmp_path and orphan.is_dir()
+    other = tmp_path / "remat-conformance-workers-notapid"
+    other.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with IsolatedExecutor(plugins=[]) as e:
+        assert Path(e._dir).is_dir() and str(os.getpid()) in Path(e._dir).name
+        assert not orphan.exists() and other.is_dir()
+        with IsolatedExecutor(plugins=[]) as e2:   # a living supervisor's folder stays
+            assert Path(e._dir).is_dir() and Path(e2._dir).is_dir()
+    assert not Path(e._dir).exists()

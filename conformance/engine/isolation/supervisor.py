@@ -27,6 +27,8 @@ What the supervisor guarantees
   fails in the worker (MemoryError, XLA RESOURCE_EXHAUSTED: reported as `crash:oom`, worker
   recycled) and the OOM killer never picks the test runner. On CUDA no address-space limit is
   set unless asked for (the CUDA driver reserves large virtual ranges).
+- The workers' logs live in a temporary folder named with the supervisor's pid, removed on close; one left by a
+  supervisor that was killed (SIGKILL) is removed by the next supervisor started on the machine.
 
 Timeouts: `timeout` bounds one pipeline's `run` on one program (started when the worker reports
 that the pipeline is set up, so framework imports do not count; they have `setup_timeout`).
@@ -160,6 +162,33 @@ def _describe_exit(code: int | None) -> tuple[str, str]:
     return crash_type(f"exit-{code}"), f"the worker exited with status {code}"
 
 
+WORKERS_DIR_PREFIX = "remat-conformance-workers-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's
+        return True
+    return True
+
+
+def sweep_orphaned_worker_dirs(root: str | None = None) -> int:
+    """Remove the workers' folders (their logs) of supervisors that died without closing (a SIGKILL: a killed
+    campaign, a resume test); each folder's name carries its supervisor's pid. Returns how many went."""
+    root = root or tempfile.gettempdir()
+    gone = 0
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            pid = name.removeprefix(WORKERS_DIR_PREFIX).split("-", 1)[0]
+            if name.startswith(WORKERS_DIR_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+                gone += 1
+    return gone
+
+
 class IsolatedExecutor:
     """Runs pipelines in a supervised, reused worker process. See the module docstring."""
     isolated = True
@@ -182,7 +211,8 @@ class IsolatedExecutor:
         self.preload = list(preload)
         self.limits = limits if limits is not None else _worker_limits()
         self._ctx = mp.get_context("spawn")
-        self._dir = tempfile.mkdtemp(prefix="remat-conformance-workers-")
+        sweep_orphaned_worker_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"{WORKERS_DIR_PREFIX}{os.getpid()}-")
         self._worker: _Worker | None = None
         self._n = 0
         self._req = 0
