@@ -186,7 +186,9 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
             add(effects.compare_baseline(obs, none, True))   # a checkpoint may add runs of an effect, never drop one
 
         # -- residuals and custom rules ---------------------------------------------------
-        add(residuals.check_policy(program, obs, ref))
+        add(residuals.check_policy(program, obs, ref,
+                                   none if none is not None and residuals.judged_against_no_checkpoint(name, names)
+                                   else None))
         if registry.records_report(name):
             add(residual_report.check(obs))
         pair = _Pair(program, feats, values, values_missing, jvp_blocks)

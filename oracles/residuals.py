@@ -15,16 +15,18 @@ from conformance.ir.dtypes import LOW_PRECISION, match_tol
 from conformance.ir.interpreter import output_cotangents
 from conformance.ir.nodes import (
     DERIVATIVE_CTX,
+    Checkpoint,
     Op,
     base_id,
     checkpoint_name_of,
     input_elements,
+    live_values,
     primal_ops,
     walk,
 )
 from conformance.ir.observation import Observation, Residual
 from conformance.ir.ops import OPS, dropout_mask
-from conformance.ir.policy import decide, judged_by_meaning, saves_unnamed
+from conformance.ir.policy import decide, judged_by_meaning, saves_everything, saves_unnamed
 from conformance.ir.program import Program
 from conformance.ir.verdict import Verdict
 from conformance.pipelines import registry
@@ -146,7 +148,66 @@ def _aliases(value, shape, factors, *dtypes: str) -> bool:
                and np.allclose(f.ravel(), v, rtol=max(tol, 1e-6), atol=max(tol, 1e-9)) for f in factors)
 
 
-def check_policy(program: Program, obs: Observation, ref: Observation | None = None) -> Verdict:
+def judged_against_no_checkpoint(name: str, present) -> bool:
+    """Whether a pipeline's saving policies are judged against the no-checkpoint baseline (check_policy's `none`):
+    JAX's implementation that no other of its semantics is compared with (remat2, the residual reference; on a
+    release before remat3 the only one), eager like the baseline."""
+    base = registry.baseline_of(name)
+    return (registry.framework_of(name) == "jax" and base is not None and registry.same_mode(name, base)
+            and not any(m == registry.CompareMode.SAME for _, m in registry.comparisons(name, present)))
+
+
+# The programs judged against the no-checkpoint baseline: regions of ops, first-order reverse mode, every op's output
+# live. Elsewhere the baseline keeps residuals JAX does not need, which a region drops whatever its policy (measured
+# on pinned jax with every region set to everything_saveable: a jitted function's output (jnp.where in masked_sum),
+# the literal seed of a grad inside the program (grad_of_sin, functional_scale), dropout's mask, dead code's
+# derivative factors, a constant array (CONSTANT_OPS); loops, conds, custom rules, effects and
+# state add their own).
+CONSTANT_OPS = frozenset({"scale", "nondiff_scale", "pad"})   # jnp.asarray(c), jnp.pad's padding value
+NOT_PLAIN_OPS = frozenset({"grad_of_sin", "functional_scale", "masked_sum", "dropout", "effect", "name_fwd"})
+
+
+def saves_everywhere(program: Program) -> bool:
+    """Whether the program is one the no-checkpoint baseline judges (no NOT_PLAIN_OPS, plain reverse mode, every op's
+    output live) and every checkpoint region of it is under a policy that saves every value (saves_everything)."""
+    d = program.diff
+    if (d.order, d.mode, d.batch) != (1, "reverse", 0):
+        return False
+    stmts = [(s, ctx) for s, _, _, ctx in walk(program.body)]
+    if not all(isinstance(s, Checkpoint) or (isinstance(s, Op) and s.op not in NOT_PLAIN_OPS) for s, _ in stmts):
+        return False
+    regions = [s for s, _ in stmts if isinstance(s, Checkpoint)]
+    if not regions or not all(saves_everything(s.policy) for s in regions):
+        return False
+    live = live_values(program)
+    return all(s.out in live for s, _ in stmts if isinstance(s, Op))
+
+
+def _recomputed_against_saving_policies(program: Program, obs: Observation, none: Observation) -> list[Residual]:
+    """What the no-checkpoint baseline saves that the pipeline does not, where every region's policy saves every
+    value: the region then keeps what the program keeps without it, so each such value was recomputed against the
+    policy (jax before 0.4.38: save_from_both_policies(save_and_offload_only_these_names([], []),
+    everything_saveable) ignored its second policy and recomputed everything). Compared as `compare` does."""
+    if none.residuals is None or not saves_everywhere(program):
+        return []
+    inputs = frozenset(i.id for i in program.inputs)
+    # (where an op takes a constant operand (CONSTANT_OPS), an unmatched scalar may be that constant, which the
+    # no-checkpoint program saves and a region keeps in its jaxpr: left out on both sides)
+    consts = any(isinstance(s, Op) and s.op in CONSTANT_OPS for s, _, _, _ in walk(program.body))
+    base, got = ([r for r in rs if r.cls or r.shape or not consts] for rs in (none.residuals, obs.residuals))
+    named, other = _named(base) - _named(got), _other(base, inputs) - _other(got, inputs)
+    out = []
+    for r in base:
+        k = tuple(r.cls) if r.names else (tuple(r.shape), r.dtype, _INPUT if inputs.intersection(r.cls) else "")
+        left = named if r.names else other
+        if left[k] > 0:
+            left[k] -= 1
+            out.append(r)
+    return out
+
+
+def check_policy(program: Program, obs: Observation, ref: Observation | None = None,
+                 none: Observation | None = None) -> Verdict:
     """No value that every enclosing policy says to recompute may be saved.
 
     With the value reference's observation (its recorded node values), a saved value that
@@ -168,7 +229,9 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
     The other way: a value the pipeline's policy asked it to save that it recomputes instead
     (Observation.recomputed_against_policy: what eager SAC's cache holds as to recompute after
     an op its policy_fn marked MUST_SAVE or PREFER_SAVE; what a torch.compile partitioner's backward
-    graph computes again of a node the policy marked MUST_SAVE) is a violation too."""
+    graph computes again of a node the policy marked MUST_SAVE) is a violation too; so is, with `none` (the
+    no-checkpoint baseline's observation, given for judged_against_no_checkpoint's pipelines), a value the baseline
+    saves that the pipeline does not where every region's policy saves every value."""
     v = Verdict(check="residuals", pipeline=obs.pipeline, reference="policy", status="pass")
     if skip_unless(v, "residuals", obs):
         return v
@@ -218,6 +281,14 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.status = "fail"
         v.error_type = "saved_against_policy"
         v.detail = {"saved_against_policy": describe(bad), "saved": describe(obs.residuals)}
+        v.detail["causes"] = causes(program, v.detail)
+        return v
+    recomputed = _recomputed_against_saving_policies(program, obs, none) if none is not None else []
+    if recomputed:
+        v.status = "fail"
+        v.error_type = "recomputed_against_policy"
+        v.detail = {"recomputed_against_policy": describe(recomputed), "saved": describe(obs.residuals),
+                    "reference_saved": describe(none.residuals), "no_checkpoint": none.pipeline}
         v.detail["causes"] = causes(program, v.detail)
         return v
     if obs.recomputed_against_policy or obs.flags.get("recomputed_ops"):

@@ -88,8 +88,21 @@ def partitioner_ignores_must_save():
     partitioners.min_cut_rematerialization_partition = min_cut_rematerialization_partition
 
 
-def _other_policies(kind: str) -> list[str]:   # the policy dimensions but `kind`'s (regions: it or nothing)
-    return [f"policy:{k}" for k in KINDS if k not in ("nothing", kind)]
+def both_policies_ignore_the_second():
+    """save_from_both_policies(p, q) decides as p alone, ignoring q (jax before 0.4.38 did so where p was an
+    offloading policy: its Recompute decision is truthy): JAX's reference implementation, remat2, then recomputes
+    what the combined policy saves; remat3 reads the same policy function, so the two still agree."""
+    import jax
+    from jax._src import ad_checkpoint as ac
+
+    def save_from_both_policies(policy_1, policy_2):
+        return lambda prim, *args, **params: policy_1(prim, *args, **params)
+    ac.save_from_both_policies = save_from_both_policies
+    jax.checkpoint_policies.save_from_both_policies = save_from_both_policies
+
+
+def _other_policies(*kinds: str) -> list[str]:   # the policy dimensions but `kinds`' (regions: those or nothing)
+    return [f"policy:{k}" for k in KINDS if k not in ("nothing", *kinds)]
 
 
 # name -> (patch, the campaign that shows it: its rivals, the swarm dimensions it requires and those it leaves out,
@@ -115,6 +128,13 @@ MUTANTS = {
                                       [*COMPOSITIONS, "custom_jvp", "second_order", "per_example", "family:random",
                                        *_other_policies("everything")],
                                       ["--share", "torch:compile=1", "--max-examples", "20"]),
+    # (regions save both(p, q) of nothing and everything, or one of those; plain ops, first order: where the
+    # no-checkpoint program is the reference of remat2's saving policies)
+    "both-policies-ignore-the-second": (both_policies_ignore_the_second, ["jax:remat2"], ["checkpoint", "policy:both"],
+                                        [*COMPOSITIONS, "custom_vjp", "custom_jvp", "second_order", "per_example",
+                                         "diff_modes", "family:random", "nested_jit", "scan", "cond", "dead_values",
+                                         *_other_policies("everything", "both")],
+                                        ["--seed", "1", "--max-examples", "80"]),
 }
 
 

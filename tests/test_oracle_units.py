@@ -2127,3 +2127,35 @@ def test_a_difference_the_baseline_shares_is_the_baselines_finding_not_each_riva
     j = judge(named_chain(), _jax(grads3=WRONG), Expectations([]))
     assert find(j, "gradient", "jax:none", "ref:f64").status == "pass"
     assert {find(j, "gradient", "jax:remat3", r).status for r in ("jax:none", "ref:f64")} == {"fail"}
+
+
+def test_a_region_whose_policies_save_everything_is_judged_against_the_program_without_checkpoint():
+    """remat2 (JAX's reference implementation, which no other JAX pipeline is compared with) recomputing what a
+    saving policy keeps: the no-checkpoint baseline's residuals are what such a region keeps. jax 0.4.37's
+    save_from_both_policies(save_and_offload_only_these_names([], []), everything_saveable) saved only x for
+    sin(sin(x)); the baseline saves cos(x) and cos(sin(x))."""
+    from pydantic import TypeAdapter
+
+    from conformance.ir.policy import Policy, saves_everything
+    load_policy = TypeAdapter(Policy).validate_python
+    everything = {"kind": "both", "a": {"kind": "save_and_offload_names", "saved": [], "offloaded": []},
+                  "b": {"kind": "everything"}}
+    assert saves_everything(load_policy(everything))
+    assert saves_everything(load_policy({"kind": "save_anything_except_names", "names": []}))
+    assert not saves_everything(load_policy({"kind": "save_anything_except_names", "names": ["a"]}))
+    assert not saves_everything(load_policy({"kind": "both", "a": {"kind": "nothing"}, "b": {"kind": "dots"}}))
+    p = prog([region(["x"], [op("sin", ["x"], "v1"), op("sin", ["v1"], "v2")], ["v2"], everything)])
+    factor = Residual(cls=[], shape=[3], dtype="float64", bytes=24)
+    x = Residual(cls=["x"], exact=["x"], shape=[3], dtype="float64", bytes=24)
+    none = Observation(pipeline="jax:none", residuals=[factor, factor])
+    v = residuals.check_policy(p, Observation(pipeline="jax:remat2", residuals=[x]), None, none)
+    assert (v.status, v.error_type) == ("fail", "recomputed_against_policy"), v
+    assert v.detail["recomputed_against_policy"] == ["?:float64[3]", "?:float64[3]"]
+    assert v.detail["causes"] == ["recomputes against its policy an unmatched value"]
+    assert residuals.check_policy(p, Observation(pipeline="jax:remat2", residuals=[factor, factor]), None,
+                                  none).status == "pass"
+    dead = prog([op("sin", ["x"], "d"), *p.model_dump(mode="json")["body"]], outputs=["v2"])   # a dead sin outside
+    assert residuals.check_policy(dead, Observation(pipeline="jax:remat2", residuals=[x]), None, none).status == "pass"
+    assert residuals.judged_against_no_checkpoint("jax:remat2", ["jax:none", "jax:remat2", "jax:remat3"])
+    assert not residuals.judged_against_no_checkpoint("jax:remat3", ["jax:none", "jax:remat2", "jax:remat3"])
+    assert not residuals.judged_against_no_checkpoint("torch:eager-sac", ["torch:none", "torch:eager-sac"])

@@ -274,6 +274,16 @@ def saves_unnamed(p) -> bool:
                for op in [None, *(o for o, d in OPS.items() if o not in NAME_OPS and not d.dot)])
 
 
+def saves_everything(p) -> bool:
+    """Whether a policy saves the output of every op, a name's included, whatever its size or batching
+    (everything_saveable, and what means the same: save_from_both_policies(q, everything_saveable),
+    save_anything_except_these_names([]) ...): a region under it keeps what the program keeps without it."""
+    bounds = thresholds(p)
+    return all(decide(p, op, name, batched, class_elements(c, bounds)) == "save"
+               for c in range(len(bounds) + 1) for batched in (False, True)
+               for op in [None, *OPS] for name in [None, "_any", *policy_names(p)])
+
+
 def policy_names(p) -> list[str]:
     """Every checkpoint name a policy mentions."""
     out: list[str] = []

@@ -202,6 +202,13 @@ SECOND_ORDER = {   # H @ ones as each mode computes it (the harness's hvp) of th
 }
 
 
+def against_no_checkpoint(finding) -> bool:
+    """A JAX pipeline that recomputes what its policies save, judged against the program without checkpoint
+    (oracles.residuals.check_policy: every region saves every value)."""
+    return (finding.check == "residuals" and finding.reference == "policy"
+            and finding.error_type == "recomputed_against_policy" and "no_checkpoint" in finding.detail)
+
+
 def _sides(finding, pset) -> list[tuple]:
     """(label, pipeline, flags, settings) of the reference (if any) and the finding's pipeline."""
     check, pipe, ref = finding.check, finding.pipeline, finding.reference
@@ -214,6 +221,8 @@ def _sides(finding, pset) -> list[tuple]:
             raise ReproError("a residual report that disagrees with the vjp, rather than raises, has no short form "
                              "(use --full)")
         ref = None
+    elif against_no_checkpoint(finding):   # a saving policy's region against the program without checkpoint
+        ref = finding.detail["no_checkpoint"]
     elif check not in ("residuals", "custom_rule", "trace_count", "gradient", "effect_count"):
         raise ReproError(f"the {check} check has no short form (use --full)")
     elif registry.framework_of(ref) != "jax":
@@ -310,7 +319,7 @@ def script(prog, inputs, finding) -> str:
     ins = [f"{e.n[i.id]} = jnp.array({array_text(inputs[i.id], i.dtype)}, jnp.{'float64' if f64 else i.dtype})"
            + ("" if i.diff else "   # not differentiated") for i in prog.inputs if e.n[i.id] in code_all]
     sentence = error_sentence(finding, sides[0][1] if len(sides) > 1 else None) if check == "error" else \
-        _SENTENCE[check].format(P=pipe, R=sides[0][1])
+        _SENTENCE["residuals:policy" if against_no_checkpoint(finding) else check].format(P=pipe, R=sides[0][1])
     parts = [header(finding, sentence), "\n".join(imports), "\n".join(pre),
              _state_helper(_effect_helper(used_helpers(jax_table.PRELUDE, code_all), prog), prog), "\n".join(ins), defs,
              fsrc, body, verdict]
@@ -360,6 +369,8 @@ def _swap_helper(helpers: str, signature: str, last: str, short: str) -> str:
 _SENTENCE = {
     "residuals": "{P} and {R} claim the same checkpoint policies but save different residuals "
                  "(compare the lists printed by print_saved_residuals).",
+    "residuals:policy": "Every checkpoint region's policy saves every value, yet {P} saves less than the same "
+                        "program without checkpoint ({R}): it recomputes what its policy saves.",
     "custom_rule": "The custom rules see different things under {P} than under {R}: whether fwd ran, its "
                    "perturbed flags, the symbolic-zero cotangents bwd gets.",
     "effect_count": "The effects (jax.debug.callback, io_callback) run a different number of times under {P} "
@@ -469,12 +480,16 @@ def _check(finding, prog, sides, d, n, defs, no_remat, with_outputs=False):
     loss = f"lambda {d}: f({d})[0]" if prog.diff.aux else "f"   # (what print_saved_residuals differentiates)
     if check == "residuals":
         vjp = f"jax.jit(lambda {d}: jax.vjp(f, {d}{aux})[1])({d})" if jit else f"jax.vjp(f, {d}{aux})[1]"
-        body = _run_head("saved") + [
+        body = _run_head("saved", no_remat) + [
             "    print(flags)", f"    try: print_saved_residuals({loss}, {d})",
             "    except ValueError as e: print('print_saved_residuals raised', str(e)[:200])   # (a Ref among them)",
             f"    leaves = [x[...] if isinstance(x, getattr(jax, 'Ref', ())) else x for x in jax.tree.leaves({vjp})]",
             "    return sorted((str(x.aval), np.round(np.asarray(x, float), 5).tolist()) for x in leaves)",
-            "", "", _calls("saved", sides, False, "reference"), 'print("held:", rival, "vs", reference)']
+            "", "", _calls("saved", sides, no_remat, "reference"), 'print("held:", rival, "vs", reference)']
+        if against_no_checkpoint(finding):   # what the program saves without checkpoint that the rival does not
+            body += ["missing = [a for a, _ in reference]", "for a, _ in rival: a in missing and missing.remove(a)"]
+            return "\n".join(body), _verdict("missing", "recomputes what its policy saves: {missing}",
+                                              "saves what the program saves without checkpoint")
         return "\n".join(body), _verdict("rival != reference", "different residuals", "the same residuals")
     if check == "residual_report":   # JAX's own report (print_saved_residuals) raising where the vjp runs
         body = _run_head("report") + [
