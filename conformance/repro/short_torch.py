@@ -486,4 +486,10 @@ def _second_order(prog, fn, args, xs):
                 f"    jvp = fwAD.unpack_dual({fn}(*[fwAD.make_dual(x, torch.ones_like(x)) for x in {xs}])).tangent",
                 f"gs = torch.autograd.grad(jvp, {xs}, allow_unused=True, materialize_grads=True)",
                 "[(g.float() if g.dtype == torch.bfloat16 else g).numpy() for g in gs]   # read as the harness does"]
+    if mode == "fwd_over_rev":   # forward-mode AD (tangent ones) through the backward pass: the jvp of grad
+        return ["import torch.autograd.forward_ad as fwAD",
+                "with fwAD.dual_level():",
+                f"    duals = [fwAD.make_dual(x, torch.ones_like(x)) for x in {xs}]",
+                f"    gs = torch.autograd.grad({fn}(*duals), duals, create_graph=True)",
+                "    [fwAD.unpack_dual(g).tangent for g in gs]"]
     raise ReproError(f"second order ({mode}) has no short PyTorch form (use --full)")
