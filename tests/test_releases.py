@@ -389,3 +389,18 @@ def test_a_root_fixed_upstream_is_known_on_the_releases_before_its_fix_and_new_a
     assert load_known([str(d)]) == []   # the pinned release has the fix
     _pretend(monkeypatch, jax="0.10.2")
     assert [f.tracked for f in load_known([str(d)])] == [f"{slug}.json"]
+
+
+def test_bisect_missing_takes_the_roots_without_a_range_absent_or_null(tmp_path):
+    """`bisect --all DIR --missing`: a root whose `releases` is null (a root written by a model dump before it was
+    bisected) has no range either; three corpus roots were skipped that way."""
+    from types import SimpleNamespace
+
+    from conformance.cli.releases import _targets
+    for name, extra in (("ranged", {"releases": {"verdict": "x"}}), ("null", {"releases": None}), ("absent", {})):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"variants": [], **extra}))
+    (tmp_path / "status.json").write_text("{}")
+    args = SimpleNamespace(all=str(tmp_path), target=None, missing=True)
+    assert sorted(p.stem for p in _targets(args)) == ["absent", "null"]
+    args.missing = False
+    assert sorted(p.stem for p in _targets(args)) == ["absent", "null", "ranged"]

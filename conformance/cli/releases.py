@@ -81,7 +81,7 @@ def _targets(args) -> list[Path]:
         raise UsageError(f"--all {d}: not a directory")
     files = sorted(p for p in d.glob("*.json") if p.name != "status.json")
     if args.missing:
-        files = [p for p in files if "releases" not in json.loads(p.read_text())]
+        files = [p for p in files if json.loads(p.read_text()).get("releases") is None]   # (absent, or null)
     return files
 
 
