@@ -246,3 +246,15 @@ def test_a_residual_difference_between_pipelines_of_one_semantics_roots_on_its_d
     assert {"scan", "cond", "names"} <= set(scan.variants["constructs"])   # what it showed through
     merge_finding(findings, stamp(aux))
     assert len(findings) == 2
+
+
+def test_a_scalars_shape_reads_as_any_other_shape_in_an_error_root():
+    """jax's 'Expected cotangent type float32[] but got float32<host>[]' (a scalar) is the tracked
+    offload-policy-second-order-cotangent-type raise of float32[2]: a campaign on the pinned jax filed it as new."""
+    from conformance.engine.findings import error_root
+    roots = {error_root({"got": {"type": "ValueError", "message": f"Expected cotangent type float32{s} but got "
+                                                                   f"float32<host>{s}"}})
+             for s in ("[]", "[2]", "[2, 2]", "[2,3,4]")}
+    assert len(roots) == 1, roots
+    assert error_root({"got": {"type": "ValueError", "message": "Expected cotangent type float32[] but got "
+                                                                 "bfloat16[]"}}) not in roots
