@@ -159,22 +159,20 @@ def judged_against_no_checkpoint(name: str, present) -> bool:
 
 # The programs judged against the no-checkpoint baseline: regions of ops, first-order reverse mode, every op's output
 # live. Elsewhere the baseline keeps residuals JAX does not need, which a region drops whatever its policy (measured
-# on pinned jax with every region set to everything_saveable: a jitted function's output (jnp.where in masked_sum),
-# the literal seed of a grad inside the program (grad_of_sin, functional_scale), dropout's mask, dead code's
-# derivative factors, a constant array (CONSTANT_OPS); loops, conds, custom rules, effects and
-# state add their own).
-CONSTANT_OPS = frozenset({"scale", "nondiff_scale", "pad"})   # jnp.asarray(c), jnp.pad's padding value
-NOT_PLAIN_OPS = frozenset({"grad_of_sin", "functional_scale", "masked_sum", "dropout", "effect", "name_fwd"})
+# on pinned jax with every region set to everything_saveable): dead code's derivative factors, an op's own
+# (OpDecl.baseline_keeps); loops, conds, custom rules and jit add their own.
 
 
 def saves_everywhere(program: Program) -> bool:
-    """Whether the program is one the no-checkpoint baseline judges (no NOT_PLAIN_OPS, plain reverse mode, every op's
-    output live) and every checkpoint region of it is under a policy that saves every value (saves_everything)."""
+    """Whether the program is one the no-checkpoint baseline judges (plain reverse mode, every op's output live, no
+    op whose baseline keeps extra residuals) and every checkpoint region of it is under a policy that saves every
+    value (saves_everything)."""
     d = program.diff
     if (d.order, d.mode, d.batch) != (1, "reverse", 0):
         return False
     stmts = [(s, ctx) for s, _, _, ctx in walk(program.body)]
-    if not all(isinstance(s, Checkpoint) or (isinstance(s, Op) and s.op not in NOT_PLAIN_OPS) for s, _ in stmts):
+    if not all(isinstance(s, Checkpoint) or (isinstance(s, Op) and OPS[s.op].baseline_keeps != "extra")
+               for s, _ in stmts):
         return False
     regions = [s for s, _ in stmts if isinstance(s, Checkpoint)]
     if not regions or not all(saves_everything(s.policy) for s in regions):
@@ -191,9 +189,9 @@ def _recomputed_against_saving_policies(program: Program, obs: Observation, none
     if none.residuals is None or not saves_everywhere(program):
         return []
     inputs = frozenset(i.id for i in program.inputs)
-    # (where an op takes a constant operand (CONSTANT_OPS), an unmatched scalar may be that constant, which the
+    # (where an op takes a constant operand (baseline_keeps), an unmatched scalar may be that constant, which the
     # no-checkpoint program saves and a region keeps in its jaxpr: left out on both sides)
-    consts = any(isinstance(s, Op) and s.op in CONSTANT_OPS for s, _, _, _ in walk(program.body))
+    consts = any(isinstance(s, Op) and OPS[s.op].baseline_keeps == "constant" for s, _, _, _ in walk(program.body))
     base, got = ([r for r in rs if r.cls or r.shape or not consts] for rs in (none.residuals, obs.residuals))
     named, other = _named(base) - _named(got), _other(base, inputs) - _other(got, inputs)
     out = []

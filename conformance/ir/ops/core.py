@@ -76,6 +76,12 @@ class OpDecl:
     view: bool = False               # PyTorch returns a view of its first input (shares its memory)
     inplace: bool = False            # mutates its first input in PyTorch, which nothing reads afterwards
     keeps_output: bool = False       # its derivative reads its output (PyTorch saves it for backward)
+    # What JAX keeps without a checkpoint that a region drops whatever its policy (oracles.residuals judges a region
+    # whose policy saves everything against the program without checkpoint): "extra" where the program without
+    # checkpoint keeps a residual of its own (a literal seed of an inner grad, a jitted function's output, dropout's
+    # mask, a callback's), "constant" where the lowering takes a constant operand (jnp.asarray(c), pad's value)
+    # that it may keep as an unmatched scalar.
+    baseline_keeps: str = ""
 
     def batched(self, shapes) -> bool:
         return self.batched_feature is not None and len(shapes[0]) == 3
@@ -399,6 +405,7 @@ define(
     gen=_gen_scale,
     pseudo="{x} * {c}",
     tangent="linear",
+    baseline_keeps="constant",
 )
 define(NAME_OP, 1, "name", _infer_name, params=("name",), vjp=vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
        pseudo="checkpoint_name({x}, {name})", tangent="identity")
@@ -407,7 +414,7 @@ define(NAME_OP, 1, "name", _infer_name, params=("name",), vjp=vjp_unary(lambda d
 # the same name_p under remat2. Its promise: a name like checkpoint_name for every policy,
 # values unchanged. Generated in custom_vjp fwd rules, where it is meant to be used.
 define(NAME_FWD_OP, 1, "name", _infer_name, params=("name",), vjp=vjp_unary(lambda d, s, g, a: g), gen=_gen_name,
-       pseudo="checkpoint_name_fwd({x}, {name})", in_fwd_only=True,
+       pseudo="checkpoint_name_fwd({x}, {name})", in_fwd_only=True, baseline_keeps="extra",
        features=(feature("names_fwd", "checkpoint_name_fwd in a custom rule's primal code (custom_vjp fwd, "
                                       "custom_jvp body)", needs=("jax.ad_checkpoint.checkpoint_name_fwd",)),),
        tangent="identity")
@@ -469,7 +476,8 @@ define("broadcast", 1, "layout", _infer_broadcast, params=("shape",), vjp=_vjp_b
        features=(_LAYOUT,), tangent="linear", view=True)
 define("nondiff_scale", 1, "nondiff", _infer_nondiff_scale, params=(ND_INDEX,),
        vjp=vjp_unary(lambda d, s, g, a: d.emit("nondiff_scale", [g], **{ND_INDEX: s.params[ND_INDEX]})),
-       gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True, tangent="linear")
+       gen=_gen_nondiff_scale, pseudo="{x} * nondiff[{index}]", in_rules_only=True, tangent="linear",
+       baseline_keeps="constant")
 
 
 _NONSMOOTH = feature("nonsmooth", "relu or step: a derivative that jumps at 0 (value checks skip programs whose "
@@ -532,7 +540,7 @@ _SLICING = feature("slicing", "slice or pad (a view, and its inverse, in PyTorch
 define("slice", 1, "slicing", _infer_slice, params=("axis", "start", "stop"), vjp=_vjp_slice, gen=_gen_slice,
        features=(_SLICING,), tangent="linear", view=True)
 define("pad", 1, "slicing", _infer_pad, params=("axis", "before", "after"), vjp=_vjp_pad, gen=_gen_pad,
-       features=(_SLICING,), tangent="linear")
+       features=(_SLICING,), tangent="linear", baseline_keeps="constant")
 
 
 def _gen_conv1d(c, x):
@@ -610,7 +618,7 @@ def _gen_dropout(c, x):
     return None, [x], {"p": p, "seed": c.choice(list(range(DROPOUT_SEEDS)), "seed")}, x.mag / (1 - p)
 
 
-define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dropout,
+define("dropout", 1, "random", _infer_dropout, params=("p", "seed"), gen=_gen_dropout, baseline_keeps="extra",
        pseudo="dropout({x}, p={p})", features=(feature("random", "dropout: a random op inside or outside regions "
                                                                  "(values compared within a framework only)",
                                                          "family:random"),))
@@ -632,6 +640,6 @@ def _infer_effect(shapes, p, nd):
 
 
 define(EFFECT_OP, 1, "effect", _infer_effect, params=("kind",), vjp=vjp_unary(lambda d, s, g, a: g),
-       pseudo="effect({x}, {kind})", tangent="identity",
+       pseudo="effect({x}, {kind})", tangent="identity", baseline_keeps="extra",
        features=(feature("effects", "a callback effect on a value (jax.debug.callback, io_callback; ordered or "
                                     "not): how often it runs is recorded", "effects"),))

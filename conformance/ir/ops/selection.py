@@ -119,7 +119,7 @@ define("max_dim", 1, MULTI_OUTPUT, _infer_max_dim, params=("axis",), gen=_gen_ke
 define("sort", 1, MULTI_OUTPUT, _infer_axis_kept, params=("axis",), gen=_gen_kept, features=(_MULTI,),
        pseudo="sort({x}, axis={axis}).values", nonsmooth=True, kink=tie_gap)
 define("masked_sum", 1, DATA_DEPENDENT, _infer_scalar, gen=_gen_masked_sum, features=(_DATA,),
-       pseudo="sum({x}[{x} > 0])", nonsmooth=True)
+       pseudo="sum({x}[{x} > 0])", nonsmooth=True, baseline_keeps="extra")
 define("scale_by_max", 1, DATA_DEPENDENT, infer_same, gen=_gen_scale_by_max, features=(_DATA,),
        pseudo="{x} * {x}.max().item()", outside_factors=lambda a, y: [np.asarray(np.max(a))])
 # (its backward multiplies by the max, a constant: saved, it can equal a scalar region value, jax 0.4.37's campaign)
@@ -140,7 +140,7 @@ def _gen_grad_of_sin(c, x):
 
 
 define("grad_of_sin", 1, FUNC_TRANSFORMS, infer_same, gen=_gen_grad_of_sin, features=(_FT,),
-       pseudo="grad(lambda y: sum(sin(y)))({x})")
+       pseudo="grad(lambda y: sum(sin(y)))({x})", baseline_keeps="extra")
 
 
 # functional_scale: x * c, PyTorch: torch.func.functional_call of a module holding a parameter, c swapped in for it
@@ -157,4 +157,4 @@ def _gen_functional_scale(c, x):
 
 
 define("functional_scale", 1, FUNC_TRANSFORMS, _infer_functional_scale, params=("c",), gen=_gen_functional_scale,
-       features=(_FT,), pseudo="functional_call(Scale(), {{'c': {c}}}, {x})")
+       features=(_FT,), pseudo="functional_call(Scale(), {{'c': {c}}}, {x})", baseline_keeps="extra")
