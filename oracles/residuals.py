@@ -34,13 +34,17 @@ from oracles.missing import missing, skip_unless
 from oracles.residual_causes import causes
 
 
+def _key(r: Residual, inputs: frozenset[str]) -> tuple:
+    """What a residual is compared by: a named one by its value class, another by shape, dtype and input-ness."""
+    return tuple(r.cls) if r.names else (tuple(r.shape), r.dtype, _INPUT if inputs.intersection(r.cls) else "")
+
+
 def _named(res: list[Residual]) -> Counter:
-    return Counter(tuple(r.cls) for r in res if r.names)
+    return Counter(_key(r, frozenset()) for r in res if r.names)
 
 
 def _other(res: list[Residual], inputs: frozenset[str]) -> Counter:
-    return Counter((tuple(r.shape), r.dtype, _INPUT if inputs.intersection(r.cls) else "")
-                   for r in res if not r.names)
+    return Counter(_key(r, inputs) for r in res if not r.names)
 
 
 _INPUT = " (a program input)"
@@ -193,13 +197,11 @@ def _recomputed_against_saving_policies(program: Program, obs: Observation, none
     # no-checkpoint program saves and a region keeps in its jaxpr: left out on both sides)
     consts = any(isinstance(s, Op) and OPS[s.op].baseline_keeps == "constant" for s, _, _, _ in walk(program.body))
     base, got = ([r for r in rs if r.cls or r.shape or not consts] for rs in (none.residuals, obs.residuals))
-    named, other = _named(base) - _named(got), _other(base, inputs) - _other(got, inputs)
+    left = Counter(_key(r, inputs) for r in base) - Counter(_key(r, inputs) for r in got)
     out = []
     for r in base:
-        k = tuple(r.cls) if r.names else (tuple(r.shape), r.dtype, _INPUT if inputs.intersection(r.cls) else "")
-        left = named if r.names else other
-        if left[k] > 0:
-            left[k] -= 1
+        if left[_key(r, inputs)] > 0:
+            left[_key(r, inputs)] -= 1
             out.append(r)
     return out
 

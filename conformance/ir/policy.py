@@ -264,24 +264,27 @@ def class_elements(c: int, bounds: list[int]) -> int | None:
     return bounds[c - 1] if c else (0 if bounds else None)
 
 
+def decisions(p, ops, names=(None,)):
+    """The policy's decision on each op of `ops` (None: any other op) under each name of `names`, in every size
+    class its thresholds tell apart, batched or not."""
+    bounds = thresholds(p)
+    return (decide(p, op, name, batched, class_elements(c, bounds))
+            for c in range(len(bounds) + 1) for batched in (False, True) for op in ops for name in names)
+
+
 def saves_unnamed(p) -> bool:
     """Whether the policy can save (or offload) the output of an op that is neither a name nor a
     dot: then a framework may keep its own derivative factor of a value (JAX: cos(x) for sin(x))
     instead of the value itself."""
-    bounds = thresholds(p)
-    return any(decide(p, op, None, batched, class_elements(c, bounds)) != "recompute"
-               for c in range(len(bounds) + 1) for batched in (False, True)
-               for op in [None, *(o for o, d in OPS.items() if o not in NAME_OPS and not d.dot)])
+    return any(d != "recompute" for d in decisions(
+        p, [None, *(o for o, d in OPS.items() if o not in NAME_OPS and not d.dot)]))
 
 
 def saves_everything(p) -> bool:
     """Whether a policy saves the output of every op, a name's included, whatever its size or batching
     (everything_saveable, and what means the same: save_from_both_policies(q, everything_saveable),
     save_anything_except_these_names([]) ...): a region under it keeps what the program keeps without it."""
-    bounds = thresholds(p)
-    return all(decide(p, op, name, batched, class_elements(c, bounds)) == "save"
-               for c in range(len(bounds) + 1) for batched in (False, True)
-               for op in [None, *OPS] for name in [None, "_any", *policy_names(p)])
+    return all(d == "save" for d in decisions(p, [None, *OPS], [None, "_any", *policy_names(p)]))
 
 
 def policy_names(p) -> list[str]:

@@ -182,8 +182,10 @@ def sweep_orphaned_worker_dirs(root: str | None = None) -> int:
     gone = 0
     with contextlib.suppress(OSError):
         for name in os.listdir(root):
+            if not name.startswith(WORKERS_DIR_PREFIX):
+                continue
             pid = name.removeprefix(WORKERS_DIR_PREFIX).split("-", 1)[0]
-            if name.startswith(WORKERS_DIR_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not _alive(int(pid)):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
                 gone += 1
     return gone
