@@ -18,8 +18,10 @@ whose callbacks XLA orders and may merge; eager runs each op where it is).
 from __future__ import annotations
 
 from conformance.ir.observation import Observation
+from conformance.ir.program import Program
 from conformance.ir.verdict import Verdict
 from oracles.missing import skip_unless_same_mode
+from oracles.residual_causes import effect_causes
 
 
 def _differs(obs: Observation, ref: Observation, fewer_only: bool) -> dict:
@@ -28,7 +30,8 @@ def _differs(obs: Observation, ref: Observation, fewer_only: bool) -> dict:
     return {k: {"got": g, "reference": r} for k, (g, r) in counts.items() if (g < r if fewer_only else g != r)}
 
 
-def _verdict(obs: Observation, ref: Observation, same_mode: bool, fewer_only: bool) -> Verdict:
+def _verdict(obs: Observation, ref: Observation, same_mode: bool, fewer_only: bool,
+             program: Program | None) -> Verdict:
     v = Verdict(check="effect_count", pipeline=obs.pipeline, reference=ref.pipeline, status="pass")
     if skip_unless_same_mode(v, "effects", obs, ref, same_mode):
         return v
@@ -38,14 +41,16 @@ def _verdict(obs: Observation, ref: Observation, same_mode: bool, fewer_only: bo
         v.error_type = "+".join(f"{k}:{'dropped' if fewer_only else 'more' if d['got'] > d['reference'] else 'fewer'}"
                                 for k, d in sorted(diffs.items()))
         v.detail = {"effects": diffs}
+        if program is not None:   # where each effect that ran another count of times is, and what decided on it
+            v.detail["causes"] = effect_causes(program, v.detail)
     return v
 
 
-def compare(obs: Observation, ref: Observation, same_mode: bool) -> Verdict:
+def compare(obs: Observation, ref: Observation, same_mode: bool, program: Program | None = None) -> Verdict:
     """Against a pipeline of the same remat semantics: every kind runs as often."""
-    return _verdict(obs, ref, same_mode, fewer_only=False)
+    return _verdict(obs, ref, same_mode, False, program)
 
 
-def compare_baseline(obs: Observation, base: Observation, same_mode: bool) -> Verdict:
+def compare_baseline(obs: Observation, base: Observation, same_mode: bool, program: Program | None = None) -> Verdict:
     """Against the same program without checkpoint: no kind runs fewer times."""
-    return _verdict(obs, base, same_mode, fewer_only=True)
+    return _verdict(obs, base, same_mode, True, program)

@@ -53,6 +53,7 @@ from conformance.pipelines import registry
 from oracles import cross_framework, effects, gradients, memory_budget, residual_report, residuals, trace_counts
 from oracles.expectations import Entry, Expectations
 from oracles.missing import missing, skip_unless
+from oracles.residual_causes import rule_causes
 
 # Comparison modes whose two pipelines claim the same semantics (their error status must agree).
 SAME_SEMANTICS = ("same", "eager")
@@ -83,7 +84,7 @@ def dead_blocks(program: Program) -> frozenset[str]:
 
 
 def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozenset[str] = frozenset(),
-                         observed_only: bool = False) -> Verdict:
+                         observed_only: bool = False, program: Program | None = None) -> Verdict:
     """What custom rules saw, per block: whether the rule ran (fwd_ran), the perturbed flags, the
     symbolic-zero cotangents. `jvp_blocks`: paths of custom_jvp blocks, whose rule only computes
     tangents: a rival that never ran one the reference ran did not need those tangents (remat3's
@@ -125,6 +126,8 @@ def compare_custom_rules(obs: Observation, ref: Observation, jvp_blocks: frozens
         flds = sorted({f for d in diffs.values() for f in d})
         v.error_type = "+".join(flds)
         v.detail = {"blocks": diffs}
+        if program is not None:   # each rule's field that differs, the rule and where it is (residual_causes)
+            v.detail["causes"] = rule_causes(program, v.detail)
     return v
 
 
@@ -183,7 +186,8 @@ def judge(program: Program, observations: dict[str, Observation], expectations: 
 
         none = observations.get(registry.baseline_of(name) or "")
         if "effects" in feats and none is not None and registry.same_mode(name, none.pipeline):
-            add(effects.compare_baseline(obs, none, True))   # a checkpoint may add runs of an effect, never drop one
+            # a checkpoint may add runs of an effect, never drop one
+            add(effects.compare_baseline(obs, none, True, program))
 
         # -- residuals and custom rules ---------------------------------------------------
         add(residuals.check_policy(program, obs, ref,
@@ -210,9 +214,10 @@ class _Pair:
 
 def _same(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
     return [residuals.compare(obs, ref, program=c.program),
-            compare_custom_rules(obs, ref, c.jvp_blocks),
+            compare_custom_rules(obs, ref, c.jvp_blocks, program=c.program),
             trace_counts.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline)),
-            *([effects.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline))] if "effects" in c.feats
+            *([effects.compare(obs, ref, registry.same_mode(obs.pipeline, ref.pipeline), c.program)]
+              if "effects" in c.feats
               else [])]
 
 
@@ -232,7 +237,8 @@ def _across(c: _Pair, obs: Observation, ref: Observation, across: bool) -> list[
 
 def _eager(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
     # what rules received too, where the compiled pipeline ran them eagerly
-    return _across(c, obs, ref, False) + [compare_custom_rules(obs, ref, c.jvp_blocks, observed_only=True)]
+    return _across(c, obs, ref, False) + [compare_custom_rules(obs, ref, c.jvp_blocks, observed_only=True,
+                                                               program=c.program)]
 
 
 def _cross(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:

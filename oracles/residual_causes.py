@@ -13,7 +13,9 @@ A cause is one short line, the same for every program whose difference has that 
   value     what the value is: a value named in plain code / in a custom_vjp fwd / in a custom_jvp
             function / by checkpoint_name_fwd, a custom_vjp residual (an optimize_remat one's is its own), a
             loop carry or slice, a program input, a cond branch's result, a dot's output, a view's output, an op's
-            output, an unmatched value; "the loss does not read" where no differentiated output depends on it
+            output, an unmatched value; "the loss does not read" where no cotangent reaches it (no differentiated
+            output depends on it but through a piecewise-constant op) or only code no cotangent reaches needs its
+            value, and an unmatched value "shaped as one the loss does not read" where such a value has its shape
   decision  each enclosing region's policy, outermost first: what it read to decide (KindDecl.rule: names,
             dots, everything, everything_but_names, custom, nothing) and its decision; a value outside every
             region (a program input, a region's argument made outside it) is one cause whatever it is, as no
@@ -43,8 +45,9 @@ from conformance.ir.nodes import (
     input_elements,
     live_values,
     primal_ops,
+    walk,
 )
-from conformance.ir.ops import NAME_FWD_OP, NAME_OPS, OPS
+from conformance.ir.ops import EFFECT_OP, NAME_FWD_OP, NAME_OPS, OPS
 from conformance.ir.policy import decide, deciding_rule
 from conformance.ir.program import Program
 
@@ -52,7 +55,14 @@ RECOMPUTES, SAVES, AGAINST_POLICY = "recomputes", "saves", "saves against its po
 RECOMPUTES_AGAINST_POLICY = "recomputes against its policy"
 UNMATCHED = "an unmatched value"   # (a saved value no program value's class holds)
 BOUNDARY = "a value outside every region"   # (no policy decides on it: an input, a region's argument made outside)
+DEAD = " the loss does not read"   # (no cotangent reaches the value, or only code none reaches needs it)
+DEAD_SHAPED = " shaped as one the loss does not read"   # (an unmatched value with a dead value's shape)
+# Ops whose derivative does not read the values they read (linear in them, or piecewise constant).
+_VALUE_FREE_TANGENTS = frozenset({"linear", "identity", "zero"})
 LOOP = 2   # (the rank of a loop's carry or slice: a scan's own boundary, told apart from the regions')
+# What a statement's body is, as an effect's cause names where it ran (a custom rule's by the context it opens).
+_ENCLOSES = {"Checkpoint": "a region", "Scan": "a loop", "Cond": "a cond branch", "fwd": "a custom_vjp fwd",
+             "primal": "a custom_jvp function"}
 _DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
 _INPUT = " (a program input)"   # (oracles.residuals: how an unnamed residual that is an input is told apart)
 
@@ -134,11 +144,18 @@ class _Program:
         self.residuals: dict[str, bool] = {}   # custom_vjp residual id -> its custom_vjp optimizes remat
         self.ctx: dict[str, str] = {}       # op output id -> the context it is computed in (main, fwd, primal)
         self.loop_policies: dict[str, list] = {}   # a loop's carry or slice id -> the regions' policies around it
+        self.nesting: dict[str, tuple[str, ...]] = {}   # op output id -> what encloses it, outermost first
+        self.effects: list[Op] = []
+        self.stmt_nesting: dict[int, tuple[str, ...]] = {}   # id(statement) -> what encloses it
 
-        def visit(body, stack, ctx):   # (one pass over the primal code; derivative rules hold no program values)
+        def visit(body, stack, ctx, nest=()):   # (one pass over the primal code; derivative rules hold no values)
             for st in body:
+                self.stmt_nesting[id(st)] = nest
                 if isinstance(st, Op):
                     self.ctx[st.out] = ctx
+                    self.nesting[st.out] = nest
+                    if st.op == EFFECT_OP:
+                        self.effects.append(st)
                 elif isinstance(st, CustomVJP):
                     self.residuals.update(dict.fromkeys(st.residuals, st.optimize_remat))
                 elif isinstance(st, Cond):
@@ -147,12 +164,35 @@ class _Program:
                     self.where.update({**{i: "carry" for i in st.carry}, **{i: "slice" for i in st.xs}})
                     self.loop_policies.update({i: stack for i in st.carry + st.xs})
                 inner = stack + [st.policy] if isinstance(st, Checkpoint) else stack
+                around = _ENCLOSES.get(type(st).__name__)
                 for _, b, c in children(st):
-                    if c not in DERIVATIVE_CTX:
-                        visit(b, inner, c or ctx)
+                    if c not in DERIVATIVE_CTX:   # (a custom rule's body: the context it opens)
+                        opens = _ENCLOSES[c] if c in _ENCLOSES else around
+                        visit(b, inner, c or ctx, nest + ((opens,) if opens else ()))
         visit(prog.body, [], "main")
         differentiated = prog.outputs[:len(prog.outputs) - prog.diff.aux] if prog.diff.aux else prog.outputs
-        self.live = live_values(prog.model_copy(update={"outputs": list(differentiated)}))
+        self.live = live_values(prog.model_copy(update={"outputs": list(differentiated)}), cotangent=True)
+        # the values a backward needs, to read them or to recompute what it reads from them: by code a cotangent
+        # reaches (live_need), by code none reaches (dead_need); an op whose derivative does not read its arguments
+        # (linear, piecewise constant) needs them only to recompute a value needed by other code
+        stmts = [st for st, _, _, ctx in walk(prog.body)
+                 if ctx not in DERIVATIVE_CTX and isinstance(st, (Op, Cond, Scan, CustomVJP))]
+        self.live_need, self.dead_need = set(), set()
+        for st in stmts:
+            outs = [st.out] if isinstance(st, Op) else list(st.results)
+            if not (isinstance(st, Op) and OPS[st.op].tangent in _VALUE_FREE_TANGENTS):
+                (self.live_need if any(o in self.live for o in outs) else self.dead_need).update(st.args)
+        for need in (self.live_need, self.dead_need):
+            changed = True
+            while changed:
+                changed = False
+                for st in stmts:
+                    outs = [st.out] if isinstance(st, Op) else list(st.results)
+                    if need & set(outs) and not set(st.args) <= need:
+                        need.update(st.args)
+                        changed = True
+        self.dead_shapes = {str(list(self.types[i][0])) for i in self.types if i not in self.live
+                            and (i in self.ops or i in self.inputs)}
 
     def value(self, i: str) -> tuple[int, str]:
         """(how specific, what the value is): a class is described by its most specific member."""
@@ -194,7 +234,8 @@ class _Program:
     def cause(self, verb: str, s: Saved) -> str:
         ids = list(dict.fromkeys(map(base_id, s.cls)))
         if not ids:
-            return f"{verb} {UNMATCHED}{self.diff()}"
+            shaped = DEAD_SHAPED if verb != RECOMPUTES and s.shape in self.dead_shapes else ""
+            return f"{verb} {UNMATCHED}{shaped}{self.diff()}"
 
         def saved_by_policy(i):
             return (self.decisions(i) or [("", "")])[-1][1] in ("save", "offload")
@@ -205,12 +246,40 @@ class _Program:
         first, second = ((saved_by_policy, boundary) if verb in (RECOMPUTES, RECOMPUTES_AGAINST_POLICY)
                          else (boundary, saved_by_policy))
         i = min(ids, key=lambda i: (not first(i), not second(i), self.value(i)[0], i))
-        dead = "" if any(x in self.live for x in ids) else " the loss does not read"
+        dead = "" if self.read(ids) else DEAD
         chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(i))
         rank, what = self.value(i)
         if not chain and rank != LOOP:   # no policy decides: whatever the value is, one decision (a region's argument)
             return f"{verb} {BOUNDARY}{dead}{self.diff()}"
         return f"{verb} {what}{dead} [{chain or 'boundary'}]{self.diff()}"
+
+    def read(self, ids: list[str]) -> bool:
+        """Whether the loss reads a class of equal values: a cotangent reaches one, and it is not needed by code
+        no cotangent reaches alone (a dot's output a dead tanh reads beside a select; the input it is recomputed
+        from)."""
+        return any(x in self.live for x in ids) and (any(x in self.live_need for x in ids)
+                                                     or not any(x in self.dead_need for x in ids))
+
+    def effect_cause(self, s: Op, ran: str) -> str:
+        """How often an effect ran (`more` or `fewer` than the reference), where it is (what encloses it, innermost
+        first), the decision of each region's policy on it, and whether a cotangent reaches its value."""
+        where = " in ".join(reversed(self.nesting.get(s.out, ())))
+        chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(s.out))
+        dry = "" if s.out in self.live else " on a value no cotangent reaches"
+        return (f"{s.params['kind']} runs {ran} {f'in {where}' if where else 'outside every region'}"
+                f"{f' [{chain}]' if chain else ''}{dry}{self.diff()}")
+
+    def rule_cause(self, st, field: str) -> str:
+        """What of a custom rule differs (a field: symbolic_zero_cts, perturbed, fwd_ran...), the rule and its options,
+        and where it is; a rule whose results no cotangent reaches is one cause wherever it is (the reference drops
+        its backward before anything encloses it decides)."""
+        options = [o for o in ("symbolic_zeros", "optimize_remat") if getattr(st, o, False)]
+        rule = (f"a {type(st).__name__.lower().replace('custom', 'custom_')}"
+                + (f" ({', '.join(options)})" if options else ""))
+        if not any(r in self.live for r in st.results):
+            return f"{field} differs for {rule} whose results no cotangent reaches{self.diff()}"
+        where = " in ".join(reversed(self.stmt_nesting.get(id(st), ())))
+        return f"{field} differs for {rule} {f'in {where}' if where else 'outside every region'}{self.diff()}"
 
     def diff(self) -> str:
         d = self.prog.diff
@@ -233,10 +302,14 @@ _RULE = re.compile(r"(?<=[\[ ])[a-z_]+:(?=[a-z]+(?: >|\]))")
 
 
 def core(cause: str) -> str:
-    """A cause without its qualifiers (the differentiation, a value the loss does not read) nor what each policy
-    read to decide (`[custom:save]` is `[save]`: a value a policy saves and a pipeline recomputes is one decision
-    departed from, whichever rule of the policy kind said save): what a shrink keeps and what a root keys on.
-    Whether a smaller program still needs second order, or a dead value, its own cause then says."""
+    """A cause without its qualifiers (the differentiation) nor what each policy read to decide (`[custom:save]` is
+    `[save]`: a value a policy saves and a pipeline recomputes is one decision departed from, whichever rule of the
+    policy kind said save): what a shrink keeps and what a root keys on. Whether a smaller program still needs
+    second order, its own cause then says. A value saved that the loss does not read is one cause whatever the
+    value and its policy (no zero cotangent propagated: the reference drops it before any policy decides)."""
+    verb = _verb(cause)
+    if verb in (SAVES, AGAINST_POLICY) and (DEAD + " " in cause + " " or DEAD + "," in cause or DEAD_SHAPED in cause):
+        return f"{verb} a value{DEAD}"
     return _RULE.sub("", _QUALIFIERS.sub("", cause))
 
 
@@ -260,8 +333,38 @@ def causes(program: Program, detail: dict) -> list[str]:
     return sorted(c for c in found if not (UNMATCHED in c and _verb(c) in named))
 
 
+def effect_causes(program: Program, detail: dict) -> list[str]:
+    """The causes of an effect-count verdict's difference (sorted, each once): for each kind that ran more or fewer
+    times, each effect of that kind a region, a loop or a custom rule encloses (where the counts can differ; every
+    effect of the kind where none does), as `Program.effect_cause` names it."""
+    try:
+        p = _Program(program)
+        found = set()
+        for kind, d in sorted((detail.get("effects") or {}).items()):
+            ran = "more" if d.get("got", 0) > d.get("reference", 0) else "fewer"
+            mine = [s for s in p.effects if s.params.get("kind") == kind]
+            for s in [s for s in mine if p.nesting.get(s.out)] or mine:
+                found.add(p.effect_cause(s, ran))
+    except (KeyError, IndexError, ValueError, AttributeError):
+        return []
+    return sorted(found)
+
+
+def rule_causes(program: Program, detail: dict) -> list[str]:
+    """The causes of a custom-rule verdict's difference (sorted, each once): each block's field that differs, as
+    `Program.rule_cause` names it."""
+    try:
+        p = _Program(program)
+        at = {path: st for st, _, path, _ in walk(program.body)}
+        found = {p.rule_cause(at[path], field) for path, fields in sorted((detail.get("blocks") or {}).items())
+                 for field in fields}
+    except (KeyError, IndexError, ValueError, AttributeError):
+        return []
+    return sorted(found)
+
+
 _VERBS = sorted((RECOMPUTES, SAVES, AGAINST_POLICY, RECOMPUTES_AGAINST_POLICY), key=len, reverse=True)
 
 
 def _verb(cause: str) -> str:
-    return next(v for v in _VERBS if cause.startswith(v + " "))
+    return next((v for v in _VERBS if cause.startswith(v + " ")), "")

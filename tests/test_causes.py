@@ -72,6 +72,43 @@ def test_each_value_kind_and_each_policy_decision_is_a_cause_of_its_own():
                       "reference_saved": []}) == ["saves an unmatched value"]
 
 
+def test_a_value_saved_that_the_loss_does_not_read_is_one_cause_whatever_it_is_and_its_policy():
+    """remat3-no-zero-propagation showed as three residual findings of one 30-minute campaign (a dead value outside
+    every region, a dot's output only a dead tanh needs, an unmatched value): the reference drops each before any
+    policy decides, so each is `saves a value the loss does not read`."""
+    x = [{"id": "x", "shape": [2, 2], "dtype": "float32", "diff": True}]
+    # m feeds the loss through neg (linear: its derivative does not read m) and a tanh returned as aux (no
+    # cotangent): only code the loss does not read needs m's value
+    aux = prog([region(["x"], [op("matmul", ["x", "x"], "m"), op("neg", ["m"], "n"), op("tanh", ["m"], "t")],
+                       ["n", "t"], {"kind": "dots"})], inputs=x, outputs=["n", "t"])
+    aux = aux.model_copy(update={"diff": aux.diff.model_copy(update={"aux": 1})})
+    found = causes(aux, {"extra_other": ["float32[2, 2]"], "saved": ["x:float32[2, 2]", "m:float32[2, 2]"],
+                         "reference_saved": ["x:float32[2, 2]"]})
+    assert found == ["saves a dot's output the loss does not read [dots:save]"]
+    assert list(map(core, found)) == ["saves a value the loss does not read"]
+    # an input needed only to recompute what such code reads (n = -x, tanh(n) returned as aux)
+    negated = prog([region(["x"], [op("neg", ["x"], "n"), op("tanh", ["n"], "t")], ["n", "t"], {"kind": "nothing"})],
+                   inputs=x, outputs=["n", "t"])
+    negated = negated.model_copy(update={"diff": negated.diff.model_copy(update={"aux": 1})})
+    assert core(causes(negated, {"extra_other": ["float32[2, 2] (a program input)"], "saved": ["x:float32[2, 2]"],
+                                 "reference_saved": []})[0]) == "saves a value the loss does not read"
+    # a step passes no cotangent: what only it reads is not read by the loss
+    stepped = prog([region(["x"], [op("sin", ["x"], "s"), op("step", ["s"], "y")], ["y"], {"kind": "nothing"})],
+                   inputs=x)
+    assert causes(stepped, {"extra_other": ["float32[2, 2]"], "saved": ["s:float32[2, 2]"], "reference_saved": []}) \
+        == ["saves an op's output the loss does not read [nothing:recompute]"]
+    # an unmatched value shaped as a dead value is read as one; the same save in a program without one is not
+    dead = prog([op("sin", ["x"], "d"), region(["x"], [op("neg", ["x"], "y")], ["y"], {"kind": "nothing"})],
+                inputs=x, outputs=["y"])
+    unmatched = {"extra_other": ["float32[2, 2]"], "saved": ["?:float32[2, 2]"], "reference_saved": []}
+    assert causes(dead, unmatched) == ["saves an unmatched value shaped as one the loss does not read"]
+    assert causes(stepped, {**unmatched, "extra_other": ["float32[3]"], "saved": ["?:float32[3]"]}) == \
+        ["saves an unmatched value"]
+    # a value the loss reads and a policy saves stays its own cause; a recompute is never read as dead code's
+    assert core(causes(aux, {"extra_other": ["float32[2, 2]"], "saved": ["n:float32[2, 2]"],
+                             "reference_saved": []})[0]) == "saves an op's output [recompute]"
+
+
 def test_the_rule_a_policy_decided_by_is_a_variant_but_the_decision_and_optimize_remat_are_causes():
     """One remat3 behaviour (an op with no remat rule is recomputed whatever the policy says) showed as six findings
     in a 30-minute campaign, one per rule that said save ([custom:save], [everything_but_names:save], ...)."""
@@ -149,9 +186,11 @@ def test_a_new_cause_under_a_known_direction_is_not_swallowed():
     assert known_finding([known], key, set(), {key}, f"{NAMED_FWD}, second order (fwd_over_rev)") is known
     dead = NAMED_FWD.replace(" [", " the loss does not read [")
     assert known_finding([known], key, set(), {key}, dead) is known
+    # a value saved that the loss does not read is one cause, whatever the value and its policy (the reference
+    # drops it before a policy decides: no zero cotangent propagated)
     assert core("saves a value outside every region the loss does not read, per example") == \
-        "saves a value outside every region"
-        # a shrunk finding folds into one holding all its causes, never into one holding fewer
+        core("saves a dot's output the loss does not read [dots:save]") == "saves a value the loss does not read"
+    # a shrunk finding folds into one holding all its causes, never into one holding fewer
     assert same_behaviour(known, _finding(SEED, SEED_DETAIL, pipeline="jax:remat3+cvjp3"))
     assert not same_behaviour(known, new) and not same_behaviour(new, known)
     findings = [known]
@@ -216,6 +255,43 @@ def test_every_corpus_variant_roots_under_its_own_root_and_no_two_roots_share_a_
     # the residual roots are keyed on causes, not on a direction two roots shared
     residual = {k for k in keys if k.startswith("residuals|jax:remat3|jax:remat2|")}
     assert residual and not {k for k in residual if k.endswith(("saves less", "saves more"))}
+
+
+def _corpus_keys(name: str) -> dict[str, set[str]]:
+    """Each recorded verdict of a corpus root's variants, by the root key a campaign gives it now: check -> keys."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for f in load_known([f"tests/regressions/{name}.json"]):
+        v = with_causes(f.model_copy(deep=True))
+        out[v.check].add(root_key(v))
+    return out
+
+
+def test_an_effect_count_roots_on_where_the_effect_is_and_its_policys_decision_not_on_leftover_constructs():
+    """remat3-reruns-callback-under-custom-saving-policy showed as three findings of one 30-minute campaign, each
+    shrunk program keeping another construct (a name, a data-dependent op, a scan's slices): one cause, a callback
+    a saving policy keeps in a region that remat3 runs again. Keyed on where the effect is and what decided on it,
+    its five variants are two roots, one per effect kind."""
+    keys = _corpus_keys("remat3-reruns-callback-under-custom-saving-policy")["effect_count"]
+    assert keys == {"effect_count|jax:remat3|jax:remat2|callback runs more in a region [save]",
+                    "effect_count|jax:remat3|jax:remat2|ordered runs more in a region [save]"}
+    # the loop around a callback, a region around its custom rule, and a value no cotangent reaches are causes
+    loop = _corpus_keys("remat3-runs-loop-invariant-scan-callback-per-iteration")["effect_count"]
+    assert loop == {"effect_count|jax:remat3|jax:remat2|callback runs more in a loop in a region [recompute]"}
+    dry = _corpus_keys("remat2-reruns-callbacks-of-region-without-cotangent")["effect_count"]
+    assert all(k.endswith("on a value no cotangent reaches") for k in dry) and len(dry) == 2   # callback, ordered
+
+
+def test_a_custom_rule_whose_results_no_cotangent_reaches_is_one_cause_wherever_it_is():
+    """remat3-no-zero-propagation's symbolic-zero cotangents showed as two findings (a custom_vjp in a region,
+    one before it): remat2 never calls a bwd whose results get no cotangent, whatever encloses it."""
+    keys = _corpus_keys("remat3-no-zero-propagation")
+    assert keys["custom_rule"] == {"custom_rule|jax:remat3|jax:remat2|symbolic_zero_cts differs for a custom_vjp "
+                                   "(symbolic_zeros) whose results no cotangent reaches"}
+    # and each residual it saves for code no cotangent reaches is one cause, whatever the value
+    assert "residuals|jax:remat3|jax:remat2|saves a value the loss does not read" in keys["residuals"]
+    # a rule whose results the loss reads keeps where it is: a region around it is a cause
+    fwd_ran = _corpus_keys("remat3-cvjp3-fwd-runs-for-unperturbed-args")["custom_rule"]
+    assert "custom_rule|jax:remat3|jax:remat2|fwd_ran differs for a custom_vjp in a region" in fwd_ran
 
 
 def test_a_known_comparison_root_covers_the_policy_check_of_the_program_it_also_fails():

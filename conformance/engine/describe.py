@@ -77,11 +77,27 @@ def residual_title(f, causes: list[str]) -> str:
     return f"{f.pipeline} {cause_text(first)}{against}{more}"
 
 
+def effect_or_rule_title(f, causes: list[str]) -> str:
+    """An effect count or custom rule difference named by its first cause: "jax:remat3: callback runs more in a
+    region (its custom policy saves it) than under jax:remat2"."""
+    first = causes[0]
+    more = f" (and {len(causes) - 1} more cause{'s' * (len(causes) > 2)})" if len(causes) > 1 else ""
+    m = _CAUSE.match(first)
+    if m is not None and m.group("chain") != "boundary":
+        steps = [x.split(":", 1) for x in m.group("chain").split(" > ")]
+        said = "; ".join(f"{'the outer' if k < len(steps) - 1 else 'its'} {_RULE_WORDS.get(r, r)} "
+                         f"{_DECISION_WORDS.get(d, d)} it" for k, (r, d) in enumerate(steps))
+        first = f"{m.group('head')} ({said}){m.group('tail')}"
+    return f"{f.pipeline}: {first}, against {f.reference}{more}"
+
+
 def title(f) -> str:
     """One line naming the behaviour (no harness jargon beyond the pipeline's name)."""
     d = f.detail
     if f.check == "residuals" and d.get("causes"):
         return residual_title(f, list(d["causes"]))
+    if f.check in ("effect_count", "custom_rule") and d.get("causes"):
+        return effect_or_rule_title(f, list(d["causes"]))
     if f.check == "error":
         if isinstance(d.get("expected"), dict):
             return f"{f.pipeline}: does not raise the documented error (/{d['expected'].get('regex', '')}/)"

@@ -22,7 +22,7 @@ from conformance.ir.program import Program
 from conformance.ir.verdict import Triage
 from conformance.pipelines import registry
 from conformance.pipelines.registry import CompareMode
-from oracles.residual_causes import as_judged_by_policy, core
+from oracles.residual_causes import as_judged_by_policy, core, effect_causes, rule_causes
 from oracles.residual_causes import causes as cause_names
 
 DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -145,10 +145,14 @@ def residual_direction(check: str, pipeline: str, reference: str, detail: dict) 
 CAUSE_SEP = " + "
 
 
+# Checks whose oracle names the causes of a difference (oracles.residual_causes), and the function naming them.
+CAUSED_CHECKS = {"residuals": cause_names, "effect_count": effect_causes, "custom_rule": rule_causes}
+
+
 def residual_causes(check: str, detail: dict) -> list[str]:
-    """The causes a residual verdict's detail names (oracles.residual_causes, read by the oracle); [] for
-    another check or a difference no value tells apart."""
-    if check != "residuals" or not isinstance(detail, dict):
+    """The causes a residual or effect-count verdict's detail names (oracles.residual_causes, read by the oracle);
+    [] for another check or a difference no value tells apart."""
+    if check not in CAUSED_CHECKS or not isinstance(detail, dict):
         return []
     return [c for c in detail.get("causes") or [] if isinstance(c, str)]
 
@@ -157,12 +161,12 @@ def with_causes(f: Finding) -> Finding:
     """A residual finding's causes read again from its program and detail, as the oracle names them today: a corpus
     entry recorded before the causes or before a cause got a name of its own (a view's output, once an op's) is
     matched on what a campaign now reports (its recorded causes are kept where nothing can be read)."""
-    if f.check == "residuals":
+    if f.check in CAUSED_CHECKS:
         try:
             prog = Program.model_validate(f.program)
         except ValueError:
             return f
-        fresh = cause_names(prog, f.detail)
+        fresh = CAUSED_CHECKS[f.check](prog, f.detail)
         if fresh or "causes" not in f.detail:
             f.detail = {**f.detail, "causes": fresh}
     return f

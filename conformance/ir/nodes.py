@@ -426,11 +426,12 @@ def primal_ops(prog: Program) -> dict[str, Op]:
     return {s.out: s for s, _, _, ctx in walk(prog.body) if isinstance(s, Op) and ctx not in DERIVATIVE_CTX}
 
 
-def live_values(prog: "Program") -> set[str]:
+def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
     """Ids the program's outputs depend on (through statements, scan carries and ys, cond branch
     results, custom_vjp residuals), to a fixpoint; the rest is dead code a pipeline may drop. A
     region's or sub-function's args are re-bound to the same ids inside: its body's statements
-    say which it reads (an arg nothing inside reads is not live through it)."""
+    say which it reads (an arg nothing inside reads is not live through it). `cotangent`: the ids a
+    cotangent reaches, a piecewise-constant op (tangent "zero": step) passing none to what it reads."""
     stmts = [st for st, _, _, ctx in walk(prog.body) if ctx not in DERIVATIVE_CTX]
     live = set(prog.outputs)
     changed = True
@@ -440,6 +441,8 @@ def live_values(prog: "Program") -> set[str]:
             if not live & set([st.out] if isinstance(st, Op) else st.results):
                 continue
             reads = set() if isinstance(st, (Checkpoint, Jit)) else set(st.args)
+            if cotangent and isinstance(st, Op) and O.OPS[st.op].tangent == "zero":
+                reads = set()
             if isinstance(st, Scan):
                 reads.update(st.carry_out + st.ys)
             elif isinstance(st, Cond):
