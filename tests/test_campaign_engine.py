@@ -70,8 +70,8 @@ def test_shares_keep_an_expensive_family_within_its_share():
     sh = Shares(names, {"jax:jit": 0.2})
     # (a program whose hash falls within every declared program share: only the family share decides)
     prog = SimpleNamespace(features=lambda: {"sin"}, content_hash=lambda: "0" * 16, types=lambda: {})
-    sh.start = time.monotonic() - 100.0          # 100 s elapsed
-    assert "jax:remat3:jit" in sh.select(prog, names)
+    sh.checking = 100.0                          # 100 s of checking (the wall clock does not count: a shrink's
+    assert "jax:remat3:jit" in sh.select(prog, names)   # minutes buy no family more programs)
     sh.spent["jax:jit"] = 50.0                   # far over 20% of 100 s
     got = sh.select(prog, names)
     assert "jax:remat3:jit" not in got and "jax:remat3" in got
@@ -82,6 +82,11 @@ def test_shares_keep_an_expensive_family_within_its_share():
     sh.covered["jax:jit"] = Counter({"sin": 10, "cos": 0})
     assert "jax:remat3:jit" not in sh.select(prog, names)
     prog2 = SimpleNamespace(features=lambda: {"cos"}, content_hash=lambda: "0" * 16, types=lambda: {})
+    assert "jax:remat3:jit" in sh.select(prog2, names)
+    # the clock is what every pipeline spent on the programs checked, references included
+    sh.account(prog, {"ref:f64": SimpleNamespace(timings={"forward": 30.0, "backward": 20.0})})
+    assert sh.checking == 150.0
+    sh.spent["jax:jit"] = 29.0                   # under 20% of 150 s, over 20% of 100 s
     assert "jax:remat3:jit" in sh.select(prog2, names)
 
 

@@ -339,7 +339,8 @@ EXPLORERS_PER_PROGRAM = 1
 
 class Shares:
     """Shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at most
-    `share` of the searcher's elapsed time on its pipelines (by="time"), or run on at most `share`
+    `share` of the searcher's checking time (every pipeline's seconds on the programs checked, not the wall
+    clock: a shrink's minutes buy no family more programs) on its pipelines (by="time"), or run on at most `share`
     of the programs checked (by="programs": the same programs for one seed on any machine). Within
     its share it runs on a program when it is under half its share, or when the program has a
     feature the family has covered least (at most the median count): expensive pipelines cover
@@ -356,7 +357,7 @@ class Shares:
         self.spent: Counter = Counter()
         self.covered: dict[str, Counter] = {}
         self.skipped: Counter = Counter()
-        self.start = time.monotonic()
+        self.checking = 0.0   # seconds every pipeline spent on the programs checked (the clock of time shares)
         self.programs = 0
         # searcher i of n explores every n-th explorer from the i-th: each explorer's first runs (its imports, its
         # backend's warm-up) are paid once per campaign, not once per searcher
@@ -398,7 +399,7 @@ class Shares:
         return [n for *_, n in sorted(under)[:EXPLORERS_PER_PROGRAM]]
 
     def select(self, prog: Program, names: list[str]) -> list[str]:
-        elapsed = max(time.monotonic() - self.start, 1.0) if self.by == "time" else self.programs + 1
+        elapsed = max(self.checking, 1.0) if self.by == "time" else self.programs + 1
         feats = prog.features()
         rivals = []
         for n in names:
@@ -429,6 +430,7 @@ class Shares:
         fams = {self.family[n] for n in obs if n in self.family}
         self.programs += 1
         for n, o in obs.items():
+            self.checking += sum(o.timings.values())
             cost = sum(o.timings.values()) if self.by == "time" else 1
             if n in self.explorers:
                 self.explorer_spent[n] += cost
