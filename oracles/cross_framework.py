@@ -126,7 +126,7 @@ def _unnamed_within(compiled: Observation, eager: Observation, program: Program,
     detail = {"extra_saved": sorted("/".join(c) for c in extra), "missing_saved": [], "scope": "policy_saved_unnamed",
               "saved": residuals.describe(compiled.residuals), "reference_saved": residuals.describe(eager.residuals)}
     return Verdict(check="residuals", pipeline=compiled.pipeline, reference=eager.pipeline, status="fail",
-                   error_type="extra", detail={**detail, "causes": residuals.causes(program, detail)})
+                   error_type="extra", detail={**detail, "causes": residuals.causes(program, detail, compiled.pipeline)})
 
 
 def compare_residuals(torch_obs: Observation, jax_obs: Observation,

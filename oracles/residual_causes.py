@@ -134,8 +134,9 @@ def differing(detail: dict, inputs: set[str]) -> list[tuple[str, Saved]]:
 class _Program:
     """What the causes read of one program, computed once."""
 
-    def __init__(self, prog: Program):
+    def __init__(self, prog: Program, views: bool = True):
         self.prog = prog
+        self.views = views   # (a view's output is a kind of its own where a pipeline may treat views apart: torch)
         self.policies = prog.analysis().contexts[0]
         self.types = prog.types()
         self.ops = primal_ops(prog)
@@ -214,7 +215,7 @@ class _Program:
             return 4, "a cond branch's result"
         if s is not None and OPS[s.op].dot:
             return 5, "a dot's output"
-        if s is not None and OPS[s.op].view:   # (a partitioner may treat a view as free to recompute)
+        if s is not None and OPS[s.op].view and self.views:   # (a partitioner may treat a view as free to recompute)
             return 5, "a view's output"
         return (6, "an op's output") if s is not None else (7, "a value")
 
@@ -262,9 +263,12 @@ class _Program:
 
     def effect_cause(self, s: Op, ran: str) -> str:
         """How often an effect ran (`more` or `fewer` than the reference), where it is (what encloses it, innermost
-        first), the decision of each region's policy on it, and whether a cotangent reaches its value."""
+        first), the decision of each region's policy on the value it reads, and whether a cotangent reaches it."""
         where = " in ".join(reversed(self.nesting.get(s.out, ())))
-        chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(s.out))
+        # (an effect passes its value on unchanged: the value it reads and its output are one value, described as a
+        # residual's class is, by the member a policy saves; a region's argument is always kept)
+        kept = [d for d in (self.decisions(s.out), self.decisions(s.args[0])) if d and d[-1][1] in ("save", "offload")]
+        chain = " > ".join(f"{r}:{d}" for r, d in (kept or [self.decisions(s.out)])[0]) or ("boundary" * bool(where))
         dry = "" if s.out in self.live else " on a value no cotangent reaches"
         return (f"{s.params['kind']} runs {ran} {f'in {where}' if where else 'outside every region'}"
                 f"{f' [{chain}]' if chain else ''}{dry}{self.diff()}")
@@ -313,11 +317,12 @@ def core(cause: str) -> str:
     return _RULE.sub("", _QUALIFIERS.sub("", cause))
 
 
-def causes(program: Program, detail: dict) -> list[str]:
+def causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:
     """The causes of a residual verdict's difference (sorted, each once); [] where the detail tells no value
-    apart (a difference of bytes alone) or the program cannot be read."""
+    apart (a difference of bytes alone) or the program cannot be read. `pipeline`: the one judged (a view's output is
+    a value of its own kind under PyTorch, whose partitioner may treat views apart; under JAX it is an op's)."""
     try:
-        p = _Program(program)
+        p = _Program(program, views=not pipeline.startswith("jax:"))
         found = {p.cause(verb, s) for verb, s in differing(detail, p.inputs)}
     except (KeyError, IndexError, ValueError):
         return []

@@ -84,7 +84,7 @@ def compare(obs: Observation, ref: Observation, named_only: bool = False,
             "named" if missing or extra else "other")
         v.detail = {**detail, "saved": describe(obs.residuals), "reference_saved": describe(ref.residuals)}
         if program is not None:
-            v.detail["causes"] = causes(program, v.detail)
+            v.detail["causes"] = causes(program, v.detail, obs.pipeline)
     return v
 
 
@@ -281,7 +281,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.status = "fail"
         v.error_type = "saved_against_policy"
         v.detail = {"saved_against_policy": describe(bad), "saved": describe(obs.residuals)}
-        v.detail["causes"] = causes(program, v.detail)
+        v.detail["causes"] = causes(program, v.detail, obs.pipeline)
         return v
     recomputed = _recomputed_against_saving_policies(program, obs, none) if none is not None else []
     if recomputed:
@@ -289,7 +289,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.error_type = "recomputed_against_policy"
         v.detail = {"recomputed_against_policy": describe(recomputed), "saved": describe(obs.residuals),
                     "reference_saved": describe(none.residuals), "no_checkpoint": none.pipeline}
-        v.detail["causes"] = causes(program, v.detail)
+        v.detail["causes"] = causes(program, v.detail, obs.pipeline)
         return v
     if obs.recomputed_against_policy or obs.flags.get("recomputed_ops"):
         # asked to save, recomputed (eager SAC's cache; a partitioner's backward graph: pipelines.torch)
@@ -297,7 +297,7 @@ def check_policy(program: Program, obs: Observation, ref: Observation | None = N
         v.error_type = "recomputed_against_policy"
         v.detail = {"recomputed_against_policy": describe(obs.recomputed_against_policy or []),
                     "aten_ops": list(obs.flags.get("recomputed_ops", [])), "saved": describe(obs.residuals)}
-        v.detail["causes"] = causes(program, v.detail)
+        v.detail["causes"] = causes(program, v.detail, obs.pipeline)
         return v
     # (a partitioner may save any layout of what the backward reads: eager pipelines are checked)
     layout = [] if partitioned else _views_in_another_layout(program, obs, policies, types, ops, values)

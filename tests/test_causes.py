@@ -14,7 +14,7 @@ from conformance.engine.roots import evidence_root, root_key, stamp, with_causes
 from conformance.engine.search import known_finding, merge_finding, same_behaviour
 from conformance.ir.policy import Both, Dots, SaveOnlyNames, deciding_rule
 from conformance.ir.program import Program
-from oracles.residual_causes import causes, core
+from oracles.residual_causes import causes, core, effect_causes
 from tests.programs import op, prog, region
 
 # jax's seed: a value named inside a custom_vjp fwd, in a region saving only that name
@@ -279,6 +279,26 @@ def test_an_effect_count_roots_on_where_the_effect_is_and_its_policys_decision_n
     assert loop == {"effect_count|jax:remat3|jax:remat2|callback runs more in a loop in a region [recompute]"}
     dry = _corpus_keys("remat2-reruns-callbacks-of-region-without-cotangent")["effect_count"]
     assert all(k.endswith("on a value no cotangent reaches") for k in dry) and len(dry) == 2   # callback, ordered
+
+
+def test_an_effect_is_described_by_the_member_of_its_value_a_policy_keeps_and_a_view_is_a_kind_under_torch_only():
+    x = [{"id": "x", "shape": [3], "dtype": "float32", "diff": True}]
+    # a names policy keeps the named value the callback reads (not the callback's output): the value is kept
+    named = prog([region(["x"], [op("sin", ["x"], "s"), op("name", ["s"], "n", name="b"),
+                                 op("effect", ["n"], "e", kind="callback")], ["e"],
+                        {"kind": "save_only_names", "names": ["b"]})], inputs=x)
+    more = {"effects": {"callback": {"got": 2, "reference": 1}}}
+    assert effect_causes(named, more) == ["callback runs more in a region [names:save]"]
+    nothing = prog([region(["x"], [op("sin", ["x"], "s"), op("effect", ["s"], "e", kind="callback")], ["e"],
+                           {"kind": "nothing"})], inputs=x)
+    assert effect_causes(nothing, more) == ["callback runs more in a region [nothing:recompute]"]
+    # remat3 recomputing a transpose a policy saves: an op's output under JAX, a view's under PyTorch
+    t = prog([region(["x"], [op("sin", ["x"], "s"), op("transpose", ["s"], "t", perm=[0]), op("sin", ["t"], "y")],
+                     ["y"], {"kind": "everything"})], inputs=x)
+    recomputed = {"missing_other": ["float32[3]"], "saved": ["x:float32[3]"],
+                  "reference_saved": ["t:float32[3]", "x:float32[3]"]}
+    assert causes(t, recomputed, "jax:remat3") == ["recomputes an op's output [everything:save]"]
+    assert causes(t, recomputed, "torch:compile-aot_eager") == ["recomputes a view's output [everything:save]"]
 
 
 def test_a_custom_rule_whose_results_no_cotangent_reaches_is_one_cause_wherever_it_is():

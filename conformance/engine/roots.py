@@ -166,7 +166,8 @@ def with_causes(f: Finding) -> Finding:
             prog = Program.model_validate(f.program)
         except ValueError:
             return f
-        fresh = CAUSED_CHECKS[f.check](prog, f.detail)
+        fresh = (cause_names(prog, f.detail, f.pipeline) if f.check == "residuals"
+                 else CAUSED_CHECKS[f.check](prog, f.detail))
         if fresh or "causes" not in f.detail:
             f.detail = {**f.detail, "causes": fresh}
     return f
