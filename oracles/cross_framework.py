@@ -125,8 +125,9 @@ def _unnamed_within(compiled: Observation, eager: Observation, program: Program,
         return None
     detail = {"extra_saved": sorted("/".join(c) for c in extra), "missing_saved": [], "scope": "policy_saved_unnamed",
               "saved": residuals.describe(compiled.residuals), "reference_saved": residuals.describe(eager.residuals)}
+    detail["causes"] = residuals.causes(program, detail, compiled.pipeline)
     return Verdict(check="residuals", pipeline=compiled.pipeline, reference=eager.pipeline, status="fail",
-                   error_type="extra", detail={**detail, "causes": residuals.causes(program, detail, compiled.pipeline)})
+                   error_type="extra", detail=detail)
 
 
 def compare_residuals(torch_obs: Observation, jax_obs: Observation,
