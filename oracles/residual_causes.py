@@ -15,7 +15,9 @@ A cause is one short line, the same for every program whose difference has that 
             loop carry or slice, a program input, a cond branch's result, a dot's output, a view's output, an op's
             output, an unmatched value; "the loss does not read" where no cotangent reaches it (no differentiated
             output depends on it but through a piecewise-constant op) or only code no cotangent reaches needs its
-            value, and an unmatched value "shaped as one the loss does not read" where such a value has its shape
+            value, and an unmatched value "shaped as one the loss does not read" where such a value has its shape; an
+            unmatched value recomputed "shaped as" the output of an op a policy keeps whose derivative reads values
+            (sin's cos), that op's decision
   decision  each enclosing region's policy, outermost first: what it read to decide (KindDecl.rule: names,
             dots, everything, everything_but_names, custom, nothing) and its decision; a value outside every
             region (a program input, a region's argument made outside it) is one cause whatever it is, as no
@@ -57,6 +59,7 @@ UNMATCHED = "an unmatched value"   # (a saved value no program value's class hol
 BOUNDARY = "a value outside every region"   # (no policy decides on it: an input, a region's argument made outside)
 DEAD = " the loss does not read"   # (no cotangent reaches the value, or only code none reaches needs it)
 DEAD_SHAPED = " shaped as one the loss does not read"   # (an unmatched value with a dead value's shape)
+SHAPED_AS = " shaped as "   # (an unmatched value recomputed, read as the kept op's output whose shape it has)
 # Ops whose derivative does not read the values they read (linear in them, or piecewise constant).
 _VALUE_FREE_TANGENTS = frozenset({"linear", "identity", "zero"})
 LOOP = 2   # (the rank of a loop's carry or slice: a scan's own boundary, told apart from the regions')
@@ -235,6 +238,15 @@ class _Program:
     def cause(self, verb: str, s: Saved) -> str:
         ids = list(dict.fromkeys(map(base_id, s.cls)))
         if not ids:
+            if verb == RECOMPUTES:   # what an op's derivative reads (sin's cos) of an op its policy keeps: that op's
+                kept = sorted((self.value(i)[0], i) for i, st in self.ops.items()
+                              if str(list(self.types[i][0])) == s.shape and self.decisions(i)
+                              and self.decisions(i)[-1][1] in ("save", "offload")
+                              and OPS[st.op].tangent not in _VALUE_FREE_TANGENTS)
+                if kept:
+                    i = kept[0][1]
+                    chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(i))
+                    return f"{verb} {UNMATCHED}{SHAPED_AS}{self.value(i)[1]} [{chain}]{self.diff()}"
             shaped = DEAD_SHAPED if verb != RECOMPUTES and s.shape in self.dead_shapes else ""
             return f"{verb} {UNMATCHED}{shaped}{self.diff()}"
 
@@ -314,6 +326,8 @@ def core(cause: str) -> str:
     verb = _verb(cause)
     if verb in (SAVES, AGAINST_POLICY) and (DEAD + " " in cause + " " or DEAD + "," in cause or DEAD_SHAPED in cause):
         return f"{verb} a value{DEAD}"
+    if verb == RECOMPUTES and cause.startswith(f"{verb} {UNMATCHED}{SHAPED_AS}"):   # the kept op's decision
+        cause = f"{verb} " + cause.removeprefix(f"{verb} {UNMATCHED}{SHAPED_AS}")
     return _RULE.sub("", _QUALIFIERS.sub("", cause))
 
 

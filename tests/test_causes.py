@@ -301,6 +301,20 @@ def test_an_effect_is_described_by_the_member_of_its_value_a_policy_keeps_and_a_
     assert causes(t, recomputed, "torch:compile-aot_eager") == ["recomputes a view's output [everything:save]"]
 
 
+def test_an_unmatched_value_recomputed_reads_as_the_kept_op_whose_derivative_reads_it():
+    """remat3 recomputing sin under a policy that saves it: remat2 keeps cos(x) (sin's derivative reads it), a value
+    no program value equals. Read as the sin it belongs to, it is the tracked op-output cause, not one of its own."""
+    x = [{"id": "x", "shape": [2, 2], "dtype": "float32", "diff": True}]
+    p = prog([region(["x"], [op("sin", ["x"], "s")], ["s"], {"kind": "everything"})], inputs=x)
+    detail = {"missing_other": ["float32[2, 2]"], "extra_other": ["float32[2, 2] (a program input)"],
+              "reference_saved": ["?:float32[2, 2]"], "saved": ["x:float32[2, 2]"]}
+    assert causes(p, detail) == ["recomputes an unmatched value shaped as an op's output [everything:save]"]
+    assert core(causes(p, detail)[0]) == "recomputes an op's output [save]"
+    # no op a policy keeps has its shape: an unmatched value, as before
+    assert causes(p, {**detail, "missing_other": ["float32[3]"], "reference_saved": ["?:float32[3]"]}) == \
+        ["recomputes an unmatched value"]
+
+
 def test_a_custom_rule_whose_results_no_cotangent_reaches_is_one_cause_wherever_it_is():
     """remat3-no-zero-propagation's symbolic-zero cotangents showed as two findings (a custom_vjp in a region,
     one before it): remat2 never calls a bwd whose results get no cotangent, whatever encloses it."""
