@@ -118,7 +118,9 @@ def test_a_compiled_pipelines_rule_calls_must_be_among_eager_ones_in_the_judge()
     o["torch:compile-aot_eager"] = ob("torch:compile-aot_eager", rules=other)
     v = find(judge(p, o, NONE), "custom_rule", "torch:compile-aot_eager", "torch:eager-sac")
     assert (v.status, v.error_type) == ("fail", "ct_kinds")
-    assert v.detail == {"blocks": {"body[0]": {"ct_kinds": {"got": [["none"]], "reference": [["value"]]}}}}
+    assert v.detail["blocks"] == {"body[0]": {"ct_kinds": {"got": [["none"]], "reference": [["value"]]}}}
+    # the cause: the field, the rule, where it is (a custom_vjp outside every region whose result the loss reads)
+    assert v.detail["causes"] == ["ct_kinds differs for a custom_vjp outside every region"]
 
 
 def test_the_eager_comparison_leaves_out_a_dead_block_the_compiled_pipeline_never_ran():
@@ -145,7 +147,8 @@ def test_a_jax_rival_that_ran_only_the_primal_of_a_dead_block_is_not_blamed():
     assert find(judge(DEAD, o, NONE), "custom_rule", "jax:remat3", "jax:remat2").status == "pass"
     o["jax:remat3"] = ob("jax:remat3", rules={"body[0]": ran, "body[1]": primal})
     v = find(judge(DEAD, o, NONE), "custom_rule", "jax:remat3", "jax:remat2")
-    assert v.detail == {"blocks": {"body[1]": {"fwd_ran": {"got": 0, "reference": 1}}}}
+    assert v.detail["blocks"] == {"body[1]": {"fwd_ran": {"got": 0, "reference": 1}}}
+    assert len(v.detail["causes"]) == 1 and v.detail["causes"][0].startswith("fwd_ran differs for a custom_vjp")
 
 
 def test_the_same_comparison_tells_a_saved_program_input_apart():
