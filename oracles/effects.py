@@ -41,6 +41,12 @@ def _verdict(obs: Observation, ref: Observation, same_mode: bool, fewer_only: bo
         v.error_type = "+".join(f"{k}:{'dropped' if fewer_only else 'more' if d['got'] > d['reference'] else 'fewer'}"
                                 for k, d in sorted(diffs.items()))
         v.detail = {"effects": diffs}
+        if obs.effect_sites is not None and ref.effect_sites is not None:   # which statements' effects ran so
+            sites = {i: {"got": g, "reference": r} for i in sorted(set(obs.effect_sites) | set(ref.effect_sites))
+                     for g, r in [(obs.effect_sites.get(i, 0), ref.effect_sites.get(i, 0))]
+                     if (g < r if fewer_only else g != r)}
+            if sites:
+                v.detail["sites"] = sites
         if program is not None:   # where each effect that ran another count of times is, and what decided on it
             v.detail["causes"] = effect_causes(program, v.detail)
     return v

@@ -353,12 +353,18 @@ def causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:
 
 
 def effect_causes(program: Program, detail: dict) -> list[str]:
-    """The causes of an effect-count verdict's difference (sorted, each once): for each kind that ran more or fewer
-    times, each effect of that kind a region, a loop or a custom rule encloses (where the counts can differ; every
-    effect of the kind where none does), as `Program.effect_cause` names it."""
+    """The causes of an effect-count verdict's difference (sorted, each once): each effect statement that ran more or
+    fewer times (the detail's `sites`, where the pipelines count per statement), else, for each kind that did, each
+    effect of that kind a region, a loop or a custom rule encloses (where the counts can differ; every effect of the
+    kind where none does), as `Program.effect_cause` names it."""
     try:
         p = _Program(program)
         found = set()
+        sites = detail.get("sites") or {}
+        if sites:   # the statements whose effects ran another number of times (a pipeline that tells them apart)
+            at = {s.out: s for s in p.effects}
+            return sorted({p.effect_cause(at[i], "more" if d.get("got", 0) > d.get("reference", 0) else "fewer")
+                           for i, d in sites.items() if i in at})
         for kind, d in sorted((detail.get("effects") or {}).items()):
             ran = "more" if d.get("got", 0) > d.get("reference", 0) else "fewer"
             mine = [s for s in p.effects if s.params.get("kind") == kind]

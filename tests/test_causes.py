@@ -292,6 +292,14 @@ def test_an_effect_is_described_by_the_member_of_its_value_a_policy_keeps_and_a_
     nothing = prog([region(["x"], [op("sin", ["x"], "s"), op("effect", ["s"], "e", kind="callback")], ["e"],
                            {"kind": "nothing"})], inputs=x)
     assert effect_causes(nothing, more) == ["callback runs more in a region [nothing:recompute]"]
+    # where the pipelines count per statement (JAX's), only the statement whose count differs is a cause: a second
+    # callback in a loop beside it is not
+    two = prog([region(["x"], [op("sin", ["x"], "s"), op("effect", ["s"], "e", kind="callback")], ["e"],
+                       {"kind": "nothing"}),
+                op("effect", ["e"], "f", kind="callback")], inputs=x)
+    assert effect_causes(two, more) == ["callback runs more in a region [nothing:recompute]"]   # (enclosed only)
+    assert effect_causes(two, {**more, "sites": {"f": {"got": 2, "reference": 1}}}) == \
+        ["callback runs more outside every region"]
     # remat3 recomputing a transpose a policy saves: an op's output under JAX, a view's under PyTorch
     t = prog([region(["x"], [op("sin", ["x"], "s"), op("transpose", ["s"], "t", perm=[0]), op("sin", ["t"], "y")],
                      ["y"], {"kind": "everything"})], inputs=x)

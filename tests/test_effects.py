@@ -33,6 +33,7 @@ def test_a_recompute_runs_a_debug_callback_again_under_both_implementations(kind
     assert all(o.error is None for o in obs.values()), {n: o.error for n, o in obs.items()}
     assert obs["jax:none"].effects == {kind: 1}
     assert obs["jax:remat2"].effects == obs["jax:remat3"].effects == {kind: 2}   # forward, then the recompute
+    assert obs["jax:remat3"].effect_sites == {"b": 2} and obs["jax:none"].effect_sites == {"b": 1}   # per statement
     j = judge(p, obs, Expectations.load())
     counts = [v for v in j.verdicts if v.check == "effect_count"]
     assert {(v.pipeline, v.reference) for v in counts} >= {("jax:remat3", "jax:remat2"), ("jax:remat2", "jax:none"),
@@ -89,6 +90,10 @@ def test_the_effect_count_oracle_fails_on_any_difference_and_on_fewer_runs_than_
     assert effects.compare(_obs("jax:remat3:jit", {"callback": 1}), _obs("jax:remat2", {"callback": 2}),
                            False).status == "skipped"
     assert effects.compare(_obs("jax:remat3", None), _obs("jax:remat2", {"callback": 2}), True).status == "skipped"
+    # counted per statement too: the detail names the statements whose counts differ
+    a, b = _obs("jax:remat3", {"callback": 3}), _obs("jax:remat2", {"callback": 2})
+    a.effect_sites, b.effect_sites = {"e": 2, "f": 1}, {"e": 1, "f": 1}
+    assert effects.compare(a, b, True).detail["sites"] == {"e": {"got": 2, "reference": 1}}
 
 
 def test_effects_are_generated_only_when_required_and_never_ordered_per_example():

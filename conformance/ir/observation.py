@@ -98,6 +98,8 @@ class Observation(BaseModel):
     # effect kind -> how often the program's effects of that kind ran during the differentiation
     # (forward and backward, not the second order); None: no effect in the program
     effects: dict[str, int] | None = None
+    # the same per effect statement (its output's id), where the pipeline tells them apart (JAX's)
+    effect_sites: dict[str, int] | None = None
     residual_report: list[ReportedResidual] | None = None   # JAX's report of the same function
     # (element count, dtype) of each saved array as saved (a scan's stacked residual is one array
     # here, one residual per iteration in `residuals`); recorded where the report is

@@ -28,9 +28,9 @@ except ImportError:   # jax < 0.11 (a matrix cell): oracles/expectations.json de
 
 from conformance.ir.batching import record_examples  # noqa: E402
 from conformance.ir.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
-from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan
+from conformance.ir.nodes import DERIVATIVE_CTX, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, walk
 from conformance.ir.observation import CustomRuleLog, Observation, ReportedResidual  # noqa: E402
-from conformance.ir.ops import CAST_OP, dropout_mask  # noqa: E402
+from conformance.ir.ops import CAST_OP, EFFECT_OP, dropout_mask  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
 from conformance.ir.residuals import canonicalise  # noqa: E402
 from conformance.pipelines import registry  # noqa: E402
@@ -126,6 +126,8 @@ class Lowering(Interpreter):
         self.logs: dict[str, CustomRuleLog] = {}
 
     def op(self, s: Op, args: list, nondiff):
+        if s.op == EFFECT_OP:   # (its callback counts its runs under this statement: prelude.effect)
+            prelude.EFFECT_SITE[0] = s.out
         if self.cast_f64 and s.op == CAST_OP:   # the float64 evaluation keeps every value float64
             return OPS[s.op](args, {**s.params, "dtype": "float64"}, nondiff)
         return OPS[s.op](args, s.params, nondiff)
@@ -535,6 +537,7 @@ class JaxBase(Pipeline):
         d = [self._placed(arrays[i]) for i in diff_ids]
         stage = "lowering"
         prelude.EFFECT_RUNS.clear()
+        prelude.EFFECT_SITES.clear()
         try:
             if self.traced():
                 # One compile: forward and backward in one jitted function (as jax.jit(jax.grad(f))
@@ -583,6 +586,7 @@ class JaxBase(Pipeline):
             if kinds:   # the runs of forward and backward only (0: none ran)
                 jax.effects_barrier()
                 obs.effects = {k: prelude.EFFECT_RUNS.get(k, 0) for k in kinds}
+                obs.effect_sites = {i: prelude.EFFECT_SITES.get(i, 0) for i in _effect_sites(program)}
             if not self.spec.f64:
                 with timed(t, "residuals"):
                     leaves = [x for x in jax.tree.leaves(_ref_values(vjp_fn)) if hasattr(x, "shape")]
@@ -854,6 +858,12 @@ class JaxReference(JaxBase):
 def _effect_kinds(program: Program) -> list[str]:
     """The kinds of effect the program's statements have (features `effect:<kind>`), sorted."""
     return sorted(f.split(":", 1)[1] for f in program.features() if f.startswith("effect:"))
+
+
+def _effect_sites(program: Program) -> list[str]:
+    """The effect statements of the program's primal code (their outputs' ids), in order."""
+    return [s.out for s, _, _, ctx in walk(program.body)
+            if isinstance(s, Op) and s.op == EFFECT_OP and ctx not in DERIVATIVE_CTX]
 
 
 def _all_float64(program: Program) -> bool:

@@ -9,12 +9,19 @@ import jax.numpy as jnp
 
 # --- helpers: repros paste the source from here on ---
 EFFECT_RUNS = {}   # effect kind -> how often its callbacks ran (the run resets it)
+EFFECT_SITES = {}   # the harness's: the effect statement -> how often its callback ran (the run resets it)
+EFFECT_SITE = [None]   # the harness's: the statement whose effect is traced next (None in a repro)
 
 
 def effect(x, kind):
     """x, with a callback effect that counts its runs in EFFECT_RUNS[kind]: jax.debug.callback
     (ordered or not) on x, or io_callback (ordered or not) on stop_gradient(x), its result unused."""
-    ran = lambda *_: EFFECT_RUNS.update({kind: EFFECT_RUNS.get(kind, 0) + 1})  # noqa: E731
+    site = EFFECT_SITE[0]   # (bound where the effect is traced: its runs, a recompute's included, count there)
+
+    def ran(*_):
+        EFFECT_RUNS.update({kind: EFFECT_RUNS.get(kind, 0) + 1})
+        if site is not None:
+            EFFECT_SITES.update({site: EFFECT_SITES.get(site, 0) + 1})
     if kind in ("io", "io_ordered"):
         from jax.experimental import io_callback
         io_callback(lambda v: ran() or v, jax.ShapeDtypeStruct(x.shape, x.dtype), jax.lax.stop_gradient(x),
