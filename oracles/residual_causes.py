@@ -275,13 +275,19 @@ class _Program:
 
     def effect_cause(self, s: Op, ran: str) -> str:
         """How often an effect ran (`more` or `fewer` than the reference), where it is (what encloses it, innermost
-        first), the decision of each region's policy on the value it reads, and whether a cotangent reaches it."""
-        where = " in ".join(reversed(self.nesting.get(s.out, ())))
+        first, up to its innermost region), the decision of each region's policy on the value it reads, and whether a
+        cotangent reaches it."""
+        # (from the effect out to the innermost region, the region a recompute runs again, then the regions around it:
+        # a loop, a branch or a rule around that region repeats or selects the whole)
+        nest, region = self.nesting.get(s.out, ()), _ENCLOSES["Checkpoint"]
+        inner = max((k for k, n in enumerate(nest) if n == region), default=0)
+        where = " in ".join(list(reversed(nest[inner:])) + [region] * nest[:inner].count(region))
         # (an effect passes its value on unchanged: the value it reads and its output are one value, described as a
         # residual's class is, by the member a policy saves; a region's argument is always kept)
         kept = [d for d in (self.decisions(s.out), self.decisions(s.args[0])) if d and d[-1][1] in ("save", "offload")]
         chain = " > ".join(f"{r}:{d}" for r, d in (kept or [self.decisions(s.out)])[0]) or ("boundary" * bool(where))
         dry = "" if s.out in self.live else " on a value no cotangent reaches"
+        chain = "" if dry and chain != "boundary" else chain   # (no backward needs the value: a policy's word is moot)
         return (f"{s.params['kind']} runs {ran} {f'in {where}' if where else 'outside every region'}"
                 f"{f' [{chain}]' if chain else ''}{dry}{self.diff()}")
 
