@@ -237,8 +237,8 @@ def _across(c: _Pair, obs: Observation, ref: Observation, across: bool) -> list[
 
 def _eager(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:
     # what rules received too, where the compiled pipeline ran them eagerly
-    return _across(c, obs, ref, False) + [compare_custom_rules(obs, ref, c.jvp_blocks, observed_only=True,
-                                                               program=c.program)]
+    rules = compare_custom_rules(obs, ref, c.jvp_blocks, observed_only=True, program=c.program)
+    return _across(c, obs, ref, False) + [rules]
 
 
 def _cross(c: _Pair, obs: Observation, ref: Observation) -> list[Verdict]:

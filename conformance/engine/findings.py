@@ -231,8 +231,9 @@ def error_root(detail: dict) -> str | None:
 
 # A verdict's detail keys that give context rather than what differed: the observations a report
 # shows, notes, the other pipelines that also differ (they depend on which pipelines ran), and a
-# residual difference's causes (read from the program and the saved sets the detail holds).
-DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also_differs_from", "causes"})
+# residual difference's causes (read from the program and the saved sets the detail holds), and the statements an
+# effect count splits into (`sites`: where the pipelines count per statement; the counts per kind are what differed).
+DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also_differs_from", "causes", "sites"})
 # Where a framework's message turns from what went wrong into where (tracebacks echo the harness's
 # own source lines, which move with every edit) or advice.
 _MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing",
