@@ -148,18 +148,14 @@ class _Program:
         self.residuals: dict[str, bool] = {}   # custom_vjp residual id -> its custom_vjp optimizes remat
         self.ctx: dict[str, str] = {}       # op output id -> the context it is computed in (main, fwd, primal)
         self.loop_policies: dict[str, list] = {}   # a loop's carry or slice id -> the regions' policies around it
-        self.nesting: dict[str, tuple[str, ...]] = {}   # op output id -> what encloses it, outermost first
-        self.effects: list[Op] = []
-        self.stmt_nesting: dict[int, tuple[str, ...]] = {}   # id(statement) -> what encloses it
+        self.nesting: dict[int, tuple[str, ...]] = {}   # id(statement) -> what encloses it, outermost first
+        self.effects = [st for st in self.ops.values() if st.op == EFFECT_OP]
 
         def visit(body, stack, ctx, nest=()):   # (one pass over the primal code; derivative rules hold no values)
             for st in body:
-                self.stmt_nesting[id(st)] = nest
+                self.nesting[id(st)] = nest
                 if isinstance(st, Op):
                     self.ctx[st.out] = ctx
-                    self.nesting[st.out] = nest
-                    if st.op == EFFECT_OP:
-                        self.effects.append(st)
                 elif isinstance(st, CustomVJP):
                     self.residuals.update(dict.fromkeys(st.residuals, st.optimize_remat))
                 elif isinstance(st, Cond):
@@ -179,21 +175,20 @@ class _Program:
         # the values a backward needs, to read them or to recompute what it reads from them: by code a cotangent
         # reaches (live_need), by code none reaches (dead_need); an op whose derivative does not read its arguments
         # (linear, piecewise constant) needs them only to recompute a value needed by other code
-        stmts = [st for st, _, _, ctx in walk(prog.body)
+        stmts = [({st.out} if isinstance(st, Op) else set(st.results), set(st.args), st)
+                 for st, _, _, ctx in walk(prog.body)
                  if ctx not in DERIVATIVE_CTX and isinstance(st, (Op, Cond, Scan, CustomVJP))]
         self.live_need, self.dead_need = set(), set()
-        for st in stmts:
-            outs = [st.out] if isinstance(st, Op) else list(st.results)
+        for outs, args, st in stmts:
             if not (isinstance(st, Op) and OPS[st.op].tangent in _VALUE_FREE_TANGENTS):
-                (self.live_need if any(o in self.live for o in outs) else self.dead_need).update(st.args)
+                (self.live_need if outs & self.live else self.dead_need).update(args)
         for need in (self.live_need, self.dead_need):
             changed = True
             while changed:
                 changed = False
-                for st in stmts:
-                    outs = [st.out] if isinstance(st, Op) else list(st.results)
-                    if need & set(outs) and not set(st.args) <= need:
-                        need.update(st.args)
+                for outs, args, _ in stmts:
+                    if need & outs and not args <= need:
+                        need.update(args)
                         changed = True
         self.dead_shapes = {str(list(self.types[i][0])) for i in self.types if i not in self.live
                             and (i in self.ops or i in self.inputs)}
@@ -239,13 +234,13 @@ class _Program:
         ids = list(dict.fromkeys(map(base_id, s.cls)))
         if not ids:
             if verb == RECOMPUTES:   # what an op's derivative reads (sin's cos) of an op its policy keeps: that op's
-                kept = sorted((self.value(i)[0], i) for i, st in self.ops.items()
-                              if str(list(self.types[i][0])) == s.shape and self.decisions(i)
-                              and self.decisions(i)[-1][1] in ("save", "offload")
-                              and OPS[st.op].tangent not in _VALUE_FREE_TANGENTS)
+                kept = sorted((self.value(i)[0], i, ds) for i, st in self.ops.items()
+                              if str(list(self.types[i][0])) == s.shape
+                              and OPS[st.op].tangent not in _VALUE_FREE_TANGENTS
+                              and (ds := self.decisions(i)) and ds[-1][1] in ("save", "offload"))
                 if kept:
-                    i = kept[0][1]
-                    chain = " > ".join(f"{r}:{d}" for r, d in self.decisions(i))
+                    _, i, ds = kept[0]
+                    chain = " > ".join(f"{r}:{d}" for r, d in ds)
                     return f"{verb} {UNMATCHED}{SHAPED_AS}{self.value(i)[1]} [{chain}]{self.diff()}"
             shaped = DEAD_SHAPED if verb != RECOMPUTES and s.shape in self.dead_shapes else ""
             return f"{verb} {UNMATCHED}{shaped}{self.diff()}"
@@ -279,7 +274,7 @@ class _Program:
         cotangent reaches it."""
         # (from the effect out to the innermost region, the region a recompute runs again, then the regions around it:
         # a loop, a branch or a rule around that region repeats or selects the whole)
-        nest, region = self.nesting.get(s.out, ()), _ENCLOSES["Checkpoint"]
+        nest, region = self.nesting[id(s)], _ENCLOSES["Checkpoint"]
         inner = max((k for k, n in enumerate(nest) if n == region), default=0)
         where = " in ".join(list(reversed(nest[inner:])) + [region] * nest[:inner].count(region))
         # (an effect passes its value on unchanged: the value it reads and its output are one value, described as a
@@ -300,7 +295,7 @@ class _Program:
                 + (f" ({', '.join(options)})" if options else ""))
         if not any(r in self.live for r in st.results):
             return f"{field} differs for {rule} whose results no cotangent reaches{self.diff()}"
-        where = " in ".join(reversed(self.stmt_nesting.get(id(st), ())))
+        where = " in ".join(reversed(self.nesting[id(st)]))
         return f"{field} differs for {rule} {f'in {where}' if where else 'outside every region'}{self.diff()}"
 
     def diff(self) -> str:
@@ -358,11 +353,11 @@ def causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:
     return sorted(c for c in found if not (UNMATCHED in c and _verb(c) in named))
 
 
-def effect_causes(program: Program, detail: dict) -> list[str]:
+def effect_causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:
     """The causes of an effect-count verdict's difference (sorted, each once): each effect statement that ran more or
     fewer times (the detail's `sites`, where the pipelines count per statement), else, for each kind that did, each
     effect of that kind a region, a loop or a custom rule encloses (where the counts can differ; every effect of the
-    kind where none does), as `Program.effect_cause` names it."""
+    kind where none does), as `Program.effect_cause` names it. (`pipeline`: as `causes` takes it; unread here.)"""
     try:
         p = _Program(program)
         found = set()
@@ -374,16 +369,16 @@ def effect_causes(program: Program, detail: dict) -> list[str]:
         for kind, d in sorted((detail.get("effects") or {}).items()):
             ran = "more" if d.get("got", 0) > d.get("reference", 0) else "fewer"
             mine = [s for s in p.effects if s.params.get("kind") == kind]
-            for s in [s for s in mine if p.nesting.get(s.out)] or mine:
+            for s in [s for s in mine if p.nesting[id(s)]] or mine:
                 found.add(p.effect_cause(s, ran))
     except (KeyError, IndexError, ValueError, AttributeError):
         return []
     return sorted(found)
 
 
-def rule_causes(program: Program, detail: dict) -> list[str]:
+def rule_causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:
     """The causes of a custom-rule verdict's difference (sorted, each once): each block's field that differs, as
-    `Program.rule_cause` names it."""
+    `Program.rule_cause` names it. (`pipeline`: as `causes` takes it; unread here.)"""
     try:
         p = _Program(program)
         at = {path: st for st, _, path, _ in walk(program.body)}

@@ -59,11 +59,16 @@ def cause_text(cause: str) -> str:
             head = f"{verb} " + head.removeprefix(f"{verb} against its policy ")
     if chain == "boundary":   # (a loop's carry or slice outside every region)
         return f"{head} (outside every checkpoint region){tail}"
-    steps = [x.split(":", 1) for x in chain.split(" > ")]
-    rule, decision = steps[-1]
-    outer = "; ".join(f"the outer {_RULE_WORDS.get(r, r)} {_DECISION_WORDS.get(d, d)} it" for r, d in steps[:-1])
-    return (f"{head} that its {_RULE_WORDS.get(rule, rule)} {_DECISION_WORDS.get(decision, decision)}"
-            + (f" ({outer})" if outer else "") + tail)
+    steps = _steps(chain)
+    outer = "; ".join(f"the outer {words} it" for words in steps[:-1])
+    return f"{head} that its {steps[-1]}" + (f" ({outer})" if outer else "") + tail
+
+
+def _steps(chain: str) -> list[str]:
+    """Each policy of a cause's chain (`names:save > nothing:recompute`) in words, outermost first: "names policy
+    saves"."""
+    return [f"{_RULE_WORDS.get(r, r)} {_DECISION_WORDS.get(d, d)}"
+            for r, d in (x.split(":", 1) for x in chain.split(" > "))]
 
 
 def residual_title(f, causes: list[str]) -> str:
@@ -84,9 +89,8 @@ def effect_or_rule_title(f, causes: list[str]) -> str:
     more = f" (and {len(causes) - 1} more cause{'s' * (len(causes) > 2)})" if len(causes) > 1 else ""
     m = _CAUSE.match(first)
     if m is not None and m.group("chain") != "boundary":
-        steps = [x.split(":", 1) for x in m.group("chain").split(" > ")]
-        said = "; ".join(f"{'the outer' if k < len(steps) - 1 else 'its'} {_RULE_WORDS.get(r, r)} "
-                         f"{_DECISION_WORDS.get(d, d)} it" for k, (r, d) in enumerate(steps))
+        steps = _steps(m.group("chain"))
+        said = "; ".join(f"{'the outer' if k < len(steps) - 1 else 'its'} {words} it" for k, words in enumerate(steps))
         first = f"{m.group('head')} ({said}){m.group('tail')}"
     return f"{f.pipeline}: {first}, against {f.reference}{more}"
 

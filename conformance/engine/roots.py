@@ -145,13 +145,14 @@ def residual_direction(check: str, pipeline: str, reference: str, detail: dict) 
 CAUSE_SEP = " + "
 
 
-# Checks whose oracle names the causes of a difference (oracles.residual_causes), and the function naming them.
+# Checks whose oracle names the causes of a difference (oracles.residual_causes), and the function naming them (each
+# read with the program, the verdict's detail and the pipeline judged).
 CAUSED_CHECKS = {"residuals": cause_names, "effect_count": effect_causes, "custom_rule": rule_causes}
 
 
 def residual_causes(check: str, detail: dict) -> list[str]:
-    """The causes a residual or effect-count verdict's detail names (oracles.residual_causes, read by the oracle);
-    [] for another check or a difference no value tells apart."""
+    """The causes a residual, effect-count or custom-rule verdict's detail names (oracles.residual_causes, read by
+    the oracle); [] for another check or a difference no value tells apart."""
     if check not in CAUSED_CHECKS or not isinstance(detail, dict):
         return []
     return [c for c in detail.get("causes") or [] if isinstance(c, str)]
@@ -166,8 +167,7 @@ def with_causes(f: Finding) -> Finding:
             prog = Program.model_validate(f.program)
         except ValueError:
             return f
-        fresh = (cause_names(prog, f.detail, f.pipeline) if f.check == "residuals"
-                 else CAUSED_CHECKS[f.check](prog, f.detail))
+        fresh = CAUSED_CHECKS[f.check](prog, f.detail, f.pipeline)
         if fresh or "causes" not in f.detail:
             f.detail = {**f.detail, "causes": fresh}
     return f

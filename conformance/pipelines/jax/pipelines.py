@@ -28,7 +28,7 @@ except ImportError:   # jax < 0.11 (a matrix cell): oracles/expectations.json de
 
 from conformance.ir.batching import record_examples  # noqa: E402
 from conformance.ir.interpreter import Interpreter, loss_outputs, output_cotangents  # noqa: E402
-from conformance.ir.nodes import DERIVATIVE_CTX, Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, walk
+from conformance.ir.nodes import Checkpoint, Cond, CustomJVP, CustomVJP, Jit, Op, Scan, primal_ops
 from conformance.ir.observation import CustomRuleLog, Observation, ReportedResidual  # noqa: E402
 from conformance.ir.ops import CAST_OP, EFFECT_OP, dropout_mask  # noqa: E402
 from conformance.ir.program import Program  # noqa: E402
@@ -862,8 +862,7 @@ def _effect_kinds(program: Program) -> list[str]:
 
 def _effect_sites(program: Program) -> list[str]:
     """The effect statements of the program's primal code (their outputs' ids), in order."""
-    return [s.out for s, _, _, ctx in walk(program.body)
-            if isinstance(s, Op) and s.op == EFFECT_OP and ctx not in DERIVATIVE_CTX]
+    return [i for i, s in primal_ops(program).items() if s.op == EFFECT_OP]
 
 
 def _all_float64(program: Program) -> bool:
