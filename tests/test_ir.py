@@ -187,6 +187,25 @@ def test_live_values_follow_reads_into_regions():
     assert {"a", "x", "y"} <= live_values(q)
 
 
+def test_a_cotangent_reaches_a_custom_jvp_arg_only_through_its_rules_live_tangents():
+    """make run's campaign: a region's callback result read only by a custom_jvp whose jvp rule passes its tangent
+    to an output the loss does not read. A cotangent reaches the other arg, not that one (remat2 rematerialises
+    the region all the same: a value no cotangent reaches, tests/regressions/remat2-reruns-callbacks-of-region-
+    without-cotangent.json)."""
+    from conformance.ir.nodes import live_values
+    from tests.programs import op, prog
+    x = [{"id": i, "shape": [3], "dtype": "float32", "diff": True} for i in ("x", "y")]
+    cjvp = {"kind": "custom_jvp", "args": ["x", "y"], "body": [op("neg", ["x"], "a"), op("sin", ["y"], "b")],
+            "results": ["a", "b"], "tangents": ["tx", "ty"],
+            "jvp": [op("neg", ["tx"], "ta"), op("cos", ["y"], "c"), op("mul", ["ty", "c"], "tb")],
+            "jvp_results": ["ta", "tb"]}
+    p = prog([cjvp], inputs=x, outputs=["a"])
+    assert {"x", "y"} <= live_values(p)   # the rule reads both values
+    assert "x" in live_values(p, cotangent=True) and "y" not in live_values(p, cotangent=True)
+    q = prog([cjvp], inputs=x, outputs=["b"])   # the other output: the other arg
+    assert "y" in live_values(q, cotangent=True) and "x" not in live_values(q, cotangent=True)
+
+
 def test_feature_focus_is_declared_with_the_features():
     """A feature is declared once (its name, doc and focus dimensions, conformance.ir.features or the
     op table; docs/reference/features.md is generated from them, tests/test_docs.py); the campaign's focus is the

@@ -443,6 +443,8 @@ def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
             reads = set() if isinstance(st, (Checkpoint, Jit)) else set(st.args)
             if cotangent and isinstance(st, Op) and O.OPS[st.op].tangent == "zero":
                 reads = set()
+            elif cotangent and isinstance(st, CustomJVP):
+                reads = _jvp_reads(st, live)
             if isinstance(st, Scan):
                 reads.update(st.carry_out + st.ys)
             elif isinstance(st, Cond):
@@ -453,6 +455,21 @@ def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
                 live |= reads
                 changed = True
     return live
+
+
+def _jvp_reads(st: CustomJVP, live: set[str]) -> set[str]:
+    """The args of custom_jvp `st` a cotangent reaches: those whose tangents its jvp rule passes on to the
+    tangent of a live result (a rule's output tangent that nothing downstream reads carries no cotangent back)."""
+    need = {t for r, t in zip(st.results, st.jvp_results) if r in live}
+    inner = [s for s, _, _, _ in walk(st.jvp)]
+    changed = True
+    while changed:
+        changed = False
+        for s in inner:
+            if need & ({s.out} if isinstance(s, Op) else set(s.results)) and not set(s.args) <= need:
+                need |= set(s.args)
+                changed = True
+    return {a for a, t in zip(st.args, st.tangents) if t in need}
 
 
 def region_context(prog: Program) -> tuple[dict[str, list], set[str]]:
