@@ -298,6 +298,32 @@ def test_the_float64_reference_records_its_node_values_in_the_one_jit_of_value_a
         assert set(own) == set(eager) and all(own[k].dtype == v.dtype and _close(own[k], v) for k, v in eager.items())
 
 
+def test_a_program_with_effects_is_recorded_in_the_same_jit_and_its_callbacks_run_as_often(monkeypatch):
+    # A recording ran a callback again, so an effect's program was recorded apart, op by op (an XLA compile per
+    # primitive in the first eager pipeline): a recording now runs no callback (Lowering.op), in the one jit
+    import jax._src.interpreters.pxla as pxla
+
+    from conformance.pipelines.jax import pipelines as jp
+    from generators.programs import input_values
+    from tests.programs import op, prog
+    names, from_hlo = [], pxla.UnloadedMeshExecutable.from_hlo
+    monkeypatch.setattr(pxla.UnloadedMeshExecutable, "from_hlo",
+                        staticmethod(lambda name, *a, **k: names.append(name) or from_hlo(name, *a, **k)))
+    x = [{"id": "x", "shape": [3], "dtype": "float32", "diff": True}]
+    for kind in ("callback", "io_ordered"):
+        p = prog([op("sin", ["x"], "s"), op("effect", ["s"], "e", kind=kind), op("exp", ["e"], "y")], inputs=x,
+                 outputs=["y"])
+        inputs = input_values(p, 0)
+        jp._NODE_VALUES.clear()
+        del names[:]
+        o = reg.get("ref:f64").run(p, inputs)
+        assert o.error is None and names == ["jit(fwd_bwd)"], (kind, o.error, names)
+        assert o.effects == {kind: 1} and o.effect_sites == {"e": 1}   # forward only, as without a recording
+        assert np.allclose(o.values["e"], np.sin(inputs["x"]), rtol=1e-6)
+        none = reg.get("jax:none").run(p, inputs)   # the program's own dtypes: recorded there too, no callback
+        assert none.effects == o.effects and none.effect_sites == o.effect_sites
+
+
 def test_a_recording_that_cannot_trace_leaves_the_reference_as_it_was_and_records_apart(monkeypatch):
     import jax
 

@@ -28,7 +28,7 @@ from conformance.engine.tally import Tally
 from conformance.files import read_text
 from oracles.expectations import Expectations, stale
 
-FINDINGS_EVERY = 2.0   # seconds between rewrites of findings.json for counts alone
+FINDINGS_EVERY = 10.0   # seconds between rewrites of findings.json for counts alone (a resume recounts them)
 
 
 class Campaign:

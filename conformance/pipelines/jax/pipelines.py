@@ -126,8 +126,10 @@ class Lowering(Interpreter):
         self.logs: dict[str, CustomRuleLog] = {}
 
     def op(self, s: Op, args: list, nondiff):
-        if s.op == EFFECT_OP:   # (its callback counts its runs under this statement: prelude.effect)
-            prelude.EFFECT_SITE[0] = s.out
+        if s.op == EFFECT_OP:
+            if self.record is not None:   # a recording reads values: its callback runs only in the pipelines' runs
+                return args[0]
+            prelude.EFFECT_SITE[0] = s.out   # (its callback counts its runs under this statement: prelude.effect)
         if self.cast_f64 and s.op == CAST_OP:   # the float64 evaluation keeps every value float64
             return OPS[s.op](args, {**s.params, "dtype": "float64"}, nondiff)
         return OPS[s.op](args, s.params, nondiff)
@@ -831,14 +833,12 @@ class JaxReference(JaxBase):
                                                                  traced=self.traced()).items()}
 
     def _recording(self, program, arrays, diff_ids):
-        """The node values, recorded in the jit of value and gradient (one compile, not two), on a program without
-        effects (a recording would run a callback again); apart (node_values) elsewhere or where that fails. Both
+        """The node values, recorded in the jit of value and gradient (one compile, not two; a recording runs no
+        callback of the program's effects: Lowering.op); apart (node_values) where that fails. Both
         recordings: float64 (this pipeline's values) and in the program's own dtypes (what the other JAX pipelines
         canonicalise their residuals against; the same recording on a float64 program), so that the first eager
         pipeline does not record them op by op (an XLA compile for each primitive a loop, branch or example
         runs on a shape of its own)."""
-        if _effect_kinds(program):
-            return None
         own = None if _all_float64(program) else {i.id: _array(self._inputs[i.id], i.dtype) for i in program.inputs}
 
         def rec(env, d):
