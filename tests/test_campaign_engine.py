@@ -304,3 +304,21 @@ def test_of_the_explorers_never_run_the_cheapest_family_runs_first():
     assert sh._explore(100.0) == [eager]
     sh.account(prog, {eager: SimpleNamespace(timings={"forward": 0.01})})
     assert sh._explore(100.0) == [compiled]   # now the one never run
+
+
+def test_a_shrunk_finding_is_replayed_for_its_siblings_on_its_frameworks_pipelines_only():
+    """The replay of a shrunk program on every registered pipeline (53) ran each torch.compile, export and
+    inductor variant on a JAX finding's program: seconds for siblings that only an error type's name could
+    share. A JAX finding's replay runs JAX's pipelines; a torch finding's runs torch's, with the JAX pipelines
+    its comparisons read (torch:eager-sac's residuals and gradients against jax:remat2)."""
+    from conformance.engine.search import sibling_pipelines
+    every = registry.known_names()
+    jax = sibling_pipelines(("error", "jax:remat3", "expectations", "ValueError"), every)
+    assert jax and all(registry.framework_of(n) == "jax" for n in jax)
+    assert set(jax) == {n for n in every if registry.framework_of(n) == "jax"}
+    torch = sibling_pipelines(("residuals", "torch:eager-sac", "jax:remat2", "missing"), every)
+    assert {n for n in every if registry.framework_of(n) == "torch"} <= set(torch)
+    assert {"ref:f64", "jax:remat2"} <= set(torch) and "jax:remat3" not in torch
+    # the campaign's own set only: a pipeline it does not run is not replayed
+    assert sibling_pipelines(("error", "jax:remat3", "expectations", "ValueError"),
+                             ["ref:f64", "jax:remat3", "torch:none"]) == ["ref:f64", "jax:remat3"]

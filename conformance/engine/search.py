@@ -130,6 +130,16 @@ def needed_pipelines(key: tuple, all_names: list[str]) -> list[str]:
     return list(dict.fromkeys(n for n in names if n in all_names))
 
 
+def sibling_pipelines(key: tuple, all_names: list[str]) -> list[str]:
+    """The pipelines a shrunk program is replayed on for its siblings (sibling_keys: the same check failing in
+    one pipeline family, or raising one error type): those of the finding's framework, with the references
+    their verdicts read. Another framework's pipelines are its own code: an error type they share with the
+    finding is a coincidence of names, not the same behaviour (and their compiles were most of a replay)."""
+    fw, known = registry.framework_of(key[1]), set(registry.known_names())
+    keep = set(registry.run_set([n for n in all_names if n in known and registry.framework_of(n) == fw]))
+    return [n for n in all_names if n in keep or n == key[1]]
+
+
 def replay_pipelines(key: tuple) -> list[str]:
     """The pipelines a corpus entry's replay runs: the references and what its verdict needs,
     its own reference included (jax:remat2:jit, say, which a :jit rival's run set lacks)."""
@@ -742,10 +752,10 @@ class Searcher:
                 return
 
     def _finish(self, t: Target) -> None:
-        """The shrunk program as a finding: reduced, then replayed on every pipeline for its
+        """The shrunk program as a finding: reduced, then replayed on its framework's pipelines for its
         siblings."""
         self._reduce(t)
-        _, obs, j = self.evaluate(t.program, t.seed, self.opts.pipelines)
+        _, obs, j = self.evaluate(t.program, t.seed, sibling_pipelines(t.key, self.opts.pipelines))
         f = self._finding(t.verdict, t.program, t.seed, t.observations, {**t.observations, **obs}, j, shrunk=True,
                           steps=t.steps, original_size=t.original_size)
         if any(same_behaviour(g, f) for g in self.findings):   # nothing new: shrink this key no more
