@@ -38,6 +38,15 @@ def _fixed(path, finding, name: str = "") -> bool:
     return _key_str(finding.key()) in FIXED or path.stem in FIXED or f"{path.stem}/{name}" in FIXED
 
 
+# Variants whose framework bug reads memory it never wrote: on a replay that memory may hold the very values the
+# right answer needs (the allocator hands back the block the forward pass freed), and the variant passes. An XPASS
+# of these is no fix (non-strict); every other variant of their roots stays strict.
+UNINITIALISED = {
+    "torch-sac-saved-tensor-hooks-skip-cache-mutation-check/gradient-torch_eager-sac_user-hooks-5cf5e365":
+        "dropout under MUST_SAVE caches aten.empty_like's output before bernoulli_ fills it (1 XPASS in 7 runs)",
+}
+
+
 def _entries():
     from conformance.engine.loading import load_corpus_root
     out = []
@@ -52,7 +61,7 @@ def _entries():
                 corpus_entry_stem(finding.check, finding.pipeline, finding.program_hash)
             marks = []
             if not _fixed(path, finding, name):
-                marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+                marks.append(pytest.mark.xfail(strict=tid not in UNINITIALISED, raises=AssertionError, reason=(
                     f"open: [{finding.check}] {finding.pipeline} vs {finding.reference} "
                     f"{finding.error_type or ''} ({', '.join(finding.features)})")))
             out.append(pytest.param(path, name, prog, inputs, finding, id=tid, marks=marks))
@@ -116,3 +125,13 @@ def test_the_corpus_replays_under_the_campaign_settings():
     assert not eager_cache.framework_defaults()
     assert registry.get("ref:f64").traced()   # importing the JAX pipelines installed the shared cache
     assert eager_cache.share()
+
+
+def test_only_variants_of_a_bug_reading_unwritten_memory_may_pass_unnoticed():
+    """Each non-strict variant names a corpus variant that exists, whose root's reason says it reads memory the
+    framework never wrote."""
+    ids = {p.id: p for p in _entries()}
+    for tid in UNINITIALISED:
+        assert tid in ids, tid
+        root = json.loads((HERE / f"{tid.split('/')[0]}.json").read_text())
+        assert "uninitialised" in root["triage"]["reason"], tid
