@@ -206,6 +206,23 @@ def test_a_cotangent_reaches_a_custom_jvp_arg_only_through_its_rules_live_tangen
     assert "y" in live_values(q, cotangent=True) and "x" not in live_values(q, cotangent=True)
 
 
+def test_no_cotangent_flows_into_a_while_loop():
+    """A 30-minute default campaign: a custom_vjp's result reaches the outputs only through a while_loop's initial
+    carry; reverse mode passes no cotangent into a while_loop (every value it reads is under stop_gradient), so
+    none reaches the rule's results (remat3 calling its bwd with a symbolic zero is remat3-no-zero-propagation)."""
+    from conformance.ir.nodes import live_values
+    from tests.programs import op, prog
+
+    def loop(spelling):
+        return {"kind": "scan", "spelling": spelling, "args": ["a"], "carry": ["c"], "xs": [], "length": 1,
+                "body": [op("sin", ["c"], "y")], "carry_out": ["y"], "ys": [], "results": ["cf"]}
+    p = prog([op("exp", ["x"], "a"), loop("while_loop"), op("cos", ["x"], "b")], outputs=["cf", "b"])
+    assert "a" in live_values(p) and "a" not in live_values(p, cotangent=True)
+    assert {"x", "b"} <= live_values(p, cotangent=True)   # through the cos beside it
+    q = prog([op("exp", ["x"], "a"), loop("fori_loop"), op("cos", ["x"], "b")], outputs=["cf", "b"])
+    assert "a" in live_values(q, cotangent=True)
+
+
 def test_feature_focus_is_declared_with_the_features():
     """A feature is declared once (its name, doc and focus dimensions, conformance.ir.features or the
     op table; docs/reference/features.md is generated from them, tests/test_docs.py); the campaign's focus is the

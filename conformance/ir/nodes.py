@@ -445,7 +445,9 @@ def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
                 reads = set()
             elif cotangent and isinstance(st, CustomJVP):
                 reads = _jvp_reads(st, live)
-            if isinstance(st, Scan):
+            elif cotangent and isinstance(st, Scan) and st.spelling == "while_loop":
+                reads = set()   # no cotangent flows into a while_loop: what it reads is under stop_gradient
+            if isinstance(st, Scan) and not (cotangent and st.spelling == "while_loop"):
                 reads.update(st.carry_out + st.ys)
             elif isinstance(st, Cond):
                 reads.update(r for rs in st.branch_results for r in rs)
