@@ -447,7 +447,7 @@ def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
                 reads = _jvp_reads(st, live)
             elif cotangent and isinstance(st, Scan) and st.spelling == "while_loop":
                 reads = set()   # no cotangent flows into a while_loop: what it reads is under stop_gradient
-            if isinstance(st, Scan) and not (cotangent and st.spelling == "while_loop"):
+            elif isinstance(st, Scan):
                 reads.update(st.carry_out + st.ys)
             elif isinstance(st, Cond):
                 reads.update(r for rs in st.branch_results for r in rs)
