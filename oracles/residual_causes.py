@@ -66,6 +66,9 @@ LOOP = 2   # (the rank of a loop's carry or slice: a scan's own boundary, told a
 # What a statement's body is, as an effect's cause names where it ran (a custom rule's by the context it opens).
 _ENCLOSES = {"Checkpoint": "a region", "Scan": "a loop", "Cond": "a cond branch", "fwd": "a custom_vjp fwd",
              "primal": "a custom_jvp function"}
+# An optimize_remat custom_vjp's fwd (JAX binds it as a primitive of its own, which remat2 does not run again in a
+# region's recompute and remat3 does): an effect in it is named by that option, not by the policies around it
+OPTIMIZE_REMAT_FWD = "a custom_vjp (optimize_remat) fwd"
 _DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
 _INPUT = " (a program input)"   # (oracles.residuals: how an unnamed residual that is an input is told apart)
 
@@ -168,6 +171,8 @@ class _Program:
                 for _, b, c in children(st):
                     if c not in DERIVATIVE_CTX:   # (a custom rule's body: the context it opens)
                         opens = _ENCLOSES[c] if c in _ENCLOSES else around
+                        if c == "fwd" and getattr(st, "optimize_remat", False):
+                            opens = OPTIMIZE_REMAT_FWD
                         visit(b, inner, c or ctx, nest + ((opens,) if opens else ()))
         visit(prog.body, [], "main")
         differentiated = prog.outputs[:len(prog.outputs) - prog.diff.aux] if prog.diff.aux else prog.outputs
@@ -282,7 +287,12 @@ class _Program:
         kept = [d for d in (self.decisions(s.out), self.decisions(s.args[0])) if d and d[-1][1] in ("save", "offload")]
         chain = " > ".join(f"{r}:{d}" for r, d in (kept or [self.decisions(s.out)])[0]) or ("boundary" * bool(where))
         dry = "" if s.out in self.live else " on a value no cotangent reaches"
-        chain = "" if dry and chain != "boundary" else chain   # (no backward needs the value: a policy's word is moot)
+        if dry and kept:   # (a policy keeping the value decides, cotangent or not: remat3 runs the callback of a value
+            dry = ""       # a custom policy saves again, whether the loss reads it or not)
+        elif dry and chain != "boundary":   # (no backward needs the value: a policy's recompute is moot)
+            chain = ""
+        if OPTIMIZE_REMAT_FWD in nest[inner:]:   # (the rule's option decides, whatever the policy or the cotangent)
+            chain, dry = "", ""
         return (f"{s.params['kind']} runs {ran} {f'in {where}' if where else 'outside every region'}"
                 f"{f' [{chain}]' if chain else ''}{dry}{self.diff()}")
 

@@ -15,7 +15,7 @@ from conformance.engine.search import known_finding, merge_finding, same_behavio
 from conformance.ir.policy import Both, Dots, SaveOnlyNames, deciding_rule
 from conformance.ir.program import Program
 from oracles.residual_causes import causes, core, effect_causes
-from tests.programs import op, prog, region
+from tests.programs import op, prog, region, sin_cvjp
 
 # jax's seed: a value named inside a custom_vjp fwd, in a region saving only that name
 SEED = {"body": [{"args": ["x1"], "body": [
@@ -383,3 +383,63 @@ def test_two_raises_of_one_error_type_on_one_construct_are_two_findings():
     key = other.key()
     assert known_finding([tracked], key, set(other.features), {key}, error_root(other.detail)) is None
     assert known_finding([tracked], key, set(same.features), {key}, error_root(same.detail)) is tracked
+
+
+def test_an_effect_in_an_optimize_remat_fwd_is_named_by_that_option_whatever_the_policy_or_the_cotangent():
+    """optimize-remat-fwd-callback-not-rerun-under-remat2 showed as three findings of one 30-minute campaign (a live
+    value under save-nothing, an offloading dots policy, a value no cotangent reaches): remat2 does not run an
+    optimize_remat fwd's callback again in a region's recompute, whatever the region's policy says of its value."""
+    x = [{"id": "x", "shape": [3], "dtype": "float32", "diff": True}]
+    more = {"effects": {"callback": {"got": 2, "reference": 1}}}
+
+    def block(optimize_remat: bool, policy: dict, read: bool):
+        rule = sin_cvjp(arg="x", optimize_remat=optimize_remat)
+        rule["fwd"] = [op("sin", ["x"], "s0"), op("effect", ["s0"], "s", kind="callback")] + rule["fwd"][1:]
+        body = [region(["x"], [rule], ["s"], policy)] + ([] if read else [op("cos", ["x"], "y")])
+        return prog(body, inputs=x, outputs=["s" if read else "y"])
+    seen = {tuple(effect_causes(block(True, pol, read), more)) for pol in ({"kind": "nothing"}, {"kind": "dots"})
+            for read in (True, False)}
+    assert seen == {("callback runs more in a custom_vjp (optimize_remat) fwd in a region",)}
+    # without the option the policy's decision and the cotangent stay causes
+    assert effect_causes(block(False, {"kind": "nothing"}, True), more) == \
+        ["callback runs more in a custom_vjp fwd in a region [nothing:recompute]"]
+    assert effect_causes(block(False, {"kind": "nothing"}, False), more) == \
+        ["callback runs more in a custom_vjp fwd in a region on a value no cotangent reaches"]
+
+
+def test_a_cotangent_reaches_a_loops_values_output_by_output():
+    """A region in a scan body whose stacked result is only an auxiliary output: no cotangent reaches its callback's
+    value, though the scan's carry is the loss (remat2-reruns-callbacks-of-region-without-cotangent, shrunk by a
+    30-minute campaign to a region in a loop and named as a recompute its policy asked for)."""
+    from conformance.ir.nodes import live_values
+    from conformance.ir.program import load_program
+    scan = {"kind": "scan", "args": ["v", "xs"], "carry": ["c"], "xs": ["w"], "length": 2,
+            "body": [region(["c"], [op("sum", ["c"], "t", axis=None), op("effect", ["t"], "e", kind="callback")],
+                            ["e"], {"kind": "nothing"})],
+            "carry_out": ["c"], "ys": ["e"], "results": ["fin", "stacked"]}
+    p = load_program({"schema_version": 1, "body": [op("sin", ["x"], "v"), scan, op("sum", ["fin"], "loss", axis=None)],
+                      "inputs": [{"id": "x", "shape": [2], "dtype": "float32", "diff": True},
+                                 {"id": "xs", "shape": [2, 1], "dtype": "float32", "diff": True}],
+                      "outputs": ["loss", "stacked"], "diff": {"order": 1, "mode": "reverse", "aux": 1}})
+    live = live_values(p.model_copy(update={"outputs": ["loss"]}), cotangent=True)
+    assert "e" not in live and {"fin", "c", "v", "x"} <= live and "xs" not in live
+    assert effect_causes(p, {"effects": {"callback": {"got": 2, "reference": 4}}}, "jax:remat3") == \
+        ["callback runs fewer in a region on a value no cotangent reaches"]
+    # the stacked result read by the loss: the region's value is live again
+    both = live_values(p.model_copy(update={"outputs": ["loss", "stacked"]}), cotangent=True)
+    assert {"e", "t"} <= both
+
+
+def test_an_effect_count_is_known_only_when_each_of_its_causes_is():
+    """--known matches an effect-count difference on its causes, as a residual one: a corpus finding of the same key
+    whose program has the same constructs does not swallow a callback that runs more for another reason."""
+    corpus = "tests/regressions/optimize-remat-fwd-callback-not-rerun-under-remat2.json"
+    known = [stamp(f) for f in load_known([corpus])]
+    key = ("effect_count", "jax:remat3+cvjp3:jit", "jax:remat2:jit", "ordered:more")
+    held = "ordered runs more in a custom_vjp (optimize_remat) fwd in a region"
+    assert known_finding(known, key, set(), {key}, held) is known[0]
+    other = "ordered runs more in a loop in a region [recompute]"
+    own, feats = known[0].key(), set(known[0].features)   # (its own key, every construct of its program: still new)
+    assert known_finding(known, own, feats, {own}, other) is None
+    assert known_finding(known, own, feats, {own}, f"{held} + {other}") is None
+    assert known_finding(known, own, feats, {own}, held) is known[0]

@@ -190,7 +190,8 @@ def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
     second order or on a dead value is the cause its shrunk program shows), and the first finding holding it."""
     fam = family_key(*key[:3])
     held: dict[str, Finding] = {}
-    for f in findings:
+    # (a finding showing fewer causes first: one showing a cause alone stands for it, not one beside another's cause)
+    for f in sorted(findings, key=lambda f: len(residual_causes(f.check, f.detail))):
         if family_key(f.check, f.pipeline, f.reference) == fam:
             for c in residual_causes(f.check, f.detail):
                 held.setdefault(core(c), f)

@@ -41,6 +41,7 @@ from conformance.engine.findings import Finding, detail_digest, error_root, make
 from conformance.engine.reduce import candidates
 from conformance.engine.roots import (
     CAUSE_SEP,
+    CAUSED_CHECKS,
     DIRECTIONS,
     RULE_CHECKS,
     covering_finding,
@@ -172,10 +173,10 @@ def known_finding(findings: list[Finding], key: tuple, feats: set, failing: set,
     same check, reference and error type that raised the same and whose key the program also fails
     (one raise, reached through another policy or pipeline spelling); for a residual difference in
     direction `root` (roots.residual_direction), one of its family that departs the same way; a trace count of several
-    counters is known when each counter's is. A residual difference whose evidence names its causes
-    (roots.evidence_root) is known only when each cause is (roots.covering_finding), whatever its key.
+    counters is known when each counter's is. A residual, effect-count or custom-rule difference whose evidence names
+    its causes (roots.evidence_root) is known only when each cause is (roots.covering_finding), whatever its key.
     None: a behaviour not known yet."""
-    if key[0] == "residuals" and root is not None and root not in DIRECTIONS:
+    if key[0] in CAUSED_CHECKS and root is not None and root not in DIRECTIONS:
         return covering_finding(findings, key, root.split(CAUSE_SEP))
     def raised_alike(f: Finding) -> bool:   # an error raising something else is another cause (jax 0.11.2's
         # "Accumulator aval mismatch" beside a tracked "Cannot lower jaxpr with effects", one construct)
@@ -347,6 +348,22 @@ EXPLORE_UNIT = {"time": 60.0, "programs": 20.0}
 EXPLORERS_PER_PROGRAM = 1
 
 
+def explorer_part(explorers: list[str], i: int, n: int) -> list[str]:
+    """The explorers searcher i of n explores: the pipelines of one warm-up (registry.warm_up_of: inductor's, export's)
+    all in one searcher's part, so that a backend's first compile is paid once per campaign; the warm-ups dealt out
+    largest first, each to the part holding the fewest explorers so far. Fewer explorers than searchers: every
+    searcher explores them all."""
+    if len(explorers) < n:
+        return list(explorers)
+    groups: dict[str, list[str]] = {}
+    for name in explorers:
+        groups.setdefault(registry.warm_up_of(name), []).append(name)
+    parts: list[list[str]] = [[] for _ in range(n)]
+    for group in sorted(groups.values(), key=len, reverse=True):   # (stable: ties keep declaration order)
+        min(parts, key=len).extend(group)
+    return [name for name in explorers if name in parts[i]]
+
+
 class Shares:
     """Shares per pipeline family (registry.FAMILY_SHARES by default): a family may spend at most
     `share` of the searcher's checking time (every pipeline's seconds on the programs checked, not the wall
@@ -372,8 +389,7 @@ class Shares:
         # searcher i of n explores every n-th explorer from the i-th: each explorer's first runs (its imports, its
         # backend's warm-up) are paid once per campaign, not once per searcher
         explorers = [n for n in names if n in registry.EXPLORERS] if explore else []
-        i, n = part
-        self.explorers = explorers[i::n] if len(explorers) >= n else explorers
+        self.explorers = explorer_part(explorers, *part)
         self.others_explore = set(explorers) - set(self.explorers)   # another searcher's part
         self.explorer_spent: Counter = Counter()
         self.explorer_runs: Counter = Counter()

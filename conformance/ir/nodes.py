@@ -447,6 +447,8 @@ def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
                 reads = _jvp_reads(st, live)
             elif cotangent and isinstance(st, Scan) and st.spelling == "while_loop":
                 reads = set()   # no cotangent flows into a while_loop: what it reads is under stop_gradient
+            elif cotangent and isinstance(st, Scan):
+                reads = _scan_reads(st, live)
             elif isinstance(st, Scan):
                 reads.update(st.carry_out + st.ys)
             elif isinstance(st, Cond):
@@ -457,6 +459,20 @@ def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
                 live |= reads
                 changed = True
     return live
+
+
+def _scan_reads(st: Scan, live: set[str]) -> set[str]:
+    """What of a loop a cotangent reaches, output by output: the body's value behind each live result (a final carry,
+    a stacked ys), each carry's next value and initial value where the body's reads of it are live (the next
+    iteration reads what this one passes on), the sequence of each slice read. A closed-over value is the same id
+    inside: a live reader inside makes it live."""
+    init, seqs, _ = st.split_args()
+    reads = {o for r, o in zip(st.results, st.carry_out + st.ys) if r in live}
+    for c, nxt, first, r in zip(st.carry, st.carry_out, init, st.results):
+        if c in live or r in live:
+            reads |= {nxt, first}
+    reads.update(a for x, a in zip(st.xs, seqs) if x in live)
+    return reads
 
 
 def _jvp_reads(st: CustomJVP, live: set[str]) -> set[str]:
