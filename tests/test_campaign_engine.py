@@ -269,6 +269,11 @@ def test_each_searcher_explores_its_own_part_of_the_explorers():
     parts = [Shares(names, explore=True, part=(i, 3)).explorers for i in range(3)]
     assert sorted(sum(parts, [])) == sorted(reg.EXPLORERS)                # every explorer, by one searcher each
     assert not set(parts[0]) & set(parts[1]) and all(parts)
+    # a backend's explorers in one part: its first compile (inductor's imports and C++ toolchain) is paid once
+    for warm in {reg.warm_up_of(n) for n in reg.EXPLORERS}:
+        assert sum(any(reg.warm_up_of(n) == warm for n in p) for p in parts) == 1, warm
+    assert reg.warm_up_of("torch:compile-inductor") == reg.warm_up_of("torch:compile-inductor:prefer") != \
+        reg.warm_up_of("torch:compile-aot_eager:prefer")
     assert Shares(names, explore=True).explorers == list(reg.EXPLORERS)   # one searcher: all of them
     prog = SimpleNamespace(features=lambda: {"checkpoint"}, content_hash=lambda: "0" * 16, types=lambda: {})
     chosen = Shares(names, explore=True, part=(0, 3)).select(prog, names)

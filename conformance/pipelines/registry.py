@@ -532,6 +532,20 @@ def family_of(name: str) -> str:
     return f"{s.framework}:{'compile' if s.compile else 'jit' if s.jit else 'eager'}"
 
 
+def warm_up_of(name: str) -> str:
+    """What a pipeline's first run in a process warms up, shared by every pipeline of the same answer: its torch.compile
+    backend (inductor's first compile is its imports and the C++ toolchain: tens of seconds), torch.export, JAX's
+    devices of a mesh, else its family."""
+    s = spec(name)
+    if s.compile:
+        return f"{s.framework}:compile:{s.compile}"
+    if s.export:
+        return f"{s.framework}:export"
+    if s.shard_map or s.sharded:
+        return f"{s.framework}:mesh"
+    return family_of(name)
+
+
 def versions_of(names) -> dict[str, str]:
     """The harness's, Python's and each named pipeline's framework versions (a run records them)."""
     out = {"remat-conformance": __version__, "python": sys.version.split()[0]}
