@@ -279,13 +279,21 @@ class _Program:
         cotangent reaches it."""
         # (from the effect out to the innermost region, the region a recompute runs again, then the regions around it:
         # a loop, a branch or a rule around that region repeats or selects the whole)
-        nest, region = self.nesting[id(s)], _ENCLOSES["Checkpoint"]
+        # (a custom_jvp function around it is not where it runs: differentiated, JAX runs the jvp rule, whose copy of
+        # the effect runs as the function's would; a loop's callback reran per iteration with or without one)
+        nest, region = tuple(n for n in self.nesting[id(s)] if n != _ENCLOSES["primal"]), _ENCLOSES["Checkpoint"]
         inner = max((k for k, n in enumerate(nest) if n == region), default=0)
-        where = " in ".join(list(reversed(nest[inner:])) + [region] * nest[:inner].count(region))
         # (an effect passes its value on unchanged: the value it reads and its output are one value, described as a
         # residual's class is, by the member a policy saves; a region's argument is always kept)
         kept = [d for d in (self.decisions(s.out), self.decisions(s.args[0])) if d and d[-1][1] in ("save", "offload")]
-        chain = " > ".join(f"{r}:{d}" for r, d in (kept or [self.decisions(s.out)])[0]) or ("boundary" * bool(where))
+        decided = (kept or [self.decisions(s.out)])[0]
+        # (regions around the innermost one that each decide as it does, by the same rule, rerun what it reruns: the
+        # count grows with them, the cause is the innermost's; regions deciding otherwise are a cause of their own)
+        alike = len(decided) == nest.count(region) and len(set(decided)) == 1   # (every region's, one decision)
+        outer = 0 if alike else nest[:inner].count(region)
+        decided = decided[-1:] if alike else decided
+        where = " in ".join(list(reversed(nest[inner:])) + [region] * outer)
+        chain = " > ".join(f"{r}:{d}" for r, d in decided) or ("boundary" * bool(where))
         dry = "" if s.out in self.live else " on a value no cotangent reaches"
         if dry and kept:   # (a policy keeping the value decides, cotangent or not: remat3 runs the callback of a value
             dry = ""       # a custom policy saves again, whether the loss reads it or not)
@@ -384,6 +392,27 @@ def effect_causes(program: Program, detail: dict, pipeline: str = "") -> list[st
     except (KeyError, IndexError, ValueError, AttributeError):
         return []
     return sorted(found)
+
+
+_EFFECT_CAUSE = re.compile(r"^(?P<what>\S+ runs (?:more|fewer)) in (?P<where>.+?)(?P<rest>(?: \[[^\]]*\])?"
+                          r"(?: on a value no cotangent reaches)?(?:, second order \([a-z_]+\))?(?:, per example)?)$")
+
+
+def narrows(cause: str, original: str) -> bool:
+    """Whether an effect's cause is `original`'s with some of what encloses the effect inside its innermost region
+    gone (a loop, a cond branch, a custom_vjp fwd): the same effect kind, direction and regions, the same decision
+    of their policies on its value, in fewer constructs. A shrink that drops such a construct and keeps the
+    difference shows the construct was not the cause: a named value's callback rerun in a loop in a cond branch
+    reran without either. A region dropped, or another decision, is another cause."""
+    a, b = _EFFECT_CAUSE.match(core(cause)), _EFFECT_CAUSE.match(core(original))
+    if not (a and b) or (a["what"], a["rest"]) != (b["what"], b["rest"]):
+        return False
+    short, long = a["where"].split(" in "), b["where"].split(" in ")
+    region = _ENCLOSES["Checkpoint"]
+    if short == long or short.count(region) != long.count(region):
+        return False
+    it = iter(long)
+    return all(any(e == x for x in it) for e in short)   # (a subsequence: the order of what is left kept)
 
 
 def rule_causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:

@@ -70,7 +70,7 @@ from conformance.pipelines import registry
 from generators.programs import Config, cases, input_values
 from generators.swarm import focus_features
 from oracles.judge import judge
-from oracles.residual_causes import core
+from oracles.residual_causes import core, narrows
 
 # Shrink time of a target relative to --shrink-seconds, by the family of its pipeline.
 SHRINK_TIME_FACTOR = {"torch:compile": 3.0}
@@ -511,12 +511,22 @@ class Target:
         return set(root_features(prog.features())) - SHRINK_MAY_ADD <= self.constructs
 
     def failure(self, j) -> Verdict | None:
-        """The verdict of judgement `j` that fails the target's way: its key; for a residual difference with a
-        cause, its check, pipeline and reference with that cause among its own (the label may change)."""
+        """The verdict of judgement `j` that fails the target's way: its key; for a difference with a cause, its
+        check, pipeline and reference with that cause among its own (the label may change), or with the cause in
+        fewer constructs (an effect's, `narrows`: the target keeps that one from then on)."""
         if self.cause is None:
             return next((v for v in j.failures() if v.key() == self.key), None)
-        return next((v for v in j.failures() if v.key()[:3] == self.key[:3]
-                     and core(self.cause) in map(core, residual_causes(v.check, v.detail))), None)
+        for v in j.failures():
+            if v.key()[:3] != self.key[:3]:
+                continue
+            mine = residual_causes(v.check, v.detail)
+            if core(self.cause) in map(core, mine):
+                return v
+            narrower = next((c for c in mine if narrows(c, self.cause)), None)
+            if narrower is not None:
+                self.cause = narrower
+                return v
+        return None
 
 
 class Searcher:
