@@ -239,12 +239,15 @@ class _Program:
         ids = list(dict.fromkeys(map(base_id, s.cls)))
         if not ids:
             if verb == RECOMPUTES:   # what an op's derivative reads (sin's cos) of an op its policy keeps: that op's
-                kept = sorted((self.value(i)[0], i, ds) for i, st in self.ops.items()
+                # (a dot's derivative reads its operands, program values: an op whose derivative reads a value
+                # of its own, sin's cos, is what an unmatched value belongs to, where one has the shape)
+                kept = sorted((OPS[st.op].dot or OPS[st.op].tangent == "bilinear", self.value(i)[0], i, ds)
+                              for i, st in self.ops.items()
                               if str(list(self.types[i][0])) == s.shape
                               and OPS[st.op].tangent not in _VALUE_FREE_TANGENTS
                               and (ds := self.decisions(i)) and ds[-1][1] in ("save", "offload"))
                 if kept:
-                    _, i, ds = kept[0]
+                    *_, i, ds = kept[0]
                     chain = " > ".join(f"{r}:{d}" for r, d in ds)
                     return f"{verb} {UNMATCHED}{SHAPED_AS}{self.value(i)[1]} [{chain}]{self.diff()}"
             shaped = DEAD_SHAPED if verb != RECOMPUTES and s.shape in self.dead_shapes else ""

@@ -324,6 +324,16 @@ def test_an_unmatched_value_recomputed_reads_as_the_kept_op_whose_derivative_rea
               "reference_saved": ["?:float32[2, 2]"], "saved": ["x:float32[2, 2]"]}
     assert causes(p, detail) == ["recomputes an unmatched value shaped as an op's output [everything:save]"]
     assert core(causes(p, detail)[0]) == "recomputes an op's output [save]"
+    # a dot of that shape beside it (a conv1d before the inner grad of sin of a 30-minute campaign): a dot's
+    # derivative reads its operands, program values, so the unmatched value is the other op's
+    xs = [{"id": "x", "shape": [2, 2, 2], "dtype": "float32", "diff": True},
+          {"id": "w", "shape": [2, 2, 1], "dtype": "float32", "diff": True}]
+    conv = prog([region(["x", "w"], [op("conv1d", ["x", "w"], "c"), op("grad_of_sin", ["c"], "g")], ["g"],
+                        {"kind": "save_anything_except_names", "names": ["a"]})], inputs=xs)
+    unmatched = {"missing_other": ["float32[2, 2, 2]"], "reference_saved": ["?:float32[2, 2, 2]", "c:float32[2, 2, 2]"],
+                 "saved": ["c:float32[2, 2, 2]"]}
+    assert causes(conv, unmatched) == ["recomputes an unmatched value shaped as an op's output "
+                                       "[everything_but_names:save]"]
     # no op a policy keeps has its shape: an unmatched value, as before
     assert causes(p, {**detail, "missing_other": ["float32[3]"], "reference_saved": ["?:float32[3]"]}) == \
         ["recomputes an unmatched value"]
