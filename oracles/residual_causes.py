@@ -298,8 +298,8 @@ class _Program:
         where = " in ".join(list(reversed(nest[inner:])) + [region] * outer)
         chain = " > ".join(f"{r}:{d}" for r, d in decided) or ("boundary" * bool(where))
         dry = "" if s.out in self.live else " on a value no cotangent reaches"
-        if dry and kept:   # (a policy keeping the value decides, cotangent or not: remat3 runs the callback of a value
-            dry = ""       # a custom policy saves again, whether the loss reads it or not)
+        if dry and kept and ran == "more":   # (a policy keeping the value decides, cotangent or not: remat3 runs the
+            dry = ""       # callback of a value a custom policy saves again, whether the loss reads it or not)
         elif dry and chain != "boundary":   # (no backward needs the value: a policy's recompute is moot)
             chain = ""
         if OPTIMIZE_REMAT_FWD in nest[inner:]:   # (the rule's option decides, whatever the policy or the cotangent)
