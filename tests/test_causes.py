@@ -485,3 +485,27 @@ def test_a_shrink_may_drop_what_encloses_an_effect_inside_its_region_but_not_a_r
     assert t.failure(judged("callback runs more in a cond branch in a region [names:save]")) is not None
     assert t.cause == "callback runs more in a cond branch in a region [names:save]"   # kept from then on
     assert t.failure(judged(original)) is None   # the loop back: not the cause the shrink now keeps
+
+
+def test_a_residual_report_that_raised_roots_on_its_raise_wherever_the_checkout_is():
+    """JAX's residual report raising 'mutable array references cannot be returned' for a stateful region, in a
+    program without the dropout the corpus's variant kept, was filed as new: keyed on its constructs, not its raise.
+    Keyed on the raise, with the directories of the files a message names dropped (the harness's checkout, the
+    release's site-packages), it is the tracked root."""
+    msg = ("ValueError: function <lambda> at {site}/jax/_src/ad_checkpoint.py:469 traced for jit returned a mutable "
+           "array reference of type Ref{{float32[]}} at output tree path result[1][1][0], but mutable array "
+           "references cannot be returned.\n\nThe returned mutable array was created on line "
+           "{repo}/conformance/pipelines/jax/pipelines.py:251:18 (Lowering.stateful_region.<locals>.run).")
+    here = {"got": {"type": "ValueError", "message": msg.format(site="/work/main/.venv/lib/python3.12/site-packages",
+                                                                 repo="/tmp/dev-wt")}}
+    there = {"got": {"type": "ValueError", "message": msg.format(site="/root/.cache/envs/jax-0.11/site-packages",
+                                                                  repo="/home/ci/remat-conformance")}}
+    root = evidence_root("residual_report", "jax:remat3+cvjp3:jit", "vjp", here)
+    assert root == evidence_root("residual_report", "jax:remat2:jit", "vjp", there) == error_root(there)
+    assert "ad_checkpoint.py" in root and "/tmp/" not in root and "site-packages" not in root
+    corpus = "tests/regressions/jax-saved-residuals-of-checkpoint-closing-over-ref-valueerror.json"
+    known = [stamp(f) for f in load_known([corpus])]
+    key = ("residual_report", "jax:remat3+cvjp3:jit", "vjp", "ValueError")
+    assert known_finding(known, key, {"checkpoint", "region_state", "state_accumulate"}, {key}, root) is not None
+    # a residual report that did not raise (a saved set told apart) has no raise to key on
+    assert evidence_root("residual_report", "jax:remat3:jit", "vjp", {"missing": ["x:float32[3]"]}) is None

@@ -208,6 +208,9 @@ _ROOT_VALUES = re.compile(r"(?P<fakes>\[FakeTensor\(.*?\)\])|(?P<sym>\b(?:zuf|zf
                           r"|(?P<first> \(it raised [\w.]+ first\))")
 
 
+_PATH_DIRS = re.compile(r"(?:/[\w.@+-]+)+/(?=[\w.@+-]+\.py\b)")   # the directories of an absolute .py path
+
+
 def error_root(detail: dict) -> str | None:
     """What an error finding raised, as the root of its behaviour: the type and the first two
     lines of the message, numbers, shapes and addresses blanked (`float32[]`, `float32[2]` and `float32[2,2]` read
@@ -220,7 +223,8 @@ def error_root(detail: dict) -> str | None:
     for tail in _MESSAGE_TAILS:   # (torch.fx's "While executing %node ..." names the harness's graph, not the raise)
         message = message.split(tail, 1)[0] if message.find(tail) > 0 else message
     lines = [x.strip() for x in message.strip().splitlines() if x.strip()][:2]
-    text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", re.sub(r"\[[\d,\s]*\]", "[N]", " / ".join(lines)))
+    text = _PATH_DIRS.sub("", " / ".join(lines))   # (a file a message names, wherever the checkout or release is)
+    text = re.sub(r"0x[0-9a-fA-F]+|\d+(?:\s*,\s*\d+)*", "N", re.sub(r"\[[\d,\s]*\]", "[N]", text))
     text = _ROOT_VALUES.sub(lambda m: next(v for k, v in _ROOT_VALUE_NAMES.items() if m.group(k)), text)
     text = _effects_unordered(text)[:240]
     if len(text) >= 12:

@@ -173,11 +173,15 @@ def with_causes(f: Finding) -> Finding:
     return f
 
 
+# Checks whose verdict may be a raise: an error, and JAX's residual report (saved_residuals raising for the program).
+RAISING_CHECKS = frozenset({"error", "residual_report"})
+
+
 def evidence_root(check: str, pipeline: str, reference: str, detail: dict) -> str | None:
-    """What a verdict's own evidence says its root is, where it says one: the raise of an error
-    (findings.error_root); the causes of a residual difference (each value's decision, as its core names
+    """What a verdict's own evidence says its root is, where it says one: the raise of an error or of a residual
+    report (findings.error_root); the causes of a residual difference (each value's decision, as its core names
     it, CAUSE_SEP between them), else its direction (residual_direction)."""
-    if check == "error":
+    if check in RAISING_CHECKS:   # (a residual report that raised: what it raised, as an error)
         return error_root(detail)
     causes = residual_causes(check, detail)
     if causes:
