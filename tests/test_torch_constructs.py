@@ -399,20 +399,29 @@ def test_compiled_reentrant_passes_gradients_through_nested_structures():
     assert not [v for v in j.verdicts if v.status == "fail" and v.pipeline == "torch:compile-aot_eager:reentrant"]
 
 
-def test_compiled_reentrant_after_a_graph_break_follows_eager():
+_COND_IN_DICT_REGION = {"kind": "checkpoint", "args": ["x1", "x0"], "results": ["s3"], "tree": "dict",
+                        "policy": {"kind": "nothing"},
+                        "body": [{"kind": "cond", "args": ["x1", "x0"], "results": ["s3"],
+                                  "branches": [[{"kind": "op", "op": "sin", "args": ["x0"], "out": "v2", "params": {}}],
+                                               []],
+                                  "branch_results": [["v2"], ["x0"]]}]}
+# (a 30-minute default campaign's shrunk program: .item() inside a region taking a tuple)
+_ITEM_IN_TUPLE_REGION = {"kind": "checkpoint", "args": ["x0"], "results": ["s3"], "tree": "tuple",
+                         "policy": {"kind": "nothing"},
+                         "body": [{"kind": "op", "op": "scale_by_max", "args": ["x0"], "out": "s3", "params": {}}]}
+
+
+@pytest.mark.parametrize("region", [_COND_IN_DICT_REGION, _ITEM_IN_TUPLE_REGION], ids=["cond", "item"])
+def test_compiled_reentrant_after_a_graph_break_follows_eager(region):
     """(expectation torch-compile-reentrant-nested-structures-after-graph-break) a cond (a Python branch on a tensor)
-    inside a region taking its args as one dict: dynamo breaks the graph there and the reentrant checkpoint runs
-    eagerly, passing no gradient like eager reentrant, where the baselines give one; the entry excuses it."""
+    inside a region taking its args as one dict, or a data-dependent op (`.item()`) inside one taking a tuple: dynamo
+    breaks the graph there and the reentrant checkpoint runs eagerly, passing no gradient like eager reentrant, where
+    the baselines give one; the entry excuses it."""
     from conformance.ir.program import load_program
     prog = load_program({"schema_version": 1, "diff": {"mode": "reverse", "order": 1}, "outputs": ["s3"],
                          "inputs": [{"id": "x0", "shape": [3, 2], "dtype": "float64", "diff": True},
                                     {"id": "x1", "shape": [], "dtype": "float64", "diff": False}],
-                         "body": [{"kind": "checkpoint", "args": ["x1", "x0"], "results": ["s3"], "tree": "dict",
-                                   "policy": {"kind": "nothing"},
-                                   "body": [{"kind": "cond", "args": ["x1", "x0"], "results": ["s3"],
-                                             "branches": [[{"kind": "op", "op": "sin", "args": ["x0"], "out": "v2",
-                                                            "params": {}}], []],
-                                             "branch_results": [["v2"], ["x0"]]}]}]})
+                         "body": [region]})
     inp = {"x0": np.array([[0.3, -0.2], [0.5, 0.1], [0.7, -0.4]]), "x1": np.array(-0.7)}
     names = P.run_set(["torch:compile-aot_eager:reentrant"])
     obs = {n: P.get(n).run(prog, inp) for n in names}
