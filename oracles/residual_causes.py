@@ -278,8 +278,9 @@ class _Program:
 
     def effect_cause(self, s: Op, ran: str) -> str:
         """How often an effect ran (`more` or `fewer` than the reference), where it is (what encloses it, innermost
-        first, up to its innermost region), the decision of each region's policy on the value it reads, and whether a
-        cotangent reaches it."""
+        first, up to its innermost region), the decision of each region's policy on the value it reads (regions that
+        all decide alike: the innermost's), and whether a cotangent reaches it; in an optimize_remat fwd, that option
+        instead of the decision and the cotangent."""
         # (from the effect out to the innermost region, the region a recompute runs again, then the regions around it:
         # a loop, a branch or a rule around that region repeats or selects the whole)
         # (a custom_jvp function around it is not where it runs: differentiated, JAX runs the jvp rule, whose copy of

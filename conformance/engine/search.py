@@ -386,8 +386,8 @@ class Shares:
         self.skipped: Counter = Counter()
         self.checking = 0.0   # seconds every pipeline spent on the programs checked (the clock of time shares)
         self.programs = 0
-        # searcher i of n explores every n-th explorer from the i-th: each explorer's first runs (its imports, its
-        # backend's warm-up) are paid once per campaign, not once per searcher
+        # searcher i of n explores its part (explorer_part): each explorer's first runs (its imports, its backend's
+        # warm-up) are paid once per campaign, not once per searcher
         explorers = [n for n in names if n in registry.EXPLORERS] if explore else []
         self.explorers = explorer_part(explorers, *part)
         self.others_explore = set(explorers) - set(self.explorers)   # another searcher's part
