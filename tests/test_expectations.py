@@ -404,6 +404,24 @@ def test_eager_sac_backward_twice_raises_compiled_runs():
     assert not judge(p2, o2, PACKAGED).failures() and o2["torch:eager-sac:backward-twice"].ok()
 
 
+def test_compiled_sac_after_a_graph_break_allows_one_backward():
+    """A data-dependent op in a saving region (a 30-minute campaign's shrunk program: x * 0.5, then a masked sum, under
+    an ops policy saving the scale): dynamo breaks the graph, the region runs as eager SAC and its second backward
+    raises; the entry excuses it, and the same region without the masked sum runs both backwards compiled."""
+    x = [{"id": "x", "shape": [], "dtype": "float32", "diff": True}]
+    region = {"kind": "checkpoint", "args": ["x"], "results": ["s"], "prevent_cse": True,
+              "policy": {"kind": "ops", "ops": ["scale"]},
+              "body": [op("scale", ["x"], "v", c=0.5), op("masked_sum", ["v"], "s")]}
+    names = ["ref:f64", "jax:none", "jax:remat2", "torch:none", "torch:eager-sac",
+             "torch:compile-aot_eager:backward-twice"]
+    obs = verify("torch-compile-sac-one-backward-after-graph-break", prog([region], inputs=x), names,
+                 "torch:compile-aot_eager:backward-twice", "error")
+    assert obs["torch:compile-aot_eager:backward-twice"].error.stage == "backward"
+    plain = prog([{**region, "body": [op("scale", ["x"], "v", c=0.5), op("sin", ["v"], "s")]}], inputs=x)
+    o2 = EXECUTOR.run(plain, input_values(plain, 0), names)
+    assert o2["torch:compile-aot_eager:backward-twice"].ok(), o2["torch:compile-aot_eager:backward-twice"].error
+
+
 def test_compiled_pytorch_drops_dead_random_ops():
     """A dead dropout before a live one (the CI gate's torch campaign, seed 11): torch.compile
     drops the dead one, so the live one draws the numbers eager's dead one drew."""
