@@ -154,6 +154,21 @@ def test_a_stack_that_also_equals_a_value_as_a_whole_still_splits():
     assert [(r.cls, r.shape) for r in res] == [(["v@0"], [2]), (["v@1"], [2])]
 
 
+def test_an_input_whose_rows_a_loop_reads_is_that_input_not_a_stack():
+    """A 30-minute campaign's residual-report finding: x0 (named 'a') saved for a mul, its first element a value v2
+    and its second a scan iteration's value: read as a stack of those two scalars, the name JAX's report prints was
+    not among the closure's. A program input or an op's output (the index knows it) in its own shape is itself."""
+    from conformance.ir.nodes import NodeInfo
+    values = {"x0": np.array([-0.5, 0.25]), "v1": np.array([-0.5, 0.25]), "v2": np.array(-0.5),
+              "v10@0": np.array(0.25)}
+    index = {"x0": NodeInfo("x0", "inputs[0]", "input", None, 0, "main"),
+             "v1": NodeInfo("v1", "body[0]", "name", "a", 0, "main"),
+             "v2": NodeInfo("v2", "body[1]", "select", None, 0, "main")}
+    [r] = canonicalise([np.array([-0.5, 0.25])], values, index)
+    assert (r.cls, r.shape, r.names) == (["v1", "x0"], [2], ["a"])
+    # a scan's stacked result is in no index: its stack still splits (above)
+
+
 def test_an_iteration_value_saved_in_its_own_layout_is_not_split_into_its_rows():
     # a [1, 3] value of a loop whose single row equals another iteration's value
     values = {"v@0": np.array([[1.0, 2.0, 3.0]]), "w@0": np.array([1.0, 2.0, 3.0])}

@@ -56,9 +56,12 @@ def canonicalise(saved: list[np.ndarray], values: dict[str, np.ndarray],
         cls = _cls(whole, values)
         parts = [(whole, cls)]
         # (a stack of iteration values first: a scan's ys equals one), unless the whole is itself an
-        # iteration's value in its own layout (a [1, ...] value of a loop: not a stack of its rows)
-        if iterated and whole.ndim >= 1 and not any(ITER_SEP in i and _close(whole, np.asarray(values[i]))
-                                                     for i in cls):
+        # iteration's value in its own layout (a [1, ...] value of a loop: not a stack of its rows), or a program
+        # input or an op's output outside every loop in its own shape (an input whose rows a loop happens to
+        # read one by one is that input, named where the program names it)
+        if iterated and whole.ndim >= 1 and not any(
+                (ITER_SEP in i or (i in index and np.asarray(values[i]).shape == whole.shape))
+                and _close(whole, np.asarray(values[i])) for i in cls):
             slices = [(x, _cls(x, values)) for x in whole]
             if all(c for _, c in slices) and any(ITER_SEP in i for _, c in slices for i in c):
                 parts = slices
