@@ -69,6 +69,7 @@ _ENCLOSES = {"Checkpoint": "a region", "Scan": "a loop", "Cond": "a cond branch"
 # An optimize_remat custom_vjp's fwd (JAX binds it as a primitive of its own, which remat2 does not run again in a
 # region's recompute and remat3 does): an effect in it is named by that option, not by the policies around it
 OPTIMIZE_REMAT_FWD = "a custom_vjp (optimize_remat) fwd"
+NO_COTANGENT = " on a value no cotangent reaches"   # (an effect's value the loss does not read)
 _DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
 _INPUT = " (a program input)"   # (oracles.residuals: how an unnamed residual that is an input is told apart)
 
@@ -298,7 +299,7 @@ class _Program:
         decided = decided[-1:] if alike else decided
         where = " in ".join(list(reversed(nest[inner:])) + [region] * outer)
         chain = " > ".join(f"{r}:{d}" for r, d in decided) or ("boundary" * bool(where))
-        dry = "" if s.out in self.live else " on a value no cotangent reaches"
+        dry = "" if s.out in self.live else NO_COTANGENT
         if dry and kept and ran == "more":   # (a policy keeping the value decides, cotangent or not: remat3 runs the
             dry = ""       # callback of a value a custom policy saves again, whether the loss reads it or not)
         elif dry and chain != "boundary":   # (no backward needs the value: a policy's recompute is moot)
@@ -398,8 +399,9 @@ def effect_causes(program: Program, detail: dict, pipeline: str = "") -> list[st
     return sorted(found)
 
 
-_EFFECT_CAUSE = re.compile(r"^(?P<what>\S+ runs (?:more|fewer)) in (?P<where>.+?)(?P<rest>(?: \[[^\]]*\])?"
-                          r"(?: on a value no cotangent reaches)?(?:, second order \([a-z_]+\))?(?:, per example)?)$")
+# (an effect's cause as `core` leaves it: no differentiation qualifiers)
+_EFFECT_CAUSE = re.compile(r"^(?P<what>\S+ runs (?:more|fewer)) in (?P<where>.+?)"
+                           rf"(?P<rest>(?: \[[^\]]*\])?(?:{re.escape(NO_COTANGENT)})?)$")
 
 
 def narrows(cause: str, original: str) -> bool:

@@ -194,11 +194,12 @@ def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
     second order or on a dead value is the cause its shrunk program shows), and the first finding holding it."""
     fam = family_key(*key[:3])
     held: dict[str, Finding] = {}
+    mine = [(f, residual_causes(f.check, f.detail)) for f in findings
+            if family_key(f.check, f.pipeline, f.reference) == fam]
     # (a finding showing fewer causes first: one showing a cause alone stands for it, not one beside another's cause)
-    for f in sorted(findings, key=lambda f: len(residual_causes(f.check, f.detail))):
-        if family_key(f.check, f.pipeline, f.reference) == fam:
-            for c in residual_causes(f.check, f.detail):
-                held.setdefault(core(c), f)
+    for f, causes in sorted(mine, key=lambda fc: len(fc[1])):
+        for c in causes:
+            held.setdefault(core(c), f)
     for f in findings:   # a finding whose program fails this family's key too (its reproduces): its causes, as
         # that key names them (a pipeline recomputing what a reference saves recomputes what its policy saves)
         if any(len(k) >= 3 and family_key(*k[:3]) == fam for k in f.reproduces):
