@@ -90,6 +90,10 @@ from jax._src import monitoring
 from conformance.pipelines import registry as P
 from generators.programs import input_values
 from tests.programs import named_chain
+import jax
+# every probe at the campaigns' XLA optimisation level (framework defaults keep XLA's own): LLVM's passes round the
+# last bits otherwise, and what is compared here is the caches
+jax.config.update("jax_disable_most_optimizations", True)
 hits = []
 monitoring.register_event_listener(lambda e, **kw: hits.append(e) if e == "/jax/compilation_cache/cache_hits" else None)
 prog = named_chain()
