@@ -161,7 +161,8 @@ class Options(BaseModel):
                                              positive(int, "--max-shrinks-per-key"))] = 3
     framework_defaults: Annotated[bool, Flag(
         "run JAX exactly as configured: eager primitives compiled per remat flag setting (no shared eager "
-        "cache), the float64 reference eager, no XLA compile cache (the matrix's framework-defaults cell)",
+        "cache), the float64 reference eager, no XLA compile cache, XLA's own optimisation level (the matrix's "
+        "framework-defaults cell)",
         switch=True, resume=True)] = False
     isolate: Annotated[bool | None, Flag("run pipelines in supervised worker processes (default on)",
                                          negatable=True, record=False)] = None
