@@ -420,6 +420,22 @@ def test_compiled_sac_after_a_graph_break_allows_one_backward():
     plain = prog([{**region, "body": [op("scale", ["x"], "v", c=0.5), op("sin", ["v"], "s")]}], inputs=x)
     o2 = EXECUTOR.run(plain, input_values(plain, 0), names)
     assert o2["torch:compile-aot_eager:backward-twice"].ok(), o2["torch:compile-aot_eager:backward-twice"].error
+    # the masked sum after the region: dynamo breaks the graph outside it, the region stays compiled SAC and runs both
+    # backwards; the entry is keyed on the op inside a region, so it would excuse nothing here
+    after = prog([{**region, "results": ["v"], "body": [op("scale", ["x"], "v", c=0.5)]}, op("masked_sum", ["v"], "s")],
+                 inputs=x)
+    assert "data_dependent_op" in after.features() and "data_dependent_in_checkpoint" not in after.features()
+    o3 = EXECUTOR.run(after, input_values(after, 0), names)
+    assert o3["torch:compile-aot_eager:backward-twice"].ok(), o3["torch:compile-aot_eager:backward-twice"].error
+    entry = "torch-compile-sac-one-backward-after-graph-break"
+    assert entry not in judge(after, o3, PACKAGED).expectation_hits
+    versions = o3["torch:compile-aot_eager:backward-twice"].versions
+    matching = {f: {e.id for e in PACKAGED.matching("torch:compile-aot_eager:backward-twice", versions, "cpu",
+                                                    {"float32"}, p.features())} for f, p in (("in", plain), ("after", after))}
+    assert entry not in matching["after"] and entry not in matching["in"]
+    inside = prog([region], inputs=x)
+    assert entry in {e.id for e in PACKAGED.matching("torch:compile-aot_eager:backward-twice", versions, "cpu",
+                                                     {"float32"}, inside.features())}
 
 
 def test_compiled_pytorch_drops_dead_random_ops():

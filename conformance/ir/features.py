@@ -58,6 +58,9 @@ FEATURES: dict[str, Feature] = {
                                 needs=("jax.new_ref",)),
     "func_transform_in_checkpoint": Feature("jax.grad / torch.func.grad inside a checkpoint region",
                                             focus=(O.FUNC_TRANSFORMS,)),
+    "data_dependent_in_checkpoint": Feature("a data-dependent op (a boolean mask, .item()) inside a checkpoint region "
+                                            "(under torch.compile, a graph break inside the region)",
+                                            focus=(O.DATA_DEPENDENT,)),
     "effect:<kind>": Feature("an effect of this kind (callback, ordered, io, io_ordered)"),
     "effect_in_checkpoint": Feature("an effect inside a checkpoint region (a recompute runs it again)",
                                     focus=("effects",)),
@@ -330,6 +333,8 @@ def compute_features(prog: Program) -> set[str]:
                 name_counts[n] = name_counts.get(n, 0) + 1
             if O.OPS[s.op].family == O.FUNC_TRANSFORMS and depth >= 1:
                 f.add("func_transform_in_checkpoint")
+            if O.DATA_DEPENDENT_OP in O.OPS[s.op].features and depth >= 1:
+                f.add("data_dependent_in_checkpoint")
             if s.op == O.EFFECT_OP:
                 f.add(f"effect:{s.params['kind']}")
                 if depth >= 1:

@@ -36,7 +36,7 @@ from conformance.ir.ops.core import (
     is_int,
     vjp_unary,
 )
-from conformance.ir.ops.selection import DATA_DEPENDENT, FUNC_TRANSFORMS, MULTI_OUTPUT
+from conformance.ir.ops.selection import DATA_DEPENDENT, DATA_DEPENDENT_OP, FUNC_TRANSFORMS, MULTI_OUTPUT
 from conformance.ir.ops.table import (
     OPT_IN_FAMILIES,
     family_ops,
@@ -51,6 +51,7 @@ __all__ = [
     "ACC_OP",
     "CAST_OP",
     "DATA_DEPENDENT",
+    "DATA_DEPENDENT_OP",
     "DROPOUT_PS",
     "DROPOUT_SEEDS",
     "EFFECT_KINDS",
