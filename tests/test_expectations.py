@@ -430,12 +430,12 @@ def test_compiled_sac_after_a_graph_break_allows_one_backward():
     entry = "torch-compile-sac-one-backward-after-graph-break"
     assert entry not in judge(after, o3, PACKAGED).expectation_hits
     versions = o3["torch:compile-aot_eager:backward-twice"].versions
-    matching = {f: {e.id for e in PACKAGED.matching("torch:compile-aot_eager:backward-twice", versions, "cpu",
-                                                    {"float32"}, p.features())} for f, p in (("in", plain), ("after", after))}
-    assert entry not in matching["after"] and entry not in matching["in"]
-    inside = prog([region], inputs=x)
-    assert entry in {e.id for e in PACKAGED.matching("torch:compile-aot_eager:backward-twice", versions, "cpu",
-                                                     {"float32"}, inside.features())}
+
+    def matching(p):
+        return {e.id for e in PACKAGED.matching("torch:compile-aot_eager:backward-twice", versions, "cpu", {"float32"},
+                                                p.features())}
+    assert entry not in matching(after) and entry not in matching(plain)
+    assert entry in matching(prog([region], inputs=x))
 
 
 def test_compiled_pytorch_drops_dead_random_ops():

@@ -25,9 +25,9 @@ MULTI_OUTPUT, DATA_DEPENDENT = "multi_output", "data_dependent"   # the swarm di
 
 _MULTI = feature("multi_output_op", "var_mean, topk, max_dim or sort: one call with several outputs "
                                     "(PyTorch: values and indices), as a policy sees it", MULTI_OUTPUT)
-DATA_DEPENDENT_OP = _DATA = feature("data_dependent_op", "masked_sum (x[x > 0]: an output sized by the data) or scale_by_max "
-                                     "(x * x.max().item()): a value or a size only the data decides",
-                DATA_DEPENDENT)
+DATA_DEPENDENT_OP = _DATA = feature(
+    "data_dependent_op", "masked_sum (x[x > 0]: an output sized by the data) or scale_by_max (x * x.max().item()): a "
+    "value or a size only the data decides", DATA_DEPENDENT)
 
 
 def _axis_of(shapes, p, allow_none):
