@@ -295,7 +295,9 @@ class _Program:
         # (regions around the innermost one that each decide as it does, by the same rule, rerun what it reruns: the
         # count grows with them, the cause is the innermost's; regions deciding otherwise are a cause of their own)
         alike = len(decided) == nest.count(region) and len(set(decided)) == 1   # (every region's, one decision)
-        outer = 0 if alike else nest[:inner].count(region)
+        by_option = OPTIMIZE_REMAT_FWD in nest[inner:]   # (the rule's option decides, whatever the policies, the
+        # regions around it or the cotangent: remat2 runs that fwd once, remat3 again in each region's recompute)
+        outer = 0 if alike or by_option else nest[:inner].count(region)
         decided = decided[-1:] if alike else decided
         where = " in ".join(list(reversed(nest[inner:])) + [region] * outer)
         chain = " > ".join(f"{r}:{d}" for r, d in decided) or ("boundary" * bool(where))
@@ -304,7 +306,7 @@ class _Program:
             dry = ""       # callback of a value a custom policy saves again, whether the loss reads it or not)
         elif dry and chain != "boundary":   # (no backward needs the value: a policy's recompute is moot)
             chain = ""
-        if OPTIMIZE_REMAT_FWD in nest[inner:]:   # (the rule's option decides, whatever the policy or the cotangent)
+        if by_option:
             chain, dry = "", ""
         return (f"{s.params['kind']} runs {ran} {f'in {where}' if where else 'outside every region'}"
                 f"{f' [{chain}]' if chain else ''}{dry}{self.diff()}")

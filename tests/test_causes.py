@@ -413,6 +413,14 @@ def test_an_effect_in_an_optimize_remat_fwd_is_named_by_that_option_whatever_the
     seen = {tuple(effect_causes(block(True, pol, read), more)) for pol in ({"kind": "nothing"}, {"kind": "dots"})
             for read in (True, False)}
     assert seen == {("callback runs more in a custom_vjp (optimize_remat) fwd in a region",)}
+    # nor the regions around that region, which decide otherwise (a 30-minute campaign's save-nothing region in a
+    # save_any_names_but_these one; plain JAX: remat2 1 run nested or not, remat3 2 in one region, 3 in two; without
+    # the option 2 and 3 alike)
+    inner = block(True, {"kind": "nothing"}, True)
+    nested = prog([region(["x"], inner.model_dump(mode="json")["body"], ["s"],
+                          {"kind": "save_any_names_but_these", "names": ["a", "b"]})], inputs=x, outputs=["s"])
+    assert effect_causes(nested, {"effects": {"callback": {"got": 3, "reference": 1}}}) == \
+        ["callback runs more in a custom_vjp (optimize_remat) fwd in a region"]
     # without the option the policy's decision and the cotangent stay causes
     assert effect_causes(block(False, {"kind": "nothing"}, True), more) == \
         ["callback runs more in a custom_vjp fwd in a region [nothing:recompute]"]
