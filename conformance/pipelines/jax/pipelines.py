@@ -696,8 +696,8 @@ def _cpu_mesh():
 
 
 def _differentiated(low: Lowering, const: dict, diff_ids: list[str], program: Program, wrap=None):
-    """(the loss with all outputs as aux, whose vjp gives the residuals; the value_and_grad that
-    gives the gradients where the program spells them so, else None; H @ ones).
+    """(the loss with all outputs as aux, whose vjp gives the residuals; the per-example value_and_grad that gives
+    the gradients of a per-example program, else None: the gradients are that vjp's pullback; H @ ones).
 
     Auxiliary outputs: the gradients are the pullback of that one vjp, which is what
     value_and_grad(has_aux=True), as a training step spells it, runs (jax/_src/api.py value_and_grad:
