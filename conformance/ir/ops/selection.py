@@ -25,7 +25,7 @@ MULTI_OUTPUT, DATA_DEPENDENT = "multi_output", "data_dependent"   # the swarm di
 
 _MULTI = feature("multi_output_op", "var_mean, topk, max_dim or sort: one call with several outputs "
                                     "(PyTorch: values and indices), as a policy sees it", MULTI_OUTPUT)
-DATA_DEPENDENT_OP = _DATA = feature(
+DATA_DEPENDENT_OP = feature(
     "data_dependent_op", "masked_sum (x[x > 0]: an output sized by the data) or scale_by_max (x * x.max().item()): a "
     "value or a size only the data decides", DATA_DEPENDENT)
 
@@ -118,9 +118,9 @@ define("max_dim", 1, MULTI_OUTPUT, _infer_max_dim, params=("axis",), gen=_gen_ke
        pseudo="max({x}, axis={axis}).values", nonsmooth=True, kink=tie_gap)
 define("sort", 1, MULTI_OUTPUT, _infer_axis_kept, params=("axis",), gen=_gen_kept, features=(_MULTI,),
        pseudo="sort({x}, axis={axis}).values", nonsmooth=True, kink=tie_gap)
-define("masked_sum", 1, DATA_DEPENDENT, _infer_scalar, gen=_gen_masked_sum, features=(_DATA,),
+define("masked_sum", 1, DATA_DEPENDENT, _infer_scalar, gen=_gen_masked_sum, features=(DATA_DEPENDENT_OP,),
        pseudo="sum({x}[{x} > 0])", nonsmooth=True, baseline_keeps="extra")
-define("scale_by_max", 1, DATA_DEPENDENT, infer_same, gen=_gen_scale_by_max, features=(_DATA,),
+define("scale_by_max", 1, DATA_DEPENDENT, infer_same, gen=_gen_scale_by_max, features=(DATA_DEPENDENT_OP,),
        pseudo="{x} * {x}.max().item()", outside_factors=lambda a, y: [np.asarray(np.max(a))])
 # (its backward multiplies by the max, a constant: saved, it can equal a scalar region value, jax 0.4.37's campaign)
 
