@@ -138,12 +138,33 @@ def differing(detail: dict, inputs: set[str]) -> list[tuple[str, Saved]]:
     return out
 
 
+# The kinds of op output a pipeline may treat apart, each a value of its own in a cause (an op's output otherwise):
+#   names     a name tag, by where it was given (plain code, a custom_vjp fwd, a custom_jvp function)
+#   name_fwd  checkpoint_name_fwd apart from the other names (JAX's own API; PyTorch has one kind of name, a tag op)
+#   dots      a dot's output (JAX's dots policies decide on them by kind)
+#   views     a view's output (PyTorch's partitioner may treat a view as free to recompute; under JAX it is an op)
+_KINDS_JAX = frozenset({"names", "name_fwd", "dots"})
+_KINDS_TORCH = frozenset({"names", "dots", "views"})
+# eager SAC caches an op's outputs per op call on its policy's decision alone, whatever the op (a view, a dot, a name
+# tag: torch.utils.checkpoint._CachingTorchDispatchMode): every op's output is one kind, its decision the cause
+_KINDS_EAGER_SAC = frozenset()
+
+
+def told_apart(pipeline: str) -> frozenset[str]:
+    """The kinds of op output the pipeline judged may treat apart (every kind where none is named)."""
+    if pipeline.startswith("jax:"):
+        return _KINDS_JAX
+    if pipeline.startswith("torch:eager-sac"):
+        return _KINDS_EAGER_SAC
+    return _KINDS_TORCH if pipeline.startswith("torch:") else _KINDS_TORCH | _KINDS_JAX
+
+
 class _Program:
     """What the causes read of one program, computed once."""
 
-    def __init__(self, prog: Program, views: bool = True):
+    def __init__(self, prog: Program, pipeline: str = ""):
         self.prog = prog
-        self.views = views   # (a view's output is a kind of its own where a pipeline may treat views apart: torch)
+        self.kinds = told_apart(pipeline)
         self.policies = prog.analysis().contexts[0]
         self.types = prog.types()
         self.ops = primal_ops(prog)
@@ -202,8 +223,8 @@ class _Program:
     def value(self, i: str) -> tuple[int, str]:
         """(how specific, what the value is): a class is described by its most specific member."""
         s = self.ops.get(i)
-        if s is not None and s.op in NAME_OPS:
-            if s.op == NAME_FWD_OP:
+        if s is not None and s.op in NAME_OPS and "names" in self.kinds:
+            if s.op == NAME_FWD_OP and "name_fwd" in self.kinds:
                 return 0, "a value named by checkpoint_name_fwd"
             where = {"fwd": "in a custom_vjp fwd", "primal": "in a custom_jvp function"}.get(self.ctx.get(i),
                                                                                             "in plain code")
@@ -217,9 +238,9 @@ class _Program:
         if self.where.get(i) == "branch" and not (s is not None and self.policies.get(i)):
             # (an op a region's policy decides on is that op's output, wherever its value flows next)
             return 4, "a cond branch's result"
-        if s is not None and OPS[s.op].dot:
+        if s is not None and OPS[s.op].dot and "dots" in self.kinds:
             return 5, "a dot's output"
-        if s is not None and OPS[s.op].view and self.views:   # (a partitioner may treat a view as free to recompute)
+        if s is not None and OPS[s.op].view and "views" in self.kinds:
             return 5, "a view's output"
         return (6, "an op's output") if s is not None else (7, "a value")
 
@@ -306,9 +327,10 @@ class _Program:
             dry = ""       # callback of a value a custom policy saves again, whether the loss reads it or not)
         elif dry and chain != "boundary":   # (no backward needs the value: a policy's recompute is moot)
             chain = ""
-        if by_option:
-            chain, dry = "", ""
-        return (f"{s.params['kind']} runs {ran} {f'in {where}' if where else 'outside every region'}"
+        kind = s.params["kind"]
+        if by_option:   # (nor the effect's kind: a debug callback, ordered or not, runs as often there)
+            chain, dry, kind = "", "", "effect"
+        return (f"{kind} runs {ran} {f'in {where}' if where else 'outside every region'}"
                 f"{f' [{chain}]' if chain else ''}{dry}{self.diff()}")
 
     def rule_cause(self, st, field: str) -> str:
@@ -359,10 +381,11 @@ def core(cause: str) -> str:
 
 def causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:
     """The causes of a residual verdict's difference (sorted, each once); [] where the detail tells no value
-    apart (a difference of bytes alone) or the program cannot be read. `pipeline`: the one judged (a view's output is
-    a value of its own kind under PyTorch, whose partitioner may treat views apart; under JAX it is an op's)."""
+    apart (a difference of bytes alone) or the program cannot be read. `pipeline`: the one judged (which kinds of op
+    output it may treat apart, `told_apart`: a view's output is a kind of its own under torch.compile, an op's under
+    JAX and eager SAC)."""
     try:
-        p = _Program(program, views=not pipeline.startswith("jax:"))
+        p = _Program(program, pipeline)
         found = {p.cause(verb, s) for verb, s in differing(detail, p.inputs)}
     except (KeyError, IndexError, ValueError):
         return []

@@ -315,6 +315,27 @@ def test_an_effect_is_described_by_the_member_of_its_value_a_policy_keeps_and_a_
     assert causes(t, recomputed, "torch:compile-aot_eager") == ["recomputes a view's output [everything:save]"]
 
 
+def test_eager_sac_tells_no_kind_of_op_output_apart():
+    """Eager SAC caches an op's outputs per op call on its policy's decision alone (torch.utils.checkpoint's
+    _CachingTorchDispatchMode caches MUST_SAVE and PREFER_SAVE, whatever the op): a view, a dot, a name tag it
+    recomputes against an offloading policy are one cause (r32 filed the offload root three times, by value kind).
+    torch.compile may treat a view apart; PyTorch has one kind of name (checkpoint_name_fwd is JAX's)."""
+    x = [{"id": "x", "shape": [3], "dtype": "float32", "diff": True}]
+    offload = {"kind": "offload_ops", "ops": ["transpose", "sin", "name_fwd"]}
+    against = {"recomputed_against_policy": ["t:float32[3]"], "saved": ["x:float32[3]"]}
+    seen = {}
+    for what, body in (("view", [op("transpose", ["x"], "t", perm=[0])]),
+                       ("op", [op("sin", ["x"], "t")]),
+                       ("name", [op("sin", ["x"], "s"), op("name_fwd", ["s"], "t", name="a")])):
+        p = prog([region(["x"], body + [op("cos", ["t"], "y")], ["y"], offload)], inputs=x)
+        seen[what] = {pipe: causes(p, against, pipe) for pipe in ("torch:eager-sac", "torch:eager-sac:user-hooks",
+                                                                   "torch:compile-aot_eager")}
+    assert {c for d in seen.values() for c in (d["torch:eager-sac"][0], d["torch:eager-sac:user-hooks"][0])} == \
+        {"recomputes against its policy an op's output [custom:offload]"}
+    assert seen["view"]["torch:compile-aot_eager"] == ["recomputes against its policy a view's output [custom:offload]"]
+    assert "checkpoint_name_fwd" not in seen["name"]["torch:compile-aot_eager"][0]
+
+
 def test_an_unmatched_value_recomputed_reads_as_the_kept_op_whose_derivative_reads_it():
     """remat3 recomputing sin under a policy that saves it: remat2 keeps cos(x) (sin's derivative reads it), a value
     no program value equals. Read as the sin it belongs to, it is the tracked op-output cause, not one of its own."""
@@ -405,14 +426,18 @@ def test_an_effect_in_an_optimize_remat_fwd_is_named_by_that_option_whatever_the
     x = [{"id": "x", "shape": [3], "dtype": "float32", "diff": True}]
     more = {"effects": {"callback": {"got": 2, "reference": 1}}}
 
-    def block(optimize_remat: bool, policy: dict, read: bool):
+    def block(optimize_remat: bool, policy: dict, read: bool, kind: str = "callback"):
         rule = sin_cvjp(arg="x", optimize_remat=optimize_remat)
-        rule["fwd"] = [op("sin", ["x"], "s0"), op("effect", ["s0"], "s", kind="callback")] + rule["fwd"][1:]
+        rule["fwd"] = [op("sin", ["x"], "s0"), op("effect", ["s0"], "s", kind=kind)] + rule["fwd"][1:]
         body = [region(["x"], [rule], ["s"], policy)] + ([] if read else [op("cos", ["x"], "y")])
         return prog(body, inputs=x, outputs=["s" if read else "y"])
     seen = {tuple(effect_causes(block(True, pol, read), more)) for pol in ({"kind": "nothing"}, {"kind": "dots"})
             for read in (True, False)}
-    assert seen == {("callback runs more in a custom_vjp (optimize_remat) fwd in a region",)}
+    assert seen == {("effect runs more in a custom_vjp (optimize_remat) fwd in a region",)}
+    # nor the effect's kind (r32's two findings, a callback and an ordered one; plain JAX: remat2 1, remat3 2 for
+    # both, eager and jit)
+    ordered = {"effects": {"ordered": {"got": 2, "reference": 1}}}
+    assert effect_causes(block(True, {"kind": "nothing"}, True, "ordered"), ordered) == list(seen.pop())
     # nor the regions around that region, which decide otherwise (a 30-minute campaign's save-nothing region in a
     # save_any_names_but_these one; plain JAX: remat2 1 run nested or not, remat3 2 in one region, 3 in two; without
     # the option 2 and 3 alike)
@@ -420,7 +445,7 @@ def test_an_effect_in_an_optimize_remat_fwd_is_named_by_that_option_whatever_the
     nested = prog([region(["x"], inner.model_dump(mode="json")["body"], ["s"],
                           {"kind": "save_any_names_but_these", "names": ["a", "b"]})], inputs=x, outputs=["s"])
     assert effect_causes(nested, {"effects": {"callback": {"got": 3, "reference": 1}}}) == \
-        ["callback runs more in a custom_vjp (optimize_remat) fwd in a region"]
+        ["effect runs more in a custom_vjp (optimize_remat) fwd in a region"]
     # without the option the policy's decision and the cotangent stay causes
     assert effect_causes(block(False, {"kind": "nothing"}, True), more) == \
         ["callback runs more in a custom_vjp fwd in a region [nothing:recompute]"]
@@ -457,7 +482,7 @@ def test_an_effect_count_is_known_only_when_each_of_its_causes_is():
     corpus = "tests/regressions/optimize-remat-fwd-callback-not-rerun-under-remat2.json"
     known = [stamp(f) for f in load_known([corpus])]
     key = ("effect_count", "jax:remat3+cvjp3:jit", "jax:remat2:jit", "ordered:more")
-    held = "ordered runs more in a custom_vjp (optimize_remat) fwd in a region"
+    held = "effect runs more in a custom_vjp (optimize_remat) fwd in a region"
     assert known_finding(known, key, set(), {key}, held) is known[0]
     other = "ordered runs more in a loop in a region [recompute]"
     own, feats = known[0].key(), set(known[0].features)   # (its own key, every construct of its program: still new)
