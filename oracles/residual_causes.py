@@ -217,8 +217,15 @@ class _Program:
                     if need & outs and not args <= need:
                         need.update(args)
                         changed = True
-        self.dead_shapes = {str(list(self.types[i][0])) for i in self.types if i not in self.live
-                            and (i in self.ops or i in self.inputs)}
+        self.dead_shapes = {sh for i in self.types if i not in self.live and (i in self.ops or i in self.inputs)
+                            for sh in self.shapes(i)}
+
+    def shapes(self, i: str) -> set[str]:
+        """The shapes a residual of value i may have, as described: its own, and per example (vmapped) that shape
+        with the batch in front (the whole batch's residual)."""
+        shape = list(self.types[i][0])
+        b = self.prog.diff.batch
+        return {str(shape)} | ({str([b] + shape)} if b else set())
 
     def value(self, i: str) -> tuple[int, str]:
         """(how specific, what the value is): a class is described by its most specific member."""
@@ -265,7 +272,7 @@ class _Program:
                 # of its own, sin's cos, is what an unmatched value belongs to, where one has the shape)
                 kept = sorted((OPS[st.op].dot or OPS[st.op].tangent == "bilinear", self.value(i)[0], i, ds)
                               for i, st in self.ops.items()
-                              if str(list(self.types[i][0])) == s.shape
+                              if s.shape in self.shapes(i)
                               and OPS[st.op].tangent not in _VALUE_FREE_TANGENTS
                               and (ds := self.decisions(i)) and ds[-1][1] in ("save", "offload"))
                 if kept:

@@ -13,7 +13,7 @@ from conformance.engine.loading import load_known
 from conformance.engine.roots import evidence_root, root_key, stamp, with_causes
 from conformance.engine.search import known_finding, merge_finding, same_behaviour
 from conformance.ir.policy import Both, Dots, SaveOnlyNames, deciding_rule
-from conformance.ir.program import Program
+from conformance.ir.program import Program, load_program
 from oracles.residual_causes import causes, core, effect_causes
 from tests.programs import op, prog, region, sin_cvjp
 
@@ -345,6 +345,14 @@ def test_an_unmatched_value_recomputed_reads_as_the_kept_op_whose_derivative_rea
               "reference_saved": ["?:float32[2, 2]"], "saved": ["x:float32[2, 2]"]}
     assert causes(p, detail) == ["recomputes an unmatched value shaped as an op's output [everything:save]"]
     assert core(causes(p, detail)[0]) == "recomputes an op's output [save]"
+    # per example (vmapped over 3): remat2 keeps the whole batch's cos(x), the batch in front of sin's shape (r32
+    # filed it apart, "recomputes an unmatched value, per example", as the shape alone was compared)
+    batched = load_program({"schema_version": 1, "inputs": [{**x[0], "batched": True}], "outputs": ["s"],
+                            "body": [region(["x"], [op("sin", ["x"], "s")], ["s"], {"kind": "everything"})],
+                            "diff": {"order": 1, "mode": "reverse", "batch": 3}})
+    per_example = {"missing_other": ["float32[3, 2, 2]"], "reference_saved": ["?:float32[3, 2, 2]"],
+                   "extra_other": ["float32[2, 2]"] * 3, "saved": [f"x@{k}:float32[2, 2]" for k in range(3)]}
+    assert core(causes(batched, per_example)[0]) == "recomputes an op's output [save]"
     # a dot of that shape beside it (a conv1d before the inner grad of sin of a 30-minute campaign): a dot's
     # derivative reads its operands, program values, so the unmatched value is the other op's
     xs = [{"id": "x", "shape": [2, 2, 2], "dtype": "float32", "diff": True},
