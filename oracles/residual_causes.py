@@ -62,6 +62,15 @@ DEAD_SHAPED = " shaped as one the loss does not read"   # (an unmatched value wi
 SHAPED_AS = " shaped as "   # (an unmatched value recomputed, read as the kept op's output whose shape it has)
 # Ops whose derivative does not read the values they read (linear in them, or piecewise constant).
 _VALUE_FREE_TANGENTS = frozenset({"linear", "identity", "zero"})
+# Op families whose derivative reads none of their arguments' values, beside those tangents: dropout (its mask, fixed by
+# its seed, times the cotangent)
+_VALUE_FREE_FAMILIES = frozenset({"random"})
+
+
+def _derivative_reads_arguments(op: str) -> bool:
+    return OPS[op].tangent not in _VALUE_FREE_TANGENTS and OPS[op].family not in _VALUE_FREE_FAMILIES
+
+
 LOOP = 2   # (the rank of a loop's carry or slice: a scan's own boundary, told apart from the regions')
 # What a statement's body is, as an effect's cause names where it ran (a custom rule's by the context it opens).
 _ENCLOSES = {"Checkpoint": "a region", "Scan": "a loop", "Cond": "a cond branch", "fwd": "a custom_vjp fwd",
@@ -207,7 +216,7 @@ class _Program:
                  if ctx not in DERIVATIVE_CTX and isinstance(st, (Op, Cond, Scan, CustomVJP))]
         self.live_need, self.dead_need = set(), set()
         for outs, args, st in stmts:
-            if not (isinstance(st, Op) and OPS[st.op].tangent in _VALUE_FREE_TANGENTS):
+            if not (isinstance(st, Op) and not _derivative_reads_arguments(st.op)):
                 (self.live_need if outs & self.live else self.dead_need).update(args)
         for need in (self.live_need, self.dead_need):
             changed = True

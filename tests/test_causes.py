@@ -550,3 +550,25 @@ def test_a_residual_report_that_raised_roots_on_its_raise_wherever_the_checkout_
     assert known_finding(known, key, {"checkpoint", "region_state", "state_accumulate"}, {key}, root) is not None
     # a residual report that did not raise (a saved set told apart) has no raise to key on
     assert evidence_root("residual_report", "jax:remat3:jit", "vjp", {"missing": ["x:float32[3]"]}) is None
+
+
+def test_a_value_only_a_dead_dot_needs_beside_a_dropout_is_one_the_loss_does_not_read():
+    """r32's F39 (NEW, two causes): remat3 saves a dead matmul's operands, one of them also dropped out into the
+    loss. Dropout's derivative is its mask times the cotangent: no value of its argument is read, so only the dead
+    dot needs it, one cause with the other operand (remat3-no-zero-propagation's)."""
+    xs = [{"id": "x", "shape": [2, 2], "dtype": "float32", "diff": True},
+          {"id": "w", "shape": [2, 2], "dtype": "float32", "diff": True}]
+    p = load_program({"schema_version": 1, "inputs": xs, "outputs": ["d", "m"],
+                      "body": [op("cos", ["x"], "c"),
+                               region(["c", "w"], [op("dropout", ["c"], "d", p=0.5, seed=1),
+                                                   op("matmul", ["c", "w"], "m")], ["d", "m"], {"kind": "everything"})],
+                      "diff": {"order": 1, "mode": "reverse", "aux": 1}})
+    detail = {"saved": ["?:float32[2, 2]", "c:float32[2, 2]", "w:float32[2, 2]"],
+              "reference_saved": ["?:float32[2, 2]"], "missing_other": [],
+              "extra_other": ["float32[2, 2]", "float32[2, 2] (a program input)"]}
+    assert causes(p, detail, "jax:remat3") == ["saves a value outside every region the loss does not read"]
+    # read by the loss through a sin instead (its derivative reads its argument): a live value, a cause of its own
+    live = load_program({**p.model_dump(mode="json"), "body": [
+        op("cos", ["x"], "c"), region(["c", "w"], [op("sin", ["c"], "d"), op("matmul", ["c", "w"], "m")], ["d", "m"],
+                                      {"kind": "everything"})]})
+    assert "saves a value outside every region" in causes(live, detail, "jax:remat3")
