@@ -68,7 +68,10 @@ _VALUE_FREE_FAMILIES = frozenset({"random"})
 
 
 def _derivative_reads_arguments(op: str) -> bool:
-    return OPS[op].tangent not in _VALUE_FREE_TANGENTS and OPS[op].family not in _VALUE_FREE_FAMILIES
+    d = OPS[op]
+    if d.inplace and op.removesuffix("_") in OPS:   # (an in-place op (add_) derives as its functional twin)
+        d = OPS[op.removesuffix("_")]
+    return d.tangent not in _VALUE_FREE_TANGENTS and d.family not in _VALUE_FREE_FAMILIES
 
 
 LOOP = 2   # (the rank of a loop's carry or slice: a scan's own boundary, told apart from the regions')
@@ -211,12 +214,20 @@ class _Program:
         # the values a backward needs, to read them or to recompute what it reads from them: by code a cotangent
         # reaches (live_need), by code none reaches (dead_need); an op whose derivative does not read its arguments
         # (linear, piecewise constant) needs them only to recompute a value needed by other code
+        # (a loop needs what its body needs: its results, carries and slices only link the body's values to the
+        # loop's arguments, to recompute them)
+        primal = [st for st, _, _, ctx in walk(prog.body) if ctx not in DERIVATIVE_CTX]
         stmts = [({st.out} if isinstance(st, Op) else set(st.results), set(st.args), st)
-                 for st, _, _, ctx in walk(prog.body)
-                 if ctx not in DERIVATIVE_CTX and isinstance(st, (Op, Cond, Scan, CustomVJP))]
+                 for st in primal if isinstance(st, (Op, Cond, CustomVJP))]
+        for st in primal:
+            if isinstance(st, Scan):
+                init, xs, _ = st.split_args()
+                stmts += [({r}, {o}, None) for r, o in zip(st.results, st.carry_out + st.ys)]
+                stmts += [({c}, {i, o}, None) for c, i, o in zip(st.carry, init, st.carry_out)]
+                stmts += [({x}, {a}, None) for x, a in zip(st.xs, xs)]
         self.live_need, self.dead_need = set(), set()
         for outs, args, st in stmts:
-            if not (isinstance(st, Op) and not _derivative_reads_arguments(st.op)):
+            if st is not None and not (isinstance(st, Op) and not _derivative_reads_arguments(st.op)):
                 (self.live_need if outs & self.live else self.dead_need).update(args)
         for need in (self.live_need, self.dead_need):
             changed = True

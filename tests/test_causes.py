@@ -572,3 +572,22 @@ def test_a_value_only_a_dead_dot_needs_beside_a_dropout_is_one_the_loss_does_not
         op("cos", ["x"], "c"), region(["c", "w"], [op("sin", ["c"], "d"), op("matmul", ["c", "w"], "m")], ["d", "m"],
                                       {"kind": "everything"})]})
     assert "saves a value outside every region" in causes(live, detail, "jax:remat3")
+
+
+def test_a_loop_needs_what_its_body_needs_and_an_inplace_op_derives_as_its_twin():
+    """r32's F50, filed under a callback's root: remat3 saves a value an empty loop passes on that only a dead sin
+    reads (remat2 saves nothing; the loss is linear: a neg and an in-place add). A loop needs what its body needs, not
+    every value it reads, and add_ derives as add: the value is one the loss does not read (no zero propagated)."""
+    xs = [{"id": "x", "shape": [2, 3], "dtype": "float32", "diff": True}]
+    loop = {"kind": "scan", "args": ["x"], "carry": ["c"], "body": [], "carry_out": ["c"], "results": ["s"],
+            "length": 1}
+
+    def program(dead: bool):
+        body = [op("neg", ["x"], "n"), op("add_", ["n", "s"], "a"), op("sin", ["s"], "y")]
+        return load_program({"schema_version": 1, "inputs": xs, "outputs": ["a", "y"],
+                             "body": [loop, region(["x", "s"], body, ["a", "y"], {"kind": "everything"})],
+                             "diff": {"order": 1, "mode": "reverse", "aux": 1 if dead else 0}})
+    detail = {"saved": ["c@0/s/x:float32[2, 3]"], "reference_saved": [], "missing_other": [],
+              "extra_other": ["float32[2, 3] (a program input)"]}
+    assert causes(program(True), detail, "jax:remat3") == ["saves a loop carry the loss does not read [boundary]"]
+    assert causes(program(False), detail, "jax:remat3") == ["saves a loop carry [boundary]"]   # (sin's read)
