@@ -350,8 +350,13 @@ class _Program:
         where = " in ".join(list(reversed(nest[inner:])) + [region] * outer)
         chain = " > ".join(f"{r}:{d}" for r, d in decided) or ("boundary" * bool(where))
         dry = "" if s.out in self.live else NO_COTANGENT
-        if dry and kept and ran == "more":   # (a policy keeping the value decides, cotangent or not: remat3 runs the
-            dry = ""       # callback of a value a custom policy saves again, whether the loss reads it or not)
+        looped = _ENCLOSES["Scan"] in nest[inner + 1:]   # (a loop inside the innermost region)
+        # (a policy keeping the value decides, cotangent or not: remat3 runs the callback of a value a custom policy
+        # saves again, whether the loss reads it or not; and in a loop in the region, on a value read or not: plain JAX,
+        # a nothing_saveable region's fori_loop calling back on a loop-invariant value, read or not, or on an unread
+        # per-iteration one: remat2 2 runs, remat3 3)
+        if dry and ran == "more" and (kept or looped):
+            dry = ""
         elif dry and chain != "boundary":   # (no backward needs the value: a policy's recompute is moot)
             chain = ""
         kind = s.params["kind"]

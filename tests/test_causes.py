@@ -591,3 +591,30 @@ def test_a_loop_needs_what_its_body_needs_and_an_inplace_op_derives_as_its_twin(
               "extra_other": ["float32[2, 3] (a program input)"]}
     assert causes(program(True), detail, "jax:remat3") == ["saves a loop carry the loss does not read [boundary]"]
     assert causes(program(False), detail, "jax:remat3") == ["saves a loop carry [boundary]"]   # (sin's read)
+
+
+def test_in_a_loop_in_a_region_an_effect_run_more_is_the_policys_decision_read_or_not():
+    """r32's F51 (NEW): remat3 ran a fori_loop's callback on a loop-invariant value no cotangent reaches once more
+    than remat2, in a save-nothing region: filed apart from remat3-runs-loop-invariant-scan-callback-per-iteration
+    (the same, on a value the loss reads) as the cotangent was a cause. Plain JAX: in a nothing_saveable region's
+    fori_loop, a callback on a loop-invariant value, read or not, or on an unread per-iteration one, runs 2 times
+    under remat2 and 3 under remat3; under a custom policy saving everything 1 and 3, read or not."""
+    x = [{"id": "x", "shape": [2, 2], "dtype": "float32", "diff": True}]
+
+    def program(read: bool):
+        loop = {"kind": "scan", "args": ["x", "x"], "carry": ["c"], "length": 2,
+                "body": [op("sin", ["x"], "v"), op("effect", ["v"], "e", kind="callback")],
+                "carry_out": ["c"], "ys": ["e"], "results": ["s", "st"]}
+        out = "st" if read else "s"
+        return load_program({"schema_version": 1, "inputs": x, "outputs": ["t", out],
+                             "body": [region(["x"], [op("tanh", ["x"], "t"), loop], ["t", out], {"kind": "nothing"})],
+                             "diff": {"order": 1, "mode": "reverse"}})
+    more = {"effects": {"callback": {"got": 3, "reference": 2}}, "sites": {"e": {"got": 3, "reference": 2}}}
+    assert effect_causes(program(False), more) == effect_causes(program(True), more) == \
+        ["callback runs more in a loop in a region [nothing:recompute]"]
+    # outside a loop, a value no cotangent reaches stays a cause (remat2-reruns-callbacks-of-region-without-cotangent)
+    plain = load_program({"schema_version": 1, "inputs": x, "outputs": ["t"],
+                          "body": [region(["x"], [op("tanh", ["x"], "t"), op("sin", ["x"], "v"),
+                                                  op("effect", ["v"], "e", kind="callback")], ["t"],
+                                          {"kind": "nothing"})], "diff": {"order": 1, "mode": "reverse"}})
+    assert effect_causes(plain, more) == ["callback runs more in a region on a value no cotangent reaches"]
