@@ -155,10 +155,13 @@ def differing(detail: dict, inputs: set[str]) -> list[tuple[str, Saved]]:
 #   name_fwd  checkpoint_name_fwd apart from the other names (JAX's own API; PyTorch has one kind of name, a tag op)
 #   dots      a dot's output (JAX's dots policies decide on them by kind)
 #   views     a view's output (PyTorch's partitioner may treat a view as free to recompute; under JAX it is an op)
-_KINDS_JAX = frozenset({"names", "name_fwd", "dots"})
-_KINDS_TORCH = frozenset({"names", "dots", "views"})
+#   residuals       a custom_vjp's residual (a rule's saved value)
+#   optimize_remat  an optimize_remat custom_vjp's residual apart (JAX binds that rule as a primitive of its own)
+_KINDS_JAX = frozenset({"names", "name_fwd", "dots", "residuals", "optimize_remat"})
+_KINDS_TORCH = frozenset({"names", "dots", "views", "residuals"})
 # eager SAC caches an op's outputs per op call on its policy's decision alone, whatever the op (a view, a dot, a name
-# tag: torch.utils.checkpoint._CachingTorchDispatchMode): every op's output is one kind, its decision the cause
+# tag, an op in a custom rule's forward: torch.utils.checkpoint._CachingTorchDispatchMode): every op's output is one
+# kind, its decision the cause
 _KINDS_EAGER_SAC = frozenset()
 
 
@@ -256,8 +259,10 @@ class _Program:
             where = {"fwd": "in a custom_vjp fwd", "primal": "in a custom_jvp function"}.get(self.ctx.get(i),
                                                                                             "in plain code")
             return 0, f"a value named {where}"
-        if i in self.residuals:   # (optimize_remat binds the rule as a primitive of its own: another decision)
-            return 1, "an optimize_remat custom_vjp residual" if self.residuals[i] else "a custom_vjp residual"
+        if i in self.residuals and "residuals" in self.kinds:   # (optimize_remat binds the rule as a primitive of
+            # its own under JAX: another decision)
+            optimized = self.residuals[i] and "optimize_remat" in self.kinds
+            return 1, "an optimize_remat custom_vjp residual" if optimized else "a custom_vjp residual"
         if self.where.get(i) in ("carry", "slice"):
             return LOOP, f"a loop {self.where[i]}"
         if i in self.inputs:
@@ -286,6 +291,10 @@ class _Program:
 
     def cause(self, verb: str, s: Saved) -> str:
         ids = list(dict.fromkeys(map(base_id, s.cls)))
+        # (a class of equal values across casts and layouts: the members of the saved value's dtype and shape are the
+        # value saved, where any is; a transposed float64 copy only dead code reads is not the float16 input it equals)
+        exact = [i for i in ids if i in self.types and self.types[i][1] == s.dtype and s.shape in self.shapes(i)]
+        ids = exact or ids
         if not ids:
             if verb == RECOMPUTES:   # what an op's derivative reads (sin's cos) of an op its policy keeps: that op's
                 # (a dot's derivative reads its operands, program values: an op whose derivative reads a value

@@ -618,3 +618,39 @@ def test_in_a_loop_in_a_region_an_effect_run_more_is_the_policys_decision_read_o
                                                   op("effect", ["v"], "e", kind="callback")], ["t"],
                                           {"kind": "nothing"})], "diff": {"order": 1, "mode": "reverse"}})
     assert effect_causes(plain, more) == ["callback runs more in a region on a value no cotangent reaches"]
+
+
+def test_a_saved_member_of_a_class_is_the_one_of_its_dtype_and_shape():
+    """r33's F40 (NEW, two causes): remat3 saved a transposed float64 copy of a float16 input that only a dead matmul
+    reads; the class of equal values held the input too, which a live matmul reads, so the one value showed as a live
+    and a dead save. The member of the saved dtype and shape is the value saved."""
+    xs = [{"id": "x", "shape": [4, 3], "dtype": "float16", "diff": True},
+          {"id": "w", "shape": [3, 3], "dtype": "float16", "diff": True},
+          {"id": "k", "shape": [4, 3], "dtype": "bfloat16", "diff": True}]
+    p = load_program({"schema_version": 1, "inputs": xs, "outputs": ["l", "d"],
+                      "body": [op("cast", ["x"], "c", dtype="float64"), op("matrix_t", ["c"], "t"),
+                               op("matmul", ["x", "w"], "l"),
+                               region(["t", "k"], [op("cast", ["t"], "b", dtype="bfloat16"),
+                                                   op("matmul", ["b", "k"], "d")],
+                                      ["d"], {"kind": "everything"})],
+                      "diff": {"order": 1, "mode": "reverse", "aux": 1}})
+    detail = {"saved": ["b/c/t/x:float64[3, 4]"], "reference_saved": [], "missing_other": [],
+              "extra_other": ["float64[3, 4] (a program input)"]}
+    assert causes(p, detail, "jax:remat3") == ["saves a value outside every region the loss does not read"]
+
+
+def test_pytorch_has_no_optimize_remat_and_eager_sac_no_custom_rule_residual_apart():
+    """r33's F47 (NEW): eager SAC recomputing against its offloading policy a name tag that an optimize_remat
+    custom_vjp keeps as a residual, filed apart from torch-eager-sac-recomputes-cpu-offload-policy by the residual's
+    kind. optimize_remat is JAX's; eager SAC caches the tag op's output as any op's."""
+    x = [{"id": "x", "shape": [3], "dtype": "float32", "diff": True}]
+    rule = sin_cvjp(arg="x", optimize_remat=True)
+    rule.update(fwd=rule["fwd"][:2], residuals=["c0"], bwd=[op("mul", ["g", "c0"], "dt")])
+    p = prog([region(["x"], [rule], rule["results"], {"kind": "offload_ops", "ops": ["cos"]})], inputs=x,
+             outputs=rule["results"])
+    against = {"recomputed_against_policy": ["c0:float32[3]"], "saved": ["x:float32[3]"]}
+    assert causes(p, against, "torch:eager-sac") == ["recomputes against its policy an op's output [custom:offload]"]
+    assert causes(p, against, "torch:compile-aot_eager") == \
+        ["recomputes against its policy a custom_vjp residual [custom:offload]"]
+    assert causes(p, against, "jax:remat3") == \
+        ["recomputes against its policy an optimize_remat custom_vjp residual [custom:offload]"]
