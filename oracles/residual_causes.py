@@ -81,6 +81,7 @@ _ENCLOSES = {"Checkpoint": "a region", "Scan": "a loop", "Cond": "a cond branch"
 # An optimize_remat custom_vjp's fwd (JAX binds it as a primitive of its own, which remat2 does not run again in a
 # region's recompute and remat3 does): an effect in it is named by that option, not by the policies around it
 OPTIMIZE_REMAT_FWD = "a custom_vjp (optimize_remat) fwd"
+BRANCH_INDEX = "a cond's branch index"   # (the integer a cond's predicate is lowered to: no program value)
 NO_COTANGENT = " on a value no cotangent reaches"   # (an effect's value the loss does not read)
 _DESCRIBED = re.compile(r"^(?P<cls>[^\[:]*?)(?P<names>\[.*?\])?:(?P<dtype>[A-Za-z0-9_]+)(?P<shape>\[[0-9, ]*\])$")
 _INPUT = " (a program input)"   # (oracles.residuals: how an unnamed residual that is an input is told apart)
@@ -190,6 +191,9 @@ class _Program:
         self.loop_policies: dict[str, list] = {}   # a loop's carry or slice id -> the regions' policies around it
         self.nesting: dict[int, tuple[str, ...]] = {}   # id(statement) -> what encloses it, outermost first
         self.effects = [st for st in self.ops.values() if st.op == EFFECT_OP]
+        # what a cond in a region is lowered with beside program values (conformance.ir.nodes.branch_thresholds: the
+        # thresholds its predicate's sum is compared with, of the predicate's dtype, and the integer branch index)
+        self.thresholds: set[tuple[str, str]] = set()
 
         def visit(body, stack, ctx, nest=()):   # (one pass over the primal code; derivative rules hold no values)
             for st in body:
@@ -200,6 +204,8 @@ class _Program:
                     self.residuals.update(dict.fromkeys(st.residuals, st.optimize_remat))
                 elif isinstance(st, Cond):
                     self.where.update({r: "branch" for rs in st.branch_results for r in rs})
+                    if stack:
+                        self.thresholds.add((self.types[st.args[0]][1], str([len(st.branches) - 1])))
                 elif isinstance(st, Scan):
                     self.where.update({**{i: "carry" for i in st.carry}, **{i: "slice" for i in st.xs}})
                     self.loop_policies.update({i: stack for i in st.carry + st.xs})
@@ -295,6 +301,8 @@ class _Program:
         # value saved, where any is; a transposed float64 copy only dead code reads is not the float16 input it equals)
         exact = [i for i in ids if i in self.types and self.types[i][1] == s.dtype and s.shape in self.shapes(i)]
         ids = exact or ids
+        if not ids and self.branch_index(s):   # (no policy decides on the lowering's index: remat2 saves it)
+            return f"{verb} {BRANCH_INDEX}{self.diff()}"
         if not ids:
             if verb == RECOMPUTES:   # what an op's derivative reads (sin's cos) of an op its policy keeps: that op's
                 # (a dot's derivative reads its operands, program values: an op whose derivative reads a value
@@ -326,6 +334,15 @@ class _Program:
         if not chain and rank != LOOP:   # no policy decides: whatever the value is, one decision (a region's argument)
             return f"{verb} {BOUNDARY}{dead}{self.diff()}"
         return f"{verb} {what}{dead} [{chain or 'boundary'}]{self.diff()}"
+
+    def branch_index(self, s: Saved) -> bool:
+        """Whether an unmatched value is the integer index a cond in a region is lowered with (where no op of the
+        program gives an integer output beside its value, a max's indices)."""
+        return (bool(self.thresholds) and s.shape == "[]" and s.dtype.startswith(("int", "uint"))
+                and not any(OPS[st.op].family == "multi_output" for st in self.ops.values()))
+
+    def branch_thresholds(self, s: Saved) -> bool:
+        return not s.cls and (s.dtype, s.shape) in self.thresholds
 
     def read(self, ids: list[str]) -> bool:
         """Whether the loss reads a class of equal values: a cotangent reaches one, and it is not needed by code
@@ -427,7 +444,10 @@ def causes(program: Program, detail: dict, pipeline: str = "") -> list[str]:
     JAX and eager SAC)."""
     try:
         p = _Program(program, pipeline)
-        found = {p.cause(verb, s) for verb, s in differing(detail, p.inputs)}
+        pairs = differing(detail, p.inputs)
+        if any(verb == RECOMPUTES and p.branch_index(s) for verb, s in pairs):   # what recomputing the index needs
+            pairs = [(verb, s) for verb, s in pairs if not (verb == SAVES and p.branch_thresholds(s))]
+        found = {p.cause(verb, s) for verb, s in pairs}
     except (KeyError, IndexError, ValueError):
         return []
     if isinstance(detail, dict) and "recomputed_against_policy" in detail and not found:

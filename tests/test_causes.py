@@ -654,3 +654,22 @@ def test_pytorch_has_no_optimize_remat_and_eager_sac_no_custom_rule_residual_apa
         ["recomputes against its policy a custom_vjp residual [custom:offload]"]
     assert causes(p, against, "jax:remat3") == \
         ["recomputes against its policy an optimize_remat custom_vjp residual [custom:offload]"]
+
+
+def test_a_conds_branch_index_is_named_and_what_recomputing_it_needs_is_its_consequence():
+    """r32's F23 and r33's F25 (two causes each): remat2 saves the integer branch index of a cond in a region, remat3
+    recomputes it from the predicate and saves the predicate and the thresholds its sum is compared with (the lowering's
+    values, not the program's: conformance.ir.nodes.branch_thresholds). One cause, the index recomputed."""
+    xs = [{"id": "x", "shape": [2], "dtype": "float32", "diff": True},
+          {"id": "p", "shape": [2, 2], "dtype": "float32", "diff": False}]
+    cond = {"kind": "cond", "args": ["p", "x"], "branches": [[], [op("neg", ["x"], "n")]],
+            "branch_results": [["x"], ["n"]], "results": ["r"]}
+    p = prog([region(["x", "p"], [cond], ["r"], {"kind": "ops", "ops": ["mean", "sin"]})], inputs=xs, outputs=["r"])
+    detail = {"saved": ["?:float32[1]", "p:float32[2, 2]"], "reference_saved": ["?:int64[]"],
+              "missing_other": ["int64[]"], "extra_other": ["float32[1]", "float32[2, 2] (a program input)"]}
+    assert causes(p, detail, "jax:remat3") == ["recomputes a cond's branch index"]
+    # a max's indices beside it: an integer scalar the program makes, not named as the index
+    with_max = prog([op("max_dim", ["x"], "m", axis=0),
+                     region(["x", "p"], [cond], ["r"], {"kind": "ops", "ops": ["mean", "sin"]})],
+                    inputs=xs, outputs=["r"])
+    assert "recomputes a cond's branch index" not in causes(with_max, detail, "jax:remat3")
