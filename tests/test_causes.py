@@ -673,3 +673,28 @@ def test_a_conds_branch_index_is_named_and_what_recomputing_it_needs_is_its_cons
                      region(["x", "p"], [cond], ["r"], {"kind": "ops", "ops": ["mean", "sin"]})],
                     inputs=xs, outputs=["r"])
     assert "recomputes a cond's branch index" not in causes(with_max, detail, "jax:remat3")
+
+
+def test_a_cond_needs_its_predicate_and_what_its_branches_need():
+    """r34's F46 (NEW): remat3 saves x for a dead x * x whose product only reaches a region argument a branch passes
+    and the region never reads; remat2 saves only the branch index (plain JAX: saved_residuals, remat2 [int32[]],
+    remat3 [float32[2,3,4] x, int32[]]). A cond's operands are re-bound in its branches: what the branches read says
+    what a cotangent reaches and what the backward needs, so x is a value the loss does not read."""
+    xs = [{"id": "x", "shape": [2, 3], "dtype": "float32", "diff": True},
+          {"id": "p", "shape": [2], "dtype": "float32", "diff": False}]
+    cond = {"kind": "cond", "args": ["p", "m", "x"],
+            "branches": [[op("sum", ["x"], "a", axis=1)],
+                         [op("select", ["m"], "u", axis=0, index=1),
+                          region(["u", "x"], [op("sum", ["x"], "b", axis=1)], ["b"], {"kind": "nothing"})]],
+            "branch_results": [["a"], ["b"]], "results": ["r"]}
+    from conformance.ir.nodes import live_values
+    p = prog([op("mul", ["x", "x"], "m"), cond], inputs=xs, outputs=["r"])
+    live = live_values(p, cotangent=True)
+    assert "x" in live and "m" not in live and "u" not in live
+    detail = {"saved": ["?:int32[]", "x:float32[2, 3]"], "reference_saved": ["?:int32[]"], "missing_other": [],
+              "extra_other": ["float32[2, 3] (a program input)"]}
+    assert causes(p, detail, "jax:remat3") == ["saves a value outside every region the loss does not read"]
+    # a branch reading the product: live, and what the backward of mul needs
+    read = prog([op("mul", ["x", "x"], "m"), {**cond, "branches": [[op("sum", ["m"], "a", axis=1)],
+                                                                   cond["branches"][1]]}], inputs=xs, outputs=["r"])
+    assert causes(read, detail, "jax:remat3") == ["saves a value outside every region"]

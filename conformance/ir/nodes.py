@@ -451,6 +451,10 @@ def live_values(prog: "Program", cotangent: bool = False) -> set[str]:
                 reads = _scan_reads(st, live)
             elif isinstance(st, Scan):
                 reads.update(st.carry_out + st.ys)
+            elif cotangent and isinstance(st, Cond):   # (its operands are re-bound inside: the branches' statements
+                # say which a cotangent reaches; the branch values behind each live result, and the predicate)
+                reads = {st.args[0]} | {rs[j] for rs in st.branch_results
+                                        for j, r in enumerate(st.results) if r in live}
             elif isinstance(st, Cond):
                 reads.update(r for rs in st.branch_results for r in rs)
             elif isinstance(st, CustomVJP):   # its bwd reads its residuals
