@@ -225,10 +225,14 @@ class _Program:
         # (linear, piecewise constant) needs them only to recompute a value needed by other code
         # (a loop needs what its body needs: its results, carries and slices only link the body's values to the
         # loop's arguments, to recompute them)
+        # (a cond needs its predicate, and what its branches need: its results link to each branch's values)
         primal = [st for st, _, _, ctx in walk(prog.body) if ctx not in DERIVATIVE_CTX]
         stmts = [({st.out} if isinstance(st, Op) else set(st.results), set(st.args), st)
-                 for st in primal if isinstance(st, (Op, Cond, CustomVJP))]
+                 for st in primal if isinstance(st, (Op, CustomVJP))]
         for st in primal:
+            if isinstance(st, Cond):
+                stmts.append((set(st.results), {st.args[0]}, st))
+                stmts += [({r}, {rs[j] for rs in st.branch_results}, None) for j, r in enumerate(st.results)]
             if isinstance(st, Scan):
                 init, xs, _ = st.split_args()
                 stmts += [({r}, {o}, None) for r, o in zip(st.results, st.carry_out + st.ys)]
