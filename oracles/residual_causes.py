@@ -391,7 +391,7 @@ class _Program:
             chain = ""
         kind = s.params["kind"]
         if by_option:   # (nor the effect's kind: a debug callback, ordered or not, runs as often there)
-            chain, dry, kind = "", "", "effect"
+            chain, dry, kind = "", "", EFFECT_OP   # (the op itself, whatever its kind)
         return (f"{kind} runs {ran} {f'in {where}' if where else 'outside every region'}"
                 f"{f' [{chain}]' if chain else ''}{dry}{self.diff()}")
 
