@@ -342,7 +342,7 @@ class _Program:
     def branch_index(self, s: Saved) -> bool:
         """Whether an unmatched value is the integer index a cond in a region is lowered with (where no op of the
         program gives an integer output beside its value, a max's indices)."""
-        return (bool(self.thresholds) and s.shape == "[]" and s.dtype.startswith(("int", "uint"))
+        return (bool(self.thresholds) and not s.cls and s.shape == "[]" and s.dtype.startswith(("int", "uint"))
                 and not any(OPS[st.op].family == "multi_output" for st in self.ops.values()))
 
     def branch_thresholds(self, s: Saved) -> bool:
