@@ -49,7 +49,7 @@ from conformance.ir.nodes import (
     primal_ops,
     walk,
 )
-from conformance.ir.ops import EFFECT_OP, NAME_FWD_OP, NAME_OPS, OPS
+from conformance.ir.ops import EFFECT_OP, MULTI_OUTPUT, NAME_FWD_OP, NAME_OPS, OPS
 from conformance.ir.policy import decide, deciding_rule
 from conformance.ir.program import Program
 
@@ -341,9 +341,9 @@ class _Program:
 
     def branch_index(self, s: Saved) -> bool:
         """Whether an unmatched value is the integer index a cond in a region is lowered with (where no op of the
-        program gives an integer output beside its value, a max's indices)."""
+        program gives an integer scalar beside its value, the index of a max over a vector)."""
         return (bool(self.thresholds) and not s.cls and s.shape == "[]" and s.dtype.startswith(("int", "uint"))
-                and not any(OPS[st.op].family == "multi_output" for st in self.ops.values()))
+                and not any(OPS[st.op].family == MULTI_OUTPUT and not self.types[i][0] for i, st in self.ops.items()))
 
     def branch_thresholds(self, s: Saved) -> bool:
         return not s.cls and (s.dtype, s.shape) in self.thresholds

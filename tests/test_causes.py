@@ -668,11 +668,16 @@ def test_a_conds_branch_index_is_named_and_what_recomputing_it_needs_is_its_cons
     detail = {"saved": ["?:float32[1]", "p:float32[2, 2]"], "reference_saved": ["?:int64[]"],
               "missing_other": ["int64[]"], "extra_other": ["float32[1]", "float32[2, 2] (a program input)"]}
     assert causes(p, detail, "jax:remat3") == ["recomputes a cond's branch index"]
-    # a max's indices beside it: an integer scalar the program makes, not named as the index
+    # a max over a vector beside it: its index is an integer scalar the program makes, not named as the branch's
     with_max = prog([op("max_dim", ["x"], "m", axis=0),
                      region(["x", "p"], [cond], ["r"], {"kind": "ops", "ops": ["mean", "sin"]})],
                     inputs=xs, outputs=["r"])
     assert "recomputes a cond's branch index" not in causes(with_max, detail, "jax:remat3")
+    # a max over a matrix's rows (r35's F42): its indices are a vector, the scalar is the branch's
+    over_rows = prog([op("max_dim", ["p"], "m", axis=0),
+                      region(["x", "p"], [cond], ["r"], {"kind": "ops", "ops": ["mean", "sin"]})],
+                     inputs=xs, outputs=["r"])
+    assert causes(over_rows, detail, "jax:remat3") == ["recomputes a cond's branch index"]
 
 
 def test_a_cond_needs_its_predicate_and_what_its_branches_need():
