@@ -194,6 +194,9 @@ class _Program:
         # what a cond in a region is lowered with beside program values (conformance.ir.nodes.branch_thresholds: the
         # thresholds its predicate's sum is compared with, of the predicate's dtype, and the integer branch index)
         self.thresholds: set[tuple[str, str]] = set()
+        # (a multi-output op over a vector gives an integer scalar beside its value, a max's index: not the cond's)
+        self.scalar_indices = any(OPS[st.op].family == MULTI_OUTPUT and not self.types[i][0]
+                                  for i, st in self.ops.items())
 
         def visit(body, stack, ctx, nest=()):   # (one pass over the primal code; derivative rules hold no values)
             for st in body:
@@ -221,32 +224,40 @@ class _Program:
         differentiated = prog.outputs[:len(prog.outputs) - prog.diff.aux] if prog.diff.aux else prog.outputs
         self.live = live_values(prog.model_copy(update={"outputs": list(differentiated)}), cotangent=True)
         # the values a backward needs, to read them or to recompute what it reads from them: by code a cotangent
-        # reaches (live_need), by code none reaches (dead_need); an op whose derivative does not read its arguments
-        # (linear, piecewise constant) needs them only to recompute a value needed by other code
-        # (a loop needs what its body needs: its results, carries and slices only link the body's values to the
-        # loop's arguments, to recompute them)
-        # (a cond needs its predicate, and what its branches need: its results link to each branch's values)
-        primal = [st for st, _, _, ctx in walk(prog.body) if ctx not in DERIVATIVE_CTX]
-        stmts = [({st.out} if isinstance(st, Op) else set(st.results), set(st.args), st)
-                 for st in primal if isinstance(st, (Op, CustomVJP))]
-        for st in primal:
-            if isinstance(st, Cond):
-                stmts.append((set(st.results), {st.args[0]}, st))
-                stmts += [({r}, {rs[j] for rs in st.branch_results}, None) for j, r in enumerate(st.results)]
-            if isinstance(st, Scan):
+        # reaches (live_need), by code none reaches (dead_need). `reads`: a statement's outputs and the values its
+        # backward reads (an op whose derivative does not read its arguments, linear or piecewise constant, reads
+        # none; a cond its predicate); `links`: values and what recomputing them needs (every statement's arguments; a
+        # cond's and a loop's results, carries and slices link their body's values to their arguments: a loop or a
+        # cond needs what its body needs)
+        reads: list[tuple[set[str], set[str]]] = []
+        links: list[tuple[set[str], set[str]]] = []
+        for st, _, _, ctx in walk(prog.body):
+            if ctx in DERIVATIVE_CTX:
+                continue
+            if isinstance(st, Op):
+                links.append(({st.out}, set(st.args)))
+                if _derivative_reads_arguments(st.op):
+                    reads.append(links[-1])
+            elif isinstance(st, CustomVJP):
+                links.append((set(st.results), set(st.args)))
+                reads.append(links[-1])
+            elif isinstance(st, Cond):
+                links.append((set(st.results), {st.args[0]}))
+                reads.append(links[-1])
+                links += [({r}, {rs[j] for rs in st.branch_results}) for j, r in enumerate(st.results)]
+            elif isinstance(st, Scan):
                 init, xs, _ = st.split_args()
-                stmts += [({r}, {o}, None) for r, o in zip(st.results, st.carry_out + st.ys)]
-                stmts += [({c}, {i, o}, None) for c, i, o in zip(st.carry, init, st.carry_out)]
-                stmts += [({x}, {a}, None) for x, a in zip(st.xs, xs)]
+                links += [({r}, {o}) for r, o in zip(st.results, st.carry_out + st.ys)]
+                links += [({c}, {i, o}) for c, i, o in zip(st.carry, init, st.carry_out)]
+                links += [({x}, {a}) for x, a in zip(st.xs, xs)]
         self.live_need, self.dead_need = set(), set()
-        for outs, args, st in stmts:
-            if st is not None and not (isinstance(st, Op) and not _derivative_reads_arguments(st.op)):
-                (self.live_need if outs & self.live else self.dead_need).update(args)
+        for outs, args in reads:
+            (self.live_need if outs & self.live else self.dead_need).update(args)
         for need in (self.live_need, self.dead_need):
             changed = True
             while changed:
                 changed = False
-                for outs, args, _ in stmts:
+                for outs, args in links:
                     if need & outs and not args <= need:
                         need.update(args)
                         changed = True
@@ -343,7 +354,7 @@ class _Program:
         """Whether an unmatched value is the integer index a cond in a region is lowered with (where no op of the
         program gives an integer scalar beside its value, the index of a max over a vector)."""
         return (bool(self.thresholds) and not s.cls and s.shape == "[]" and s.dtype.startswith(("int", "uint"))
-                and not any(OPS[st.op].family == MULTI_OUTPUT and not self.types[i][0] for i, st in self.ops.items()))
+                and not self.scalar_indices)
 
     def branch_thresholds(self, s: Saved) -> bool:
         return not s.cls and (s.dtype, s.shape) in self.thresholds
