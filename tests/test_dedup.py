@@ -128,3 +128,31 @@ def test_one_raise_under_another_policy_or_pipeline_is_the_same_error_finding():
     from conformance.engine.search import same_behaviour
     g = _raising(ERR, ("checkpoint", "policy:min_elements", "random"), MUTATED)
     assert same_behaviour(f, g) and not same_behaviour(f, _raising(ERR, ("checkpoint", "policy:min_elements"), other))
+
+
+def test_a_raise_no_finding_holds_is_shrunk_once_whatever_its_keys_count():
+    """An error type's first raise must not close its key to another raise (r35: after a remat2 ValueError of a
+    static flag was shrunk, the safe_zip ValueError of a prevent_cse tuple was counted under it, never shown);
+    the shrink keeps the raise, so a reduction raising something else of that type fails the target."""
+    from conformance.engine.search import Target
+    key = ("error", "jax:remat2", "expectations", "ValueError")
+
+    def raising(message):
+        v = _verdict(key)
+        v.detail = {"got": {"type": "ValueError", "message": message, "stage": "backward"}}
+        return v
+    held, new = raising("the region's static flag must be True"), raising("safe_zip() argument 1 has length 6 but 4")
+    f = _finding(key, features=("checkpoint", "policy:nothing", "static_argnames"))
+    f.detail = dict(held.detail)
+    s = _searcher([f], {key: 3})
+    feats = {"checkpoint", "policy:nothing", "static_argnames", "prevent_cse_tuple"}
+    assert s.known(held, feats, {key}) is f
+    assert s.known(new, feats, {key}) is None                  # a new raise: shrunk, the key's count spent or not
+    s.raises_shrunk.add((key, "ValueError: safe_zip() argument N has length N but N"))
+    assert s.known(new, feats, {key}) is f                     # shrunk once here: then the cap holds
+    t = Target(key=key, program=None, seed=0, verdict=new, observations={}, original_size=1, origin=("h", 0),
+               started=0.0, raised="ValueError: safe_zip() argument N has length N but N")
+    judged = SimpleNamespace(failures=lambda: [held])
+    assert t.failure(judged) is None                           # the same type, another raise: not this target
+    judged = SimpleNamespace(failures=lambda: [new])
+    assert t.failure(judged) is new

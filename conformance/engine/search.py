@@ -43,6 +43,7 @@ from conformance.engine.roots import (
     CAUSE_SEP,
     CAUSED_CHECKS,
     DIRECTIONS,
+    RAISING_CHECKS,
     RULE_CHECKS,
     covering_finding,
     evidence_root,
@@ -503,6 +504,9 @@ class Target:
     # a residual difference: the cause the shrink keeps (the first no finding holds, its core: qualifiers such as
     # second order may go); a reduction that loses it shows another cause, not a smaller program of this one
     cause: str | None = None
+    # an error (or a residual report) that raised: what it raised (findings.error_root), which the shrink keeps
+    # the same way (a reduction raising something else of the same type reached another raise, another cause)
+    raised: str | None = None
     constructs: frozenset = frozenset()   # the original program's (shrink_constructs)
 
     def admits(self, prog: Program) -> bool:
@@ -515,7 +519,10 @@ class Target:
         check, pipeline and reference with that cause among its own (the label may change), or with the cause in
         fewer constructs (an effect's, `narrows`: the target keeps that one from then on)."""
         if self.cause is None:
-            return next((v for v in j.failures() if v.key() == self.key), None)
+            v = next((v for v in j.failures() if v.key() == self.key), None)
+            if v is not None and self.raised is not None and error_root(v.detail) != self.raised:
+                return None
+            return v
         for v in j.failures():
             if v.key()[:3] != self.key[:3]:
                 continue
@@ -551,6 +558,7 @@ class Searcher:
         # (hash, seed) -> (verdicts, observations, the program's failing keys, the program and its judgement: what
         # a behaviour the search stopped before shrinking is filed with, `file_deferred`)
         self.deferred: dict[tuple, tuple[list[Verdict], dict, set, Program, object]] = {}
+        self.raises_shrunk: set[tuple[tuple, str]] = set()   # (key, raise) of the raises this searcher shrank
 
     # -- known behaviours --------------------------------------------------------------
     def known(self, v: Verdict, feats: set, failing: set) -> Finding | None:
@@ -558,11 +566,15 @@ class Searcher:
         shrunk `max_shrinks_per_key` times, further programs with that key are counted under the
         finding whose features they share most instead of being shrunk again; a shrink that ends in
         a behaviour already found closes its key at once (`_finish`: a key is shrunk again only
-        while its shrinks find new behaviours)."""
+        while its shrinks find new behaviours). Not so a residual difference's new cause, nor a raise
+        no finding holds (an error type's first raise closes the key to its later ones): those are shrunk."""
         f = known_finding(self.findings, v.key(), feats, failing, evidence_root(v.check, v.pipeline, v.reference,
                                                                                    v.detail))
         if f is not None or residual_causes(v.check, v.detail):   # a new cause is shrunk, however often its key was
             return f
+        raised = error_root(v.detail) if v.check in RAISING_CHECKS else None
+        if raised is not None and (v.key(), raised) not in self.raises_shrunk:
+            return None   # so is a raise no finding holds (once here: its shrink keeps it, so it ends in its own finding)
         asked = expectation_root(v.check, v.pipeline, v.reference, v.error_type, v.expectation, v.detail)
         if asked is not None:   # an expected error that did not come: the expectation's root, whatever the program
             f = next((f for f in self.findings if f.root == asked), None)
@@ -707,9 +719,12 @@ class Searcher:
     def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
         self.shrinks_per_key[v.key()] += 1
         causes = residual_causes(v.check, v.detail)
+        raised = error_root(v.detail) if v.check in RAISING_CHECKS else None
+        if raised is not None:
+            self.raises_shrunk.add((v.key(), raised))
         self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
                              original_size=prog.size(), origin=h, started=time.monotonic(),
-                             cause=(new_causes(self.findings, v.key(), causes) or causes or [None])[0],
+                             cause=(new_causes(self.findings, v.key(), causes) or causes or [None])[0], raised=raised,
                              constructs=shrink_constructs(prog.features()))
         self._emit_shrink(force=True)
         _found()
