@@ -424,13 +424,29 @@ class _Program:
         return out + (", per example" if d.batch else "")
 
 
-def as_judged_by_policy(cause: str) -> str:
+def as_judged_by_policy(cause: str, by_the_reference: bool = False) -> str:
     """A comparison's cause as the policy check names the same decision: a value a pipeline recomputes that its
     policy saves (a reference saves it) is recomputed against its policy; one it saves that its policy recomputes
-    is saved against it."""
-    for verb, policy_verb in ((RECOMPUTES, RECOMPUTES_AGAINST_POLICY), (SAVES, AGAINST_POLICY)):
-        if cause.startswith(verb + " ") and not cause.startswith(policy_verb):
+    is saved against it. `by_the_reference`: as the reference's policy check names it (what the pipeline saves,
+    the reference recomputes; what it recomputes, the reference saves)."""
+    if cause.startswith((AGAINST_POLICY, RECOMPUTES_AGAINST_POLICY)):
+        return cause
+    pairs = ((SAVES, RECOMPUTES_AGAINST_POLICY), (RECOMPUTES, AGAINST_POLICY)) if by_the_reference else (
+        (RECOMPUTES, RECOMPUTES_AGAINST_POLICY), (SAVES, AGAINST_POLICY))
+    for verb, policy_verb in pairs:
+        if cause.startswith(verb + " "):
             return policy_verb + cause[len(verb):]
+    return cause
+
+
+def as_compared(cause: str, by_the_reference: bool = False) -> str:
+    """A policy check's cause as a comparison names it where the pipeline that departs from its policy is the
+    rival (`by_the_reference`: the reference): as_judged_by_policy the other way."""
+    pairs = ((RECOMPUTES_AGAINST_POLICY, SAVES), (AGAINST_POLICY, RECOMPUTES)) if by_the_reference else (
+        (RECOMPUTES_AGAINST_POLICY, RECOMPUTES), (AGAINST_POLICY, SAVES))
+    for policy_verb, verb in pairs:
+        if cause.startswith(policy_verb + " "):
+            return verb + cause[len(policy_verb):]
     return cause
 
 

@@ -3,6 +3,7 @@ roots and `--known` key on those causes, a bare error roots on where it was rais
 roots under its own root. No framework runs."""
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import pytest
@@ -703,3 +704,40 @@ def test_a_cond_needs_its_predicate_and_what_its_branches_need():
     read = prog([op("mul", ["x", "x"], "m"), {**cond, "branches": [[op("sum", ["m"], "a", axis=1)],
                                                                    cond["branches"][1]]}], inputs=xs, outputs=["r"])
     assert causes(read, detail, "jax:remat3") == ["saves a value outside every region"]
+
+
+def test_a_difference_that_shows_a_pipelines_departure_from_its_policy_is_that_departure():
+    """compile saves a tanh output its offload policy offloads where eager SAC recomputes it, and eager SAC
+    recomputes it against that policy (r35: F46 beside F47, two findings of the corpus root
+    torch-eager-sac-recomputes-cpu-offload-policy): the difference shows eager SAC's departure, one cause.
+    Either one found first holds the other, and `--known` counts the other's later programs under it."""
+    from conformance.engine.roots import covering_finding, departure_keys
+    from conformance.ir.verdict import Verdict
+    with open("tests/regressions/torch-eager-sac-recomputes-cpu-offload-policy.json") as fh:
+        entry = [v["finding"] for v in json.load(fh)["variants"]]
+    policy = Finding.model_validate(next(f for f in entry if f["reference"] == "policy"
+                                         and "op's output" in f["detail"]["causes"][0]))
+    pair = Finding.model_validate(next(f for f in entry if f["reference"] == "torch:eager-sac"))
+    assert policy.detail["causes"] == ["recomputes against its policy an op's output [custom:offload]"]
+    assert pair.detail["causes"] == ["saves an op's output [custom:offload]"]
+
+    def verdict(f):
+        return Verdict(check=f.check, pipeline=f.pipeline, reference=f.reference, status="fail",
+                       error_type=f.error_type, detail=f.detail)
+    # the pair's program fails eager SAC's policy check on its value: that key is among what it reproduces
+    keys = departure_keys("residuals", pair.key(), pair.detail["causes"], [verdict(pair), verdict(policy)])
+    assert keys == [list(policy.key())]
+    unrelated = policy.model_copy(update={"detail": {**policy.detail, "causes": [
+        "recomputes against its policy a dot's output [dots:save]"]}})
+    assert departure_keys("residuals", pair.key(), pair.detail["causes"], [verdict(unrelated)]) == []
+    assert not same_behaviour(policy, pair)   # (without that evidence, two families are two findings)
+    pair.reproduces = keys
+    assert same_behaviour(policy, pair) and same_behaviour(pair, policy)
+    assert not same_behaviour(unrelated, pair)
+    for first, later in ((policy, pair), (pair, policy)):
+        held = [first.model_copy(deep=True)]
+        kept, _ = merge_finding(held, later.model_copy(deep=True))
+        assert len(held) == 1 and kept is held[0]
+        # a later program showing either one is counted under the finding held, not shrunk as new
+        assert covering_finding(held, pair.key(), pair.detail["causes"]) is held[0]
+        assert covering_finding(held, policy.key(), policy.detail["causes"]) is held[0]

@@ -22,7 +22,7 @@ from conformance.ir.program import Program
 from conformance.ir.verdict import Triage
 from conformance.pipelines import registry
 from conformance.pipelines.registry import CompareMode
-from oracles.residual_causes import as_judged_by_policy, core, effect_causes, rule_causes
+from oracles.residual_causes import as_compared, as_judged_by_policy, core, effect_causes, rule_causes
 from oracles.residual_causes import causes as cause_names
 
 DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -201,11 +201,47 @@ def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
         for c in causes:
             held.setdefault(core(c), f)
     for f in findings:   # a finding whose program fails this family's key too (its reproduces): its causes, as
-        # that key names them (a pipeline recomputing what a reference saves recomputes what its policy saves)
-        if any(len(k) >= 3 and family_key(*k[:3]) == fam for k in f.reproduces):
-            for c in residual_causes(f.check, f.detail):
-                held.setdefault(core(as_judged_by_policy(c) if fam[2] == "policy" else c), f)
+        # that key names them (a pipeline recomputing what a reference saves recomputes what its policy saves; the
+        # reference, where the key is the reference's policy check: departs_from_policy)
+        ks = [k for k in f.reproduces if len(k) >= 3 and family_key(*k[:3]) == fam]
+        if not ks:
+            continue
+        for c in residual_causes(f.check, f.detail):
+            if fam[2] == "policy":
+                c = as_judged_by_policy(c, by_the_reference=all(k[1] == f.reference for k in ks))
+            elif f.reference == "policy":   # a departure a difference of this family showed (merged into f)
+                c = as_compared(c, by_the_reference=family_key(f.check, f.pipeline, "policy")[1] == fam[2])
+            held.setdefault(core(c), f)
     return held
+
+
+def departure_keys(check: str, key: tuple, causes: list[str], failures) -> list[list[str]]:
+    """The policy checks of a pairwise residual difference's two pipelines (`key`, with these `causes`) that the
+    same program fails on every one of its values (`failures`: its judgement's failing verdicts): the pipeline
+    that departs from its policy there, whose departure the difference shows (one cause, one finding)."""
+    if check not in CAUSED_CHECKS or key[2] == "policy" or not causes:
+        return []
+    out = []
+    for v in failures:
+        if v.check == check and v.reference == "policy" and v.pipeline in key[1:3]:
+            theirs = set(map(core, residual_causes(v.check, v.detail)))
+            if {core(as_judged_by_policy(c, v.pipeline == key[2])) for c in causes} <= theirs:
+                out.append(list(v.key()))
+    return out
+
+
+def departs_from_policy(a: Finding, b: Finding) -> bool:
+    """Whether pairwise residual difference `b` is policy finding `a`'s departure: b's program fails a's family
+    (departure_keys, in b's reproduces) and a holds each of b's causes as that policy check names them."""
+    if a.reference != "policy" or b.reference == "policy":
+        return False
+    fam = family_key(a.check, a.pipeline, a.reference)
+    ks = [k for k in b.reproduces if len(k) >= 3 and k[2] == "policy" and family_key(*k[:3]) == fam]
+    if not ks:
+        return False
+    by_ref = all(k[1] == b.reference for k in ks)
+    held = set(map(core, residual_causes(a.check, a.detail)))
+    return {core(as_judged_by_policy(c, by_ref)) for c in residual_causes(b.check, b.detail)} <= held
 
 
 def covering_finding(findings: list[Finding], key: tuple, causes: list[str]) -> Finding | None:

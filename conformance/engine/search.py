@@ -46,6 +46,8 @@ from conformance.engine.roots import (
     RAISING_CHECKS,
     RULE_CHECKS,
     covering_finding,
+    departs_from_policy,
+    departure_keys,
     evidence_root,
     expectation_root,
     family_key,
@@ -152,11 +154,15 @@ def replay_pipelines(key: tuple) -> list[str]:
 def sibling_keys(j, key: tuple) -> list[list[str]]:
     """The keys other than `key` that judgement `j` fails of the same check and error type (the
     pipelines a finding's program also fails the same way), or of the same root family under
-    another label (a wrong gradient against another reference): the finding's `reproduces`."""
+    another label (a wrong gradient against another reference), or of the policy check of a pairwise residual
+    difference's pipeline that departs from its policy on the difference's values (roots.departure_keys): the
+    finding's `reproduces`."""
     fam = family_key(*key[:3])
-    return sorted([list(v.key()) for v in j.failures()
-                   if v.check == key[0] and v.key() != tuple(key)
-                   and ((v.error_type or "") == key[3] or family_key(*v.key()[:3]) == fam)])
+    mine = next((v for v in j.failures() if v.key() == tuple(key)), None)
+    departing = departure_keys(key[0], tuple(key), residual_causes(key[0], mine.detail) if mine else [], j.failures())
+    same = [list(v.key()) for v in j.failures() if v.check == key[0] and v.key() != tuple(key)
+            and ((v.error_type or "") == key[3] or family_key(*v.key()[:3]) == fam)]
+    return sorted(same + [k for k in departing if k not in same])
 
 
 def closest(findings: list[Finding], feats: set) -> Finding:
@@ -245,8 +251,9 @@ def same_behaviour(f: Finding, g: Finding) -> bool:
     with causes is one behaviour with `f` (the finding already held) when `f` holds each of `g`'s causes."""
     cf, cg = residual_causes(f.check, f.detail), residual_causes(g.check, g.detail)
     if cf and cg:   # (by their cores: a cause shown at second order is the cause a first-order program shows)
-        return (family_key(f.check, f.pipeline, f.reference) == family_key(g.check, g.pipeline, g.reference)
-                and set(map(core, cg)) <= set(map(core, cf)))
+        if family_key(f.check, f.pipeline, f.reference) != family_key(g.check, g.pipeline, g.reference):
+            return departs_from_policy(f, g) or departs_from_policy(g, f)
+        return set(map(core, cg)) <= set(map(core, cf))
     if f.root and f.root == g.root or nested_roots(f, g):
         return True
     nested = f.core_features() <= g.core_features() or g.core_features() <= f.core_features()
