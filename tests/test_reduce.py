@@ -345,3 +345,14 @@ def test_a_replayed_program_shrinks_only_the_failures_no_finding_record_holds():
     assert {k[1] for k in new} == {MUTANT, "jax:mutant-perturb-gradient-beyond-loose"}
     second, new2, deferred2 = step({(h, first)})   # the first shrink ended before the kill
     assert new2 == new[1:] and second == new[1] and deferred2 == new[2:]
+
+
+def test_a_static_flag_goes_plain_with_the_spelling_and_value_only_it_allows():
+    """A region's static flag passed as an unhashable value: setting the flag plain alone is refused by the type
+    check, the value plain alone may lose the failure (r35 F49: eager SAC with user hooks and dropout fails with
+    [True] as the flag and without a flag, not with True), so the flag goes plain with its value and spelling."""
+    p = json.loads(json.dumps(PROG))
+    p["body"][0].update(static_flag=True, static_value="unhashable", static_by="argnames")
+    plain = [c.to_json_obj()["body"][0] for c in candidates(load_program(p))]
+    assert any(not r.get("static_flag") and r.get("static_value", "bool") == "bool"
+               and r.get("static_by", "argnums") == "argnums" and r["kind"] == "checkpoint" for r in plain)

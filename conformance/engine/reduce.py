@@ -16,6 +16,7 @@ from conformance.ir.nodes import (
     BOUND_ID_FIELDS,
     ID_LISTS_FIELDS,
     LATER_OPTIONS,
+    OPTIONS_NEEDING,
     READ_ID_FIELDS,
     Op,
     ProgramError,
@@ -323,10 +324,11 @@ def _plain_options(obj: dict) -> Iterator[dict]:
     for k in batched if len(batched) > 1 else []:   # one input shared instead of per example
         yield {**obj, "inputs": [{**i, "batched": False} if j == k else i for j, i in enumerate(obj["inputs"])]}
     for path, s in _statements(obj["body"]):
-        for key, plain in LATER_OPTIONS.get(s["kind"], {}).items():
+        later = LATER_OPTIONS.get(s["kind"], {})
+        for key, plain in later.items():
             if s.get(key, plain) != plain:
                 o = copy.deepcopy(obj)
-                _at(o, path)[key] = plain
+                _at(o, path).update({key: plain, **{k: later[k] for k in OPTIONS_NEEDING.get(key, ())}})
                 yield o
 
 
