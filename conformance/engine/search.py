@@ -581,7 +581,7 @@ class Searcher:
             return f
         raised = error_root(v.detail) if v.check in RAISING_CHECKS else None
         if raised is not None and (v.key(), raised) not in self.raises_shrunk:
-            return None   # so is a raise no finding holds (once here: its shrink keeps it, so it ends in its own finding)
+            return None   # so is a raise no finding holds (once here: its shrink keeps it, ending in its finding)
         asked = expectation_root(v.check, v.pipeline, v.reference, v.error_type, v.expectation, v.detail)
         if asked is not None:   # an expected error that did not come: the expectation's root, whatever the program
             f = next((f for f in self.findings if f.root == asked), None)
