@@ -212,6 +212,26 @@ def test_a_bare_error_roots_on_the_frame_that_raised_it():
     assert error_root(long).startswith("ValueError: safe_zip()")
 
 
+def test_a_raise_roots_alike_whatever_its_float_width_unbacked_symbols_or_failing_equation():
+    """What the program put into a message is not the raise (r36, once each raise was shrunk: `Ref{bfloat16[]}`
+    beside `Ref{float32[]}`, `{u1, zuf1}` beside `{zuf1}`, and JAX's failing equation, the program's own jaxpr,
+    each filed one raise as two findings); a message that differs before them is another raise."""
+    def raised(message, t="ValueError"):
+        return error_root({"got": {"type": t, "message": message, "stage": "backward"}})
+    assert raised("Expected cotangent type Ref{bfloat16[]} but got bfloat16[]") == raised(
+        "Expected cotangent type Ref{float32[2]} but got float32[2]")
+    pending = "Pending unbacked symbols {%s} not in returned outputs [FakeTensor(..., size=(1, 4))] ."
+    assert raised(pending % "u1, zuf1", "PendingUnbackedSymbolNotFound") == raised(
+        pending % "zuf1", "PendingUnbackedSymbolNotFound")
+    effect = ("`JaxprInputEffect` Write<Var(id=1407):float32[]> does not have a corresponding jaxpr input.\n"
+              " Equation: a:f32[] b:f32[] = RematTraced[\n  jaxpr={ lambda ; c:Ref{f32[]} d:f32[]. let")
+    assert raised(effect) == raised(effect.replace("f32", "bf16").replace("float32", "bfloat16").replace(
+        "lambda ; c", "lambda ; z")) == "ValueError: `JaxprInputEffect` Effect<Var(id=N):floatN[N]> does not have " \
+        "a corresponding jaxpr input."
+    assert raised("Expected cotangent type Ref{float32[]} but got int32[]") != raised(
+        "Expected cotangent type Ref{float32[]} but got float32[]")
+
+
 def test_a_raise_site_is_the_framework_frame_that_raised_and_the_framework_frame_that_called_it(tmp_path):
     """One bare assertion reached from two framework callers is two raise sites (jax's _remat_bind assert, from
     fun_remat for jax PR #33217's bug, from eval_jaxpr for nested regions); a harness frame calling the framework

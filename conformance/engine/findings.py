@@ -203,9 +203,11 @@ def observations_problem(detail: dict) -> tuple[str, str] | None:
 # What a message says about one program's values rather than what went wrong, blanked in an error's root: a list of
 # torch's fake tensors, a torch symbol's kind (u: unbacked int, zuf: unbacked float, s: size), and the harness's own
 # note of what raised before saved-tensor hooks were left disabled (whatever raised, the hooks stay off: one cause).
-_ROOT_VALUE_NAMES = {"fakes": "[FakeTensor...]", "sym": "<symbol>", "first": ""}
-_ROOT_VALUES = re.compile(r"(?P<fakes>\[FakeTensor\(.*?\)\])|(?P<sym>\b(?:zuf|zf|zb|u|s)N\b)"
-                          r"|(?P<first> \(it raised [\w.]+ first\))")
+_ROOT_VALUE_NAMES = {"fakes": "[FakeTensor...]", "syms": "<symbol>", "first": "", "floats": "floatN", "fs": "fN"}
+_SYM = r"\b(?:zuf|zf|zb|u|s)N\b"
+# (fake tensors, unbacked symbols however many, a float dtype however wide: bfloat16 and float32 read alike)
+_ROOT_VALUES = re.compile(rf"(?P<fakes>\[FakeTensor\(.*?\)\])|(?P<syms>{_SYM}(?:, {_SYM})*)"
+                          r"|(?P<first> \(it raised [\w.]+ first\))|(?P<floats>\bb?floatN\b)|(?P<fs>\bb?fN\b)")
 
 
 _PATH_DIRS = re.compile(r"(?:/[\w.@+-]+)+/(?=[\w.@+-]+\.py\b)")   # the directories of an absolute .py path
@@ -213,8 +215,9 @@ _PATH_DIRS = re.compile(r"(?:/[\w.@+-]+)+/(?=[\w.@+-]+\.py\b)")   # the director
 
 def error_root(detail: dict) -> str | None:
     """What an error finding raised, as the root of its behaviour: the type and the first two
-    lines of the message, numbers, shapes and addresses blanked (`float32[]`, `float32[2]` and `float32[2,2]` read
-    alike); for a message too short to tell roots apart, the framework frame that raised it (ErrorInfo.where).
+    lines of the message, numbers, shapes, float widths and addresses blanked (`float32[]`, `bfloat16[2]` and
+    `float32[2,2]` read alike); for a message too short to tell roots apart, the framework frame that raised it
+    (ErrorInfo.where).
     None for a missing error, or a short message whose raise site is unknown."""
     got = detail.get("got") if isinstance(detail, dict) else None
     if not isinstance(got, dict) or not isinstance(got.get("message"), str):
@@ -241,8 +244,9 @@ DETAIL_CONTEXT = frozenset({"observations", "note", "status_differs_from", "also
 # Where a framework's message turns from what went wrong into where (tracebacks echo the harness's
 # own source lines, which move with every edit) or advice.
 _MESSAGE_TAILS = ("\nfrom user code:", "\nTip:", "\nSet TORCH_LOGS", "\n\nWhile executing",
-                  "Suspected Python Code Location:", "Dimension numbers:")   # (XLA: the harness's files and lines;
-# a debug dump whose link XLA spells either way)
+                  "Suspected Python Code Location:", "Dimension numbers:",   # (XLA: the harness's files and lines;
+                  # a debug dump whose link XLA spells either way)
+                  "\n Equation:", "\nEquation:")   # (JAX: the equation it failed on, the program's own jaxpr)
 
 
 def _effects_unordered(text: str) -> str:
