@@ -208,7 +208,7 @@ def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
             continue
         for c in residual_causes(f.check, f.detail):
             if fam[2] == "policy":
-                c = as_judged_by_policy(c, by_the_reference=all(k[1] == f.reference for k in ks))
+                c = as_judged_by_policy(c, by_the_reference=not any(_rival_side(f, k) for k in ks))
             elif f.reference == "policy":   # a departure a difference of this family showed (merged into f)
                 c = as_compared(c, by_the_reference=family_key(f.check, f.pipeline, "policy")[1] == fam[2])
             held.setdefault(core(c), f)
@@ -230,16 +230,24 @@ def departure_keys(check: str, key: tuple, causes: list[str], failures) -> list[
     return out
 
 
+def _rival_side(b: Finding, k) -> bool:
+    """Whether policy key `k` among pairwise finding b's reproduces is the policy check of b's rival's family (else
+    of its reference's: departure_keys, or a policy finding merged into b)."""
+    return family_key(k[0], k[1], "policy")[1] == family_key(b.check, b.pipeline, b.reference)[1]
+
+
 def departs_from_policy(a: Finding, b: Finding) -> bool:
-    """Whether pairwise residual difference `b` is policy finding `a`'s departure: b's program fails a's family
-    (departure_keys, in b's reproduces) and a holds each of b's causes as that policy check names them."""
+    """Whether pairwise residual difference `b` is policy finding `a`'s departure: b's program fails a policy check
+    that a's program fails too (a's family, or a sibling among its reproduces: eager SAC's with user hooks fails
+    where eager SAC's does), departure_keys, in b's reproduces, and a holds each of b's causes as that check names
+    them."""
     if a.reference != "policy" or b.reference == "policy":
         return False
-    fam = family_key(a.check, a.pipeline, a.reference)
-    ks = [k for k in b.reproduces if len(k) >= 3 and k[2] == "policy" and family_key(*k[:3]) == fam]
+    fams = {family_key(*k[:3]) for k in [list(a.key())] + a.reproduces if len(k) >= 3 and k[2] == "policy"}
+    ks = [k for k in b.reproduces if len(k) >= 3 and k[2] == "policy" and family_key(*k[:3]) in fams]
     if not ks:
         return False
-    by_ref = all(k[1] == b.reference for k in ks)
+    by_ref = not any(_rival_side(b, k) for k in ks)
     held = set(map(core, residual_causes(a.check, a.detail)))
     return {core(as_judged_by_policy(c, by_ref)) for c in residual_causes(b.check, b.detail)} <= held
 
