@@ -765,6 +765,8 @@ def test_a_difference_that_shows_a_pipelines_departure_from_its_policy_is_that_d
     # too (its reproduces), the key the difference departs to: one cause still, held either way
     twin = policy.model_copy(update={"pipeline": "torch:eager-sac:user-hooks", "reproduces": [list(policy.key())]})
     assert same_behaviour(pair, twin) and same_behaviour(twin, pair)
-    held = [pair.model_copy(deep=True)]
-    merge_finding(held, twin.model_copy(deep=True))
-    assert len(held) == 1 and covering_finding(held, twin.key(), twin.detail["causes"]) is held[0]
+    for first, later in ((pair, twin), (twin, pair)):
+        held = [first.model_copy(deep=True)]
+        merge_finding(held, later.model_copy(deep=True))
+        assert len(held) == 1 and covering_finding(held, twin.key(), twin.detail["causes"]) is held[0]
+        assert covering_finding(held, pair.key(), pair.detail["causes"]) is held[0]

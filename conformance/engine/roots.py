@@ -209,8 +209,9 @@ def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
         for c in residual_causes(f.check, f.detail):
             if fam[2] == "policy":
                 c = as_judged_by_policy(c, by_the_reference=not any(_rival_side(f, k) for k in ks))
-            elif f.reference == "policy":   # a departure a difference of this family showed (merged into f)
-                c = as_compared(c, by_the_reference=family_key(f.check, f.pipeline, "policy")[1] == fam[2])
+            elif f.reference == "policy":   # a departure a difference of this family showed (merged into f): the
+                # rival's where f's pipeline is of the rival's family, else the reference's (or a twin's of it)
+                c = as_compared(c, by_the_reference=family_key(f.check, f.pipeline, "policy")[1] != fam[1])
             held.setdefault(core(c), f)
     return held
 
