@@ -424,6 +424,21 @@ class _Program:
         return out + (", per example" if d.batch else "")
 
 
+# A comparison's verb -> the policy check's for the same decision, where the rival departs and where the reference
+# does (what the rival saves, the reference recomputes; what it recomputes, the reference saves).
+_AS_JUDGED = {False: {RECOMPUTES: RECOMPUTES_AGAINST_POLICY, SAVES: AGAINST_POLICY},
+              True: {SAVES: RECOMPUTES_AGAINST_POLICY, RECOMPUTES: AGAINST_POLICY}}
+
+
+def _reworded(cause: str, verbs: dict[str, str]) -> str:
+    """`cause` with its leading verb replaced by the one `verbs` maps it to (the longest verb first: `saves against
+    its policy` is not `saves`)."""
+    for verb in sorted(verbs, key=len, reverse=True):
+        if cause.startswith(verb + " "):
+            return verbs[verb] + cause[len(verb):]
+    return cause
+
+
 def as_judged_by_policy(cause: str, by_the_reference: bool = False) -> str:
     """A comparison's cause as the policy check names the same decision: a value a pipeline recomputes that its
     policy saves (a reference saves it) is recomputed against its policy; one it saves that its policy recomputes
@@ -431,23 +446,13 @@ def as_judged_by_policy(cause: str, by_the_reference: bool = False) -> str:
     the reference recomputes; what it recomputes, the reference saves)."""
     if cause.startswith((AGAINST_POLICY, RECOMPUTES_AGAINST_POLICY)):
         return cause
-    pairs = ((SAVES, RECOMPUTES_AGAINST_POLICY), (RECOMPUTES, AGAINST_POLICY)) if by_the_reference else (
-        (RECOMPUTES, RECOMPUTES_AGAINST_POLICY), (SAVES, AGAINST_POLICY))
-    for verb, policy_verb in pairs:
-        if cause.startswith(verb + " "):
-            return policy_verb + cause[len(verb):]
-    return cause
+    return _reworded(cause, _AS_JUDGED[by_the_reference])
 
 
 def as_compared(cause: str, by_the_reference: bool = False) -> str:
     """A policy check's cause as a comparison names it where the pipeline that departs from its policy is the
     rival (`by_the_reference`: the reference): as_judged_by_policy the other way."""
-    pairs = ((RECOMPUTES_AGAINST_POLICY, SAVES), (AGAINST_POLICY, RECOMPUTES)) if by_the_reference else (
-        (RECOMPUTES_AGAINST_POLICY, RECOMPUTES), (AGAINST_POLICY, SAVES))
-    for policy_verb, verb in pairs:
-        if cause.startswith(policy_verb + " "):
-            return verb + cause[len(policy_verb):]
-    return cause
+    return _reworded(cause, {v: k for k, v in _AS_JUDGED[by_the_reference].items()})
 
 
 _QUALIFIERS = re.compile(r" the loss does not read(?= \[|,|$)|, second order \([a-z_]+\)|, per example")
