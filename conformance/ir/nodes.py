@@ -286,7 +286,8 @@ _LATER_INPUT_DEFAULTS = {"batched": False}
 # Statement kind -> its later options at their plain values (the reducer sets them so, too).
 LATER_OPTIONS = {"custom_vjp": _LATER_DEFAULTS, "checkpoint": _LATER_REGION_DEFAULTS,
                  "custom_jvp": _LATER_RULE_DEFAULTS, "diff": _LATER_DIFF_DEFAULTS}
-# A later option -> those that only its non-plain value allows (typecheck refuses them otherwise): set plain with it.
+# A region's later option -> those that only its non-plain value allows: typecheck refuses them without it, the
+# reducer sets them plain with it.
 OPTIONS_NEEDING = {"static_flag": ("static_by", "static_value")}
 
 

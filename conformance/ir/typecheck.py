@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING
 from conformance.ir import ops as O
 from conformance.ir.nodes import (
     ITER_SEP,
+    LATER_OPTIONS,
     MAX_BATCH,
     MAX_BRANCHES,
     MAX_SCAN_LENGTH,
+    OPTIONS_NEEDING,
     Checkpoint,
     Cond,
     CustomJVP,
@@ -99,8 +101,10 @@ def infer_types(prog: Program, limits: Limits | None = None) -> dict[str, tuple[
             raise ProgramError(f"{p}.args", f"{s.op} reads the value it mutates")
 
     def check_region_options(s: Checkpoint, p: str) -> None:
-        if not s.static_flag and (s.static_by != "argnums" or s.static_value != "bool"):
-            raise ProgramError(f"{p}.static_by", "static_by and static_value need static_flag")
+        plain = LATER_OPTIONS["checkpoint"]
+        for option, needing in OPTIONS_NEEDING.items():   # (what the reducer sets plain with the option)
+            if getattr(s, option) == plain[option] and any(getattr(s, k) != plain[k] for k in needing):
+                raise ProgramError(f"{p}.{needing[0]}", f"{' and '.join(needing)} need {option}")
         if s.state != "none" and (s.tree != "flat" or s.static_flag or prog.diff.batch):
             raise ProgramError(f"{p}.state", "mutable state needs a flat region without a static flag, in a program "
                                              "that is not per example")
