@@ -208,10 +208,11 @@ def _held(findings: list[Finding], key: tuple) -> dict[str, Finding]:
             continue
         for c in residual_causes(f.check, f.detail):
             if fam[2] == "policy":
-                c = as_judged_by_policy(c, by_the_reference=not any(_rival_side(f, k) for k in ks))
+                rival = family_key(f.check, f.pipeline, f.reference)[1]
+                c = as_judged_by_policy(c, by_the_reference=not any(_rival_side(k[0], k[1], rival) for k in ks))
             elif f.reference == "policy":   # a departure a difference of this family showed (merged into f): the
                 # rival's where f's pipeline is of the rival's family, else the reference's (or a twin's of it)
-                c = as_compared(c, by_the_reference=family_key(f.check, f.pipeline, "policy")[1] != fam[1])
+                c = as_compared(c, by_the_reference=not _rival_side(f.check, f.pipeline, fam[1]))
             held.setdefault(core(c), f)
     return held
 
@@ -231,10 +232,10 @@ def departure_keys(check: str, key: tuple, causes: list[str], failures) -> list[
     return out
 
 
-def _rival_side(b: Finding, k) -> bool:
-    """Whether policy key `k` among pairwise finding b's reproduces is the policy check of b's rival's family (else
-    of its reference's: departure_keys, or a policy finding merged into b)."""
-    return family_key(k[0], k[1], "policy")[1] == family_key(b.check, b.pipeline, b.reference)[1]
+def _rival_side(check: str, pipeline: str, rival_family: str) -> bool:
+    """Whether the policy check of `pipeline` is a pairwise difference's rival's (of `rival_family`), else its
+    reference's (or a twin's of it): which of the two departs."""
+    return family_key(check, pipeline, "policy")[1] == rival_family
 
 
 def departs_from_policy(a: Finding, b: Finding) -> bool:
@@ -248,7 +249,8 @@ def departs_from_policy(a: Finding, b: Finding) -> bool:
     ks = [k for k in b.reproduces if len(k) >= 3 and k[2] == "policy" and family_key(*k[:3]) in fams]
     if not ks:
         return False
-    by_ref = not any(_rival_side(b, k) for k in ks)
+    rival = family_key(b.check, b.pipeline, b.reference)[1]
+    by_ref = not any(_rival_side(k[0], k[1], rival) for k in ks)
     held = set(map(core, residual_causes(a.check, a.detail)))
     return {core(as_judged_by_policy(c, by_ref)) for c in residual_causes(b.check, b.detail)} <= held
 

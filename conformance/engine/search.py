@@ -575,11 +575,11 @@ class Searcher:
         a behaviour already found closes its key at once (`_finish`: a key is shrunk again only
         while its shrinks find new behaviours). Not so a residual difference's new cause, nor a raise
         no finding holds (an error type's first raise closes the key to its later ones): those are shrunk."""
-        f = known_finding(self.findings, v.key(), feats, failing, evidence_root(v.check, v.pipeline, v.reference,
-                                                                                   v.detail))
+        root = evidence_root(v.check, v.pipeline, v.reference, v.detail)
+        f = known_finding(self.findings, v.key(), feats, failing, root)
         if f is not None or residual_causes(v.check, v.detail):   # a new cause is shrunk, however often its key was
             return f
-        raised = error_root(v.detail) if v.check in RAISING_CHECKS else None
+        raised = root if v.check in RAISING_CHECKS else None   # (evidence_root: what it raised)
         if raised is not None and (v.key(), raised) not in self.raises_shrunk:
             return None   # so is a raise no finding holds (once here: its shrink keeps it, ending in its finding)
         asked = expectation_root(v.check, v.pipeline, v.reference, v.error_type, v.expectation, v.detail)
@@ -726,7 +726,7 @@ class Searcher:
     def _start_shrink(self, v: Verdict, prog: Program, seed: int, obs: dict, h: tuple):
         self.shrinks_per_key[v.key()] += 1
         causes = residual_causes(v.check, v.detail)
-        raised = error_root(v.detail) if v.check in RAISING_CHECKS else None
+        raised = evidence_root(v.check, v.pipeline, v.reference, v.detail) if v.check in RAISING_CHECKS else None
         if raised is not None:
             self.raises_shrunk.add((v.key(), raised))
         self.target = Target(key=v.key(), program=prog, seed=seed, verdict=v, observations=obs,
